@@ -1,0 +1,119 @@
+//! The one codec: every frame, envelope, Raft entry and table value becomes bytes here and only here.
+//!
+//! bincode is pinned at `=2.0.1` (see `docs/decisions/0001-bincode-2.0.1.md`); callers see only
+//! [`encode`] and [`decode`], so swapping the format later touches this file alone.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Largest value the codec will decode, in bytes. Frames have their own, smaller limit in transport.
+pub const value_bytes_max: usize = 64 * 1024 * 1024;
+
+/// Why bytes could not become a value.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    #[error("could not encode {what}: {reason}")]
+    Encode { what: &'static str, reason: String },
+    #[error("could not decode {what}: {reason}")]
+    Decode { what: &'static str, reason: String },
+    #[error("could not decode {what}: {trailing} unexpected bytes after the value")]
+    Trailing { what: &'static str, trailing: usize },
+    #[error("could not decode {what}: {len} bytes is over the limit of {max}")]
+    TooLarge {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard()
+        .with_little_endian()
+        .with_variable_int_encoding()
+        .with_limit::<{ value_bytes_max }>()
+}
+
+/// Encodes `value` canonically: the same value always gives the same bytes (maps must be ordered).
+pub fn encode<T: Serialize + ?Sized>(what: &'static str, value: &T) -> Result<Vec<u8>, CodecError> {
+    bincode::serde::encode_to_vec(value, config()).map_err(|e| CodecError::Encode {
+        what,
+        reason: e.to_string(),
+    })
+}
+
+/// Decodes exactly one value from `bytes`; trailing bytes are an error, never ignored.
+pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, CodecError> {
+    if bytes.len() > value_bytes_max {
+        return Err(CodecError::TooLarge {
+            what,
+            len: bytes.len(),
+            max: value_bytes_max,
+        });
+    }
+    let (value, used) =
+        bincode::serde::decode_from_slice(bytes, config()).map_err(|e| CodecError::Decode {
+            what,
+            reason: e.to_string(),
+        })?;
+    if used != bytes.len() {
+        return Err(CodecError::Trailing {
+            what,
+            trailing: bytes.len() - used,
+        });
+    }
+    Ok(value)
+}
+
+/// Decodes one value from the start of `bytes`, ignoring what follows. Only for reading a known
+/// prefix (an envelope's head) before the rest is checked; everything else uses [`decode`].
+pub fn decode_prefix<T: DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<T, CodecError> {
+    if bytes.len() > value_bytes_max {
+        return Err(CodecError::TooLarge {
+            what,
+            len: bytes.len(),
+            max: value_bytes_max,
+        });
+    }
+    let (value, _) =
+        bincode::serde::decode_from_slice(bytes, config()).map_err(|e| CodecError::Decode {
+            what,
+            reason: e.to_string(),
+        })?;
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn round_trip_is_exact_and_canonical() {
+        let mut m = BTreeMap::new();
+        m.insert("b".to_string(), 2u64);
+        m.insert("a".to_string(), 1u64);
+        let bytes = encode("map", &m).expect("encode");
+        let back: BTreeMap<String, u64> = decode("map", &bytes).expect("decode");
+        assert_eq!(back, m);
+        assert_eq!(encode("map", &back).expect("encode"), bytes);
+    }
+
+    #[test]
+    fn trailing_bytes_are_refused() {
+        let mut bytes = encode("n", &7u64).expect("encode");
+        bytes.push(0);
+        assert!(matches!(
+            decode::<u64>("n", &bytes),
+            Err(CodecError::Trailing { trailing: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        let r: Result<String, _> = decode("s", &[0xff, 0xff, 0xff, 0xff, 0xff]);
+        assert!(r.is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! openraft glue: the redb log store, the state-machine host, the network over `mesh-transport`, the lease gate and a fault-injecting in-memory router. Commands are bytes here; the domain lives elsewhere.

@@ -1,0 +1,6 @@
+//! `meshctl`: the operator command line.
+
+fn main() {
+    eprintln!("meshctl: not built yet");
+    std::process::exit(1);
+}

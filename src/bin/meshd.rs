@@ -1,0 +1,6 @@
+//! `meshd`: not built yet.
+
+fn main() {
+    eprintln!("meshd: not built yet");
+    std::process::exit(1);
+}

@@ -1,0 +1,1 @@
+//! The replica service: leader loop, lease gate use, push orchestration, forwarding and API handlers.

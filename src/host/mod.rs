@@ -1,0 +1,1 @@
+//! The mesh-host agent: envelope validator, supervised process runtime and reporter.

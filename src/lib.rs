@@ -1,0 +1,8 @@
+//! mesh: a declarative controller for a fleet of machines. `core` is the pure domain; `store`,
+//! `controller`, `host` and `cli` are the shells that move bytes and call it.
+
+pub mod cli;
+pub mod controller;
+pub mod core;
+pub mod host;
+pub mod store;

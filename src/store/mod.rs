@@ -1,0 +1,1 @@
+//! Domain tables over redb and the Raft state machine's apply of domain commands.
