@@ -1,0 +1,284 @@
+//! The agent: receives envelopes (G2), applies what they declare, and reports (G5). The transport
+//! calls [`Agent::receive`] with the exact bytes it got from a replica; everything else is here.
+
+use std::sync::Arc;
+use tokio::sync::{Mutex, watch};
+
+use super::config::HostConfig;
+use super::durable;
+use super::layout::Layout;
+use super::reporter::{ReportError, ReportSink, Reporter, declaration_digest};
+use super::runtime::{ApplyOutcome, Runtime};
+use super::state::{AppliedRecord, RefusalCounts, StateError, StateFiles};
+use super::validate::{DeclarationRefusal, check_declaration, check_mount_moves};
+use crate::core::declaration::{Declaration, Digest};
+use crate::core::envelope::{Envelope, Position, Refusal, open};
+use crate::core::report::{ModuleStatus, Report};
+
+/// Why the agent did not apply an envelope, or could not keep its state. [`HostError::is_fatal`]
+/// separates a refused envelope (the host carries on) from storage trouble (the host must stop).
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("envelope refused: {0}")]
+    Refused(Refusal),
+    #[error("declaration at {position} refused, nothing applied: {refusal}")]
+    Declaration {
+        position: Position,
+        refusal: DeclarationRefusal,
+    },
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    #[error("cannot digest the applied declaration: {0}")]
+    Digest(#[from] mesh_codec::CodecError),
+}
+
+impl HostError {
+    /// True when the host can no longer keep its promises and must stop.
+    pub fn is_fatal(&self) -> bool {
+        !matches!(self, HostError::Refused(_) | HostError::Declaration { .. })
+    }
+}
+
+/// What an accepted envelope did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub position: Position,
+    pub digest: Digest,
+    pub outcome: ApplyOutcome,
+}
+
+struct Inner {
+    high_water: Option<Position>,
+    applied: Option<AppliedRecord>,
+    refusals: RefusalCounts,
+    runtime: Runtime,
+}
+
+/// One machine's agent over its state directory.
+pub struct Agent {
+    config: HostConfig,
+    files: StateFiles,
+    reporter: Arc<Reporter>,
+    inner: Mutex<Inner>,
+}
+
+impl Agent {
+    /// Opens the state under `config.root`: the high-water mark, the last applied declaration, the
+    /// refusal counts and the report counter. Runs nothing until [`Agent::start`].
+    pub fn open(config: HostConfig, sink: Arc<dyn ReportSink>) -> Result<Agent, HostError> {
+        durable::create_dir(&config.root, 0o700).map_err(StateError::from)?;
+        let files = StateFiles::new(&config.root);
+        let high_water = files.load_high_water()?;
+        let applied = files.load_applied()?;
+        if let Some(record) = &applied
+            && Some(record.position) > high_water
+        {
+            // The mark is written before the record, so the record can never be ahead of it.
+            return Err(StateError::Corrupt {
+                path: files.high_water_path(),
+                reason: format!(
+                    "the applied record is at {} but the mark is at {:?}",
+                    record.position, high_water
+                ),
+            }
+            .into());
+        }
+        let refusals = files.load_refusals()?;
+        let reporter = Arc::new(Reporter::open(&config.root, sink)?);
+        let layout = Layout::new(&config.root, &config.mounts_root);
+        let runtime = Runtime::new(layout, &config.name);
+        Ok(Agent {
+            files,
+            reporter,
+            inner: Mutex::new(Inner {
+                high_water,
+                applied,
+                refusals,
+                runtime,
+            }),
+            config,
+        })
+    }
+
+    /// Runs the last applied declaration again (after a restart) and reports.
+    pub async fn start(&self) -> Result<Option<ApplyOutcome>, HostError> {
+        let mut inner = self.inner.lock().await;
+        let Some(record) = inner.applied.clone() else {
+            drop(inner);
+            self.report_now().await?;
+            return Ok(None);
+        };
+        check_declaration(&record.declaration, &self.config.name).map_err(|refusal| {
+            HostError::Declaration {
+                position: record.position,
+                refusal,
+            }
+        })?;
+        tracing::info!(machine = %self.config.name, epoch = record.position.epoch,
+            sequence = record.position.sequence, "resuming the last applied declaration");
+        let outcome = inner.runtime.apply(&record.declaration).await;
+        drop(inner);
+        self.report_now().await?;
+        Ok(Some(outcome))
+    }
+
+    /// Verifies `wire` (the exact envelope bytes), raises the high-water mark on disk, applies the
+    /// declaration and queues a report. A refusal is counted, logged and kept for the report.
+    pub async fn receive(&self, wire: &[u8]) -> Result<Applied, HostError> {
+        let mut inner = self.inner.lock().await;
+        let trusted = &self.config.trusted;
+        let envelope = match open(wire, trusted, &self.config.name, inner.high_water) {
+            Ok(envelope) => envelope,
+            Err(refusal) => {
+                let older = matches!(refusal, Refusal::Older { .. });
+                self.count_refusal(&mut inner, older, refusal.to_string())?;
+                return Err(HostError::Refused(refusal));
+            }
+        };
+        let position = envelope.position();
+        if let Err(refusal) = self.check(&inner, &envelope) {
+            self.count_refusal(&mut inner, false, refusal.to_string())?;
+            return Err(HostError::Declaration { position, refusal });
+        }
+        let digest = declaration_digest(&envelope.declaration)?;
+        // G2: the mark is durable before anything of the declaration touches the machine.
+        self.files.store_high_water(position)?;
+        inner.high_water = Some(position);
+        let record = AppliedRecord {
+            position,
+            declaration: envelope.declaration,
+        };
+        self.files.store_applied(&record)?;
+        tracing::info!(machine = %self.config.name, epoch = position.epoch,
+            sequence = position.sequence, digest = %digest.short(), "applying declaration");
+        let outcome = inner.runtime.apply(&record.declaration).await;
+        inner.applied = Some(record);
+        let report = self.build_report(&inner)?;
+        drop(inner);
+        self.reporter.enqueue(report).await?;
+        self.flush_in_background();
+        Ok(Applied {
+            position,
+            digest,
+            outcome,
+        })
+    }
+
+    /// Builds a report of the current state, numbers and queues it, and delivers what the sink
+    /// takes. Returns the report as numbered.
+    pub async fn report_now(&self) -> Result<Report, HostError> {
+        let report = {
+            let inner = self.inner.lock().await;
+            self.build_report(&inner)?
+        };
+        let report = self.reporter.enqueue(report).await?;
+        self.reporter.flush().await?;
+        Ok(report)
+    }
+
+    /// Delivers queued reports now; returns how many went out.
+    pub async fn flush_reports(&self) -> Result<usize, HostError> {
+        Ok(self.reporter.flush().await?)
+    }
+
+    /// Reports every `reconcile_interval` until `stop` turns true; returns early only on an error
+    /// that must stop the host.
+    pub async fn reconcile(&self, mut stop: watch::Receiver<bool>) -> Result<(), HostError> {
+        let interval = self.config.reconcile_interval;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = super::supervise::stopped(&mut stop) => return Ok(()),
+            }
+            self.report_now().await?;
+        }
+    }
+
+    /// Stops every module. The state on disk stays, so the next start resumes the same declaration.
+    pub async fn shutdown(&self) {
+        self.inner.lock().await.runtime.shutdown().await;
+    }
+
+    pub async fn status(&self) -> Vec<ModuleStatus> {
+        self.inner.lock().await.runtime.status()
+    }
+
+    pub async fn high_water(&self) -> Option<Position> {
+        self.inner.lock().await.high_water
+    }
+
+    pub async fn refusals(&self) -> RefusalCounts {
+        self.inner.lock().await.refusals.clone()
+    }
+
+    /// The declaration applied last, if any.
+    pub async fn applied(&self) -> Option<(Position, Declaration)> {
+        let inner = self.inner.lock().await;
+        inner
+            .applied
+            .as_ref()
+            .map(|r| (r.position, r.declaration.clone()))
+    }
+
+    /// Reports dropped from the full queue or refused by a controller since this agent opened.
+    pub fn reports_dropped(&self) -> u64 {
+        self.reporter.dropped()
+    }
+
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    fn check(&self, inner: &Inner, envelope: &Envelope) -> Result<(), DeclarationRefusal> {
+        check_declaration(&envelope.declaration, &self.config.name)?;
+        if let Some(current) = &inner.applied {
+            check_mount_moves(&current.declaration, &envelope.declaration, &envelope.moves)?;
+        }
+        Ok(())
+    }
+
+    fn count_refusal(
+        &self,
+        inner: &mut Inner,
+        older: bool,
+        reason: String,
+    ) -> Result<(), HostError> {
+        tracing::warn!(machine = %self.config.name, reason = %reason, "envelope refused");
+        inner.refusals.total += 1;
+        if older {
+            inner.refusals.older += 1;
+        }
+        inner.refusals.last = Some(reason);
+        self.files.store_refusals(&inner.refusals)?;
+        Ok(())
+    }
+
+    fn build_report(&self, inner: &Inner) -> Result<Report, HostError> {
+        let (position, applied) = match &inner.applied {
+            Some(r) => (r.position, Some(declaration_digest(&r.declaration)?)),
+            None => (Position::default(), None),
+        };
+        Ok(Report {
+            machine: self.config.name.clone(),
+            epoch: position.epoch,
+            sequence: position.sequence,
+            report_sequence: 0,
+            applied,
+            modules: inner.runtime.status(),
+            refused_older: inner.refusals.older,
+            last_refusal: inner.refusals.last.clone(),
+        })
+    }
+
+    /// The transport should not wait on the controllers' answer to a report: deliver it aside.
+    fn flush_in_background(&self) {
+        let reporter = Arc::clone(&self.reporter);
+        tokio::spawn(async move {
+            if let Err(e) = reporter.flush().await {
+                tracing::error!(error = %e, "cannot deliver queued reports");
+            }
+        });
+    }
+}

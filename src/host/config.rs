@@ -1,0 +1,264 @@
+//! `host.toml`: read once, validated into a [`HostConfig`] that cannot be invalid.
+//!
+//! Relative paths are taken relative to the directory holding the config file, so a config and its
+//! state directory can move together.
+
+use ed25519_dalek::VerifyingKey;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Shortest reconcile interval accepted: faster would spend the disk on report counters.
+pub const reconcile_interval_ms_min: u64 = 100;
+/// Longest reconcile interval accepted: a controller should hear from a host at least hourly.
+pub const reconcile_interval_ms_max: u64 = 3_600_000;
+/// Used when `reconcile_interval_ms` is not set.
+pub const reconcile_interval_ms_default: u64 = 10_000;
+/// Longest machine name accepted, in bytes.
+pub const machine_name_bytes_max: usize = 64;
+
+/// Why `host.toml` could not be used. Each names the file, the key and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read host config {file}: {source}; check the path given to --config")]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("host config {file} is not valid TOML for mesh-host: {reason}")]
+    Parse { file: PathBuf, reason: String },
+    #[error("host config {file}, key `{key}`: {problem}")]
+    Invalid {
+        file: PathBuf,
+        key: String,
+        problem: String,
+    },
+}
+
+/// Paths of the host's TLS identity; unused until the transport is wired in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsPaths {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// A validated host configuration.
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    /// This machine's name; envelopes for any other machine are refused.
+    pub name: String,
+    /// State directory: high-water mark, report counter, last declaration, report queue, modules.
+    pub root: PathBuf,
+    /// Mount `host_dir`s (absolute in the model) are created under this directory.
+    pub mounts_root: PathBuf,
+    pub listen: SocketAddr,
+    /// Controller replica addresses, `host:port`.
+    pub replicas: Vec<String>,
+    pub reconcile_interval: Duration,
+    pub tls: Option<TlsPaths>,
+    /// Replica id → the key its envelopes must verify against.
+    pub trusted: BTreeMap<u64, VerifyingKey>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    name: String,
+    root: PathBuf,
+    mounts_root: Option<PathBuf>,
+    listen: String,
+    #[serde(default)]
+    replicas: Vec<String>,
+    reconcile_interval_ms: Option<u64>,
+    tls: Option<RawTls>,
+    #[serde(default)]
+    trusted_keys: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl HostConfig {
+    /// Reads and validates the config at `file`.
+    pub fn load(file: &Path) -> Result<HostConfig, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+            file: file.to_path_buf(),
+            source,
+        })?;
+        let base = file.parent().unwrap_or(Path::new("."));
+        HostConfig::parse(&text, file, base)
+    }
+
+    /// Validates config `text`, naming `file` in errors and resolving relative paths against `base`.
+    pub fn parse(text: &str, file: &Path, base: &Path) -> Result<HostConfig, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: file.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let invalid = |key: &str, problem: String| ConfigError::Invalid {
+            file: file.to_path_buf(),
+            key: key.to_string(),
+            problem,
+        };
+        check_machine_name(&raw.name).map_err(|p| invalid("name", p))?;
+        let listen = raw.listen.parse::<SocketAddr>().map_err(|e| {
+            invalid(
+                "listen",
+                format!("`{}` is not an ip:port address ({e})", raw.listen),
+            )
+        })?;
+        for (i, replica) in raw.replicas.iter().enumerate() {
+            check_host_port(replica).map_err(|p| invalid(&format!("replicas[{i}]"), p))?;
+        }
+        let interval_ms = raw
+            .reconcile_interval_ms
+            .unwrap_or(reconcile_interval_ms_default);
+        if !(reconcile_interval_ms_min..=reconcile_interval_ms_max).contains(&interval_ms) {
+            return Err(invalid(
+                "reconcile_interval_ms",
+                format!(
+                    "{interval_ms} is outside {reconcile_interval_ms_min}..={reconcile_interval_ms_max}; pick a value in that range"
+                ),
+            ));
+        }
+        let trusted = parse_trusted(&raw.trusted_keys).map_err(|(k, p)| invalid(&k, p))?;
+        let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
+        Ok(HostConfig {
+            name: raw.name,
+            root: resolve(raw.root),
+            mounts_root: resolve(raw.mounts_root.unwrap_or_else(|| PathBuf::from("/"))),
+            listen,
+            replicas: raw.replicas,
+            reconcile_interval: Duration::from_millis(interval_ms),
+            tls: raw.tls.map(|t| TlsPaths {
+                ca: resolve(t.ca),
+                cert: resolve(t.cert),
+                key: resolve(t.key),
+            }),
+            trusted,
+        })
+    }
+}
+
+fn check_machine_name(name: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if name.is_empty() || name.len() > machine_name_bytes_max || !name.chars().all(ok_char) {
+        return Err(format!(
+            "`{name}` is not a machine name; use 1 to {machine_name_bytes_max} letters, digits, `-`, `_` or `.`"
+        ));
+    }
+    Ok(())
+}
+
+fn check_host_port(address: &str) -> Result<(), String> {
+    let bad = || format!("`{address}` is not a host:port address; write it like `10.0.0.1:7443`");
+    let (host, port) = address.rsplit_once(':').ok_or_else(bad)?;
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+fn parse_trusted(
+    raw: &BTreeMap<String, String>,
+) -> Result<BTreeMap<u64, VerifyingKey>, (String, String)> {
+    if raw.is_empty() {
+        return Err((
+            "trusted_keys".into(),
+            "no replica key is trusted, so every envelope would be refused; add `<replica id> = \"<ed25519 public key hex>\"`".into(),
+        ));
+    }
+    let mut trusted = BTreeMap::new();
+    for (id, hex) in raw {
+        let key = format!("trusted_keys.{id}");
+        let id: u64 = id
+            .parse()
+            .map_err(|_| (key.clone(), "a replica id must be a number".to_string()))?;
+        let bytes = decode_hex_32(hex).ok_or_else(|| {
+            (
+                key.clone(),
+                "expected 64 hex characters (an ed25519 public key)".to_string(),
+            )
+        })?;
+        let verifying = VerifyingKey::from_bytes(&bytes)
+            .map_err(|e| (key.clone(), format!("not a valid ed25519 public key ({e})")))?;
+        trusted.insert(id, verifying);
+    }
+    Ok(trusted)
+}
+
+/// Decodes exactly 32 bytes of hex; `None` for any other length or a non-hex character.
+pub fn decode_hex_32(hex: &str) -> Option<[u8; 32]> {
+    let digits = hex.trim().as_bytes();
+    if digits.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in digits.chunks_exact(2).enumerate() {
+        let high = (pair[0] as char).to_digit(16)?;
+        let low = (pair[1] as char).to_digit(16)?;
+        out[i] = u8::try_from(high * 16 + low).ok()?;
+    }
+    Some(out)
+}
+
+/// Encodes bytes as lower-case hex.
+pub fn encode_hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ed25519_dalek::SigningKey;
+
+    fn key_hex() -> String {
+        encode_hex(SigningKey::from_bytes(&[7; 32]).verifying_key().as_bytes())
+    }
+
+    fn text(extra: &str) -> String {
+        format!(
+            "name = \"ace\"\nroot = \"state\"\nlisten = \"127.0.0.1:0\"\n{extra}\n[trusted_keys]\n1 = \"{}\"\n",
+            key_hex()
+        )
+    }
+
+    #[test]
+    fn a_minimal_config_resolves_paths_and_defaults() {
+        let c = HostConfig::parse(&text(""), Path::new("/etc/h.toml"), Path::new("/etc"))
+            .expect("valid");
+        assert_eq!(c.root, PathBuf::from("/etc/state"));
+        assert_eq!(c.mounts_root, PathBuf::from("/"));
+        assert_eq!(c.reconcile_interval, Duration::from_millis(10_000));
+        assert_eq!(c.trusted.len(), 1);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let f = Path::new("h.toml");
+        let bad_interval = text("reconcile_interval_ms = 5");
+        let e = HostConfig::parse(&bad_interval, f, Path::new(".")).expect_err("refused");
+        assert!(e.to_string().contains("reconcile_interval_ms"), "{e}");
+        let no_keys = "name = \"ace\"\nroot = \"s\"\nlisten = \"127.0.0.1:0\"\n";
+        let e = HostConfig::parse(no_keys, f, Path::new(".")).expect_err("refused");
+        assert!(e.to_string().contains("trusted_keys"), "{e}");
+        let bad_key = text("").replace(&key_hex(), "zz");
+        let e = HostConfig::parse(&bad_key, f, Path::new(".")).expect_err("refused");
+        assert!(e.to_string().contains("trusted_keys.1"), "{e}");
+        let bad_name = text("").replace("\"ace\"", "\"a/b\"");
+        let e = HostConfig::parse(&bad_name, f, Path::new(".")).expect_err("refused");
+        assert!(e.to_string().contains("`name`"), "{e}");
+    }
+}
