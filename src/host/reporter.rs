@@ -72,11 +72,20 @@ pub struct Reporter {
     /// Held while delivering, so reports leave in order.
     delivering: Mutex<()>,
     dropped: AtomicU64,
+    queue_max: usize,
 }
 
 impl Reporter {
     /// Opens the counter and queue under `root`.
     pub fn open(root: &Path, sink: Arc<dyn ReportSink>) -> Result<Reporter, ReportError> {
+        Reporter::open_bounded(root, sink, report_queue_max)
+    }
+
+    fn open_bounded(
+        root: &Path,
+        sink: Arc<dyn ReportSink>,
+        queue_max: usize,
+    ) -> Result<Reporter, ReportError> {
         let counter_path = root.join("report_sequence");
         let queue_dir = root.join("reports");
         durable::create_dir(&queue_dir, 0o700)?;
@@ -94,6 +103,7 @@ impl Reporter {
             last: Mutex::new(last),
             delivering: Mutex::new(()),
             dropped: AtomicU64::new(0),
+            queue_max,
         })
     }
 
@@ -168,13 +178,13 @@ impl Reporter {
         Ok(delivered)
     }
 
-    /// Drops the oldest queued reports beyond [`report_queue_max`].
+    /// Drops the oldest queued reports beyond the queue's bound ([`report_queue_max`]).
     fn trim(&self) -> Result<(), ReportError> {
         let files = self.queue_files()?;
-        if files.len() <= report_queue_max {
+        if files.len() <= self.queue_max {
             return Ok(());
         }
-        let excess = files.len() - report_queue_max;
+        let excess = files.len() - self.queue_max;
         for path in &files[..excess] {
             self.drop_one(path, "the report queue is full")?;
         }
@@ -214,4 +224,60 @@ fn parse_counter(bytes: &[u8]) -> Result<u64, String> {
     text.trim()
         .parse::<u64>()
         .map_err(|_| format!("`{}` is not a number", text.trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Down;
+
+    impl ReportSink for Down {
+        fn deliver<'a>(&'a self, _report: &'a Report) -> SinkFuture<'a> {
+            Box::pin(async { Err(SinkError::Unavailable("down".into())) })
+        }
+    }
+
+    struct Up(std::sync::Mutex<Vec<u64>>);
+
+    impl ReportSink for Up {
+        fn deliver<'a>(&'a self, report: &'a Report) -> SinkFuture<'a> {
+            let sequence = report.report_sequence;
+            Box::pin(async move {
+                self.0.lock().expect("lock").push(sequence);
+                Ok(())
+            })
+        }
+    }
+
+    fn report() -> Report {
+        Report {
+            machine: "ace".into(),
+            epoch: 0,
+            sequence: 0,
+            report_sequence: 0,
+            applied: None,
+            modules: vec![],
+            refused_older: 0,
+            last_refusal: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn g5_a_full_queue_drops_the_oldest_and_counts_it() {
+        // G5 / bounded queue: beyond the bound the oldest reports go, newest kept, drops counted.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let down = Reporter::open_bounded(dir.path(), Arc::new(Down), 3).expect("open");
+        for _ in 0..5 {
+            down.enqueue(report()).await.expect("enqueue");
+            assert_eq!(down.flush().await.expect("flush"), 0);
+        }
+        assert_eq!(down.queued().expect("queued"), 3);
+        assert_eq!(down.dropped(), 2);
+        let sink = Arc::new(Up(std::sync::Mutex::new(Vec::new())));
+        let up = Reporter::open_bounded(dir.path(), sink.clone(), 3).expect("open");
+        assert_eq!(up.flush().await.expect("flush"), 3);
+        assert_eq!(*sink.0.lock().expect("lock"), vec![3, 4, 5]);
+        assert_eq!(up.queued().expect("queued"), 0);
+    }
 }

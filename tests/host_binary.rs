@@ -1,0 +1,69 @@
+//! The `mesh-host` binary: resumes the last applied declaration from its state directory, and on
+//! SIGTERM stops every module before it exits, leaving no orphan process.
+
+mod host_common;
+
+use host_common::*;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Kills the agent process on drop, whatever the test did.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mesh_host_resumes_its_declaration_and_stops_every_module_on_sigterm() {
+    // No orphans: the agent's modules end with it; a restart runs the last applied declaration.
+    let fx = Fixture::new();
+    {
+        let agent = fx.agent();
+        let module = shell("web", "echo $$ > pid; exec sleep 600");
+        agent
+            .receive(&fx.seal(1, 1, vec![module]))
+            .await
+            .expect("applied");
+        ready_pid(&agent, "web").await;
+        agent.shutdown().await;
+    }
+    let pid_file = fx.module_dir("web").join("pid");
+    std::fs::remove_file(&pid_file).expect("remove pid file");
+    let config = fx.dir.path().join("host.toml");
+    std::fs::write(&config, fx.config_text()).expect("config");
+    let child = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn mesh-host");
+    let mut agent = ChildGuard(child);
+    wait_for("the resumed module to start", || async {
+        read(&pid_file).trim().parse::<u32>().is_ok()
+    })
+    .await;
+    let module: u32 = read(&pid_file).trim().parse().expect("pid");
+    let _guard = GroupGuard(vec![module]);
+    assert!(alive(module));
+
+    let agent_pid = nix::unistd::Pid::from_raw(agent.0.id() as i32);
+    nix::sys::signal::kill(agent_pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let deadline = Instant::now() + Duration::from_secs(wait_s);
+    let status = loop {
+        if let Some(status) = agent.0.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "mesh-host did not exit on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "mesh-host exited with {status}");
+    assert!(!alive(module), "module {module} outlived mesh-host");
+}
