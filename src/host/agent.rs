@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use tokio::sync::{Mutex, watch};
+use tracing::Instrument;
 
 use super::config::HostConfig;
 use super::durable;
@@ -103,6 +104,7 @@ impl Agent {
     }
 
     /// Runs the last applied declaration again (after a restart) and reports.
+    #[tracing::instrument(skip_all, fields(machine = %self.config.name))]
     pub async fn start(&self) -> Result<Option<ApplyOutcome>, HostError> {
         let mut inner = self.inner.lock().await;
         let Some(record) = inner.applied.clone() else {
@@ -126,6 +128,7 @@ impl Agent {
 
     /// Verifies `wire` (the exact envelope bytes), raises the high-water mark on disk, applies the
     /// declaration and queues a report. A refusal is counted, logged and kept for the report.
+    #[tracing::instrument(skip_all, fields(machine = %self.config.name, bytes = wire.len()))]
     pub async fn receive(&self, wire: &[u8]) -> Result<Applied, HostError> {
         let mut inner = self.inner.lock().await;
         let trusted = &self.config.trusted;
@@ -155,9 +158,8 @@ impl Agent {
             sequence = position.sequence, digest = %digest.short(), "applying declaration");
         let outcome = inner.runtime.apply(&record.declaration).await;
         inner.applied = Some(record);
-        let report = self.build_report(&inner)?;
+        self.enqueue_report(&inner).await?;
         drop(inner);
-        self.reporter.enqueue(report).await?;
         self.flush_in_background();
         Ok(Applied {
             position,
@@ -168,12 +170,12 @@ impl Agent {
 
     /// Builds a report of the current state, numbers and queues it, and delivers what the sink
     /// takes. Returns the report as numbered.
+    #[tracing::instrument(skip_all, fields(machine = %self.config.name))]
     pub async fn report_now(&self) -> Result<Report, HostError> {
         let report = {
             let inner = self.inner.lock().await;
-            self.build_report(&inner)?
+            self.enqueue_report(&inner).await?
         };
-        let report = self.reporter.enqueue(report).await?;
         self.reporter.flush().await?;
         Ok(report)
     }
@@ -255,6 +257,13 @@ impl Agent {
         Ok(())
     }
 
+    /// Builds and numbers a report while the caller holds the state: a report numbered later
+    /// always describes a state at least as new (G5 on the host's side).
+    async fn enqueue_report(&self, inner: &Inner) -> Result<Report, HostError> {
+        let report = self.build_report(inner)?;
+        Ok(self.reporter.enqueue(report).await?)
+    }
+
     fn build_report(&self, inner: &Inner) -> Result<Report, HostError> {
         let (position, applied) = match &inner.applied {
             Some(r) => (r.position, Some(declaration_digest(&r.declaration)?)),
@@ -275,10 +284,12 @@ impl Agent {
     /// The transport should not wait on the controllers' answer to a report: deliver it aside.
     fn flush_in_background(&self) {
         let reporter = Arc::clone(&self.reporter);
-        tokio::spawn(async move {
+        let span = tracing::info_span!("flush", machine = %self.config.name);
+        let flush = async move {
             if let Err(e) = reporter.flush().await {
                 tracing::error!(error = %e, "cannot deliver queued reports");
             }
-        });
+        };
+        tokio::spawn(flush.instrument(span));
     }
 }

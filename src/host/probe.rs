@@ -107,3 +107,40 @@ async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(script: &str, timeout_ms: u64) -> Check {
+        Check::Probe {
+            probe: Probe::Command {
+                command: "sh".into(),
+                args: vec!["-c".into(), script.into()],
+                timeout_ms,
+            },
+            dir: std::env::temp_dir(),
+            env: BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]),
+        }
+    }
+
+    #[tokio::test]
+    async fn g12_a_command_probe_passes_only_on_exit_zero_within_its_timeout() {
+        // G12: readiness by command: exit 0 passes; a failure or an overrun does not.
+        assert!(command("exit 0", 5_000).attempt().await);
+        assert!(!command("exit 1", 5_000).attempt().await);
+        assert!(!command("exec sleep 30", 100).attempt().await);
+    }
+
+    #[tokio::test]
+    async fn g12_a_tcp_probe_passes_only_when_something_listens() {
+        // G12: readiness by TCP connect.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        assert!(Check::Endpoint(addr.clone()).attempt().await);
+        drop(listener);
+        assert!(!Check::Endpoint(addr).attempt().await);
+    }
+}

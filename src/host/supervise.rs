@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use super::board::{Board, is_ready};
 use super::logs;
@@ -64,7 +65,9 @@ impl Supervisor {
     pub fn start(spec: Spec, board: Board, generation: u64) -> Supervisor {
         board.claim(&spec.name, generation);
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(supervise(Arc::new(spec), board, generation, stop_rx));
+        let span = tracing::info_span!("module", module = %spec.name, generation);
+        let task = supervise(Arc::new(spec), board, generation, stop_rx);
+        let task = tokio::spawn(task.instrument(span));
         Supervisor { stop, task }
     }
 

@@ -150,12 +150,12 @@ fn check_module(module: &DeclaredModule) -> Result<(), DeclarationRefusal> {
             format!("is over the limit of {module_entries_max}"),
         ));
     }
-    check_text(name, "command", &module.command)?;
+    check_text(name, "command", &module.command, &module.command)?;
     if module.command.is_empty() {
         return Err(bad(name, "command", "", "is empty".into()));
     }
-    for arg in &module.args {
-        check_text(name, "argument", arg)?;
+    for (i, arg) in module.args.iter().enumerate() {
+        check_text(name, "argument", &format!("#{i}"), arg)?;
     }
     check_env(module)?;
     check_paths(module)?;
@@ -184,11 +184,11 @@ fn check_env(module: &DeclaredModule) -> Result<(), DeclarationRefusal> {
     let mut seen = BTreeMap::new();
     for (key, value) in &module.env {
         check_env_key(name, key)?;
-        check_text(name, "env value", value)?;
+        check_text(name, "env value of", key, value)?;
         seen.insert(key.clone(), key.clone());
     }
     for (key, value) in &module.settings {
-        check_text(name, "setting value", value)?;
+        check_text(name, "setting value of", key, value)?;
         let var = setting_var(key);
         check_env_key(name, &var)?;
         if let Some(first) = seen.insert(var.clone(), key.clone()) {
@@ -365,7 +365,7 @@ fn check_absolute(module: &str, host_dir: &str) -> Result<(), DeclarationRefusal
 fn check_probe(module: &str, probe: &Probe) -> Result<(), DeclarationRefusal> {
     let timeout_ms = match probe {
         Probe::Tcp { addr, timeout_ms } => {
-            check_text(module, "probe address", addr)?;
+            check_text(module, "probe address", addr, addr)?;
             *timeout_ms
         }
         Probe::File { path, timeout_ms } => {
@@ -377,9 +377,9 @@ fn check_probe(module: &str, probe: &Probe) -> Result<(), DeclarationRefusal> {
             args,
             timeout_ms,
         } => {
-            check_text(module, "probe command", command)?;
-            for arg in args {
-                check_text(module, "probe argument", arg)?;
+            check_text(module, "probe command", command, command)?;
+            for (i, arg) in args.iter().enumerate() {
+                check_text(module, "probe argument", &format!("#{i}"), arg)?;
             }
             *timeout_ms
         }
@@ -416,9 +416,16 @@ fn check_name(module: &str, value: &str, what: &'static str) -> Result<(), Decla
     Ok(())
 }
 
-fn check_text(module: &str, what: &'static str, value: &str) -> Result<(), DeclarationRefusal> {
+/// Refuses a NUL byte in `value`. Only `label` is named in the refusal: values may be secret, and
+/// refusals are logged and reported.
+fn check_text(
+    module: &str,
+    what: &'static str,
+    label: &str,
+    value: &str,
+) -> Result<(), DeclarationRefusal> {
     if value.contains('\0') {
-        return Err(bad(module, what, value, "has a NUL byte".into()));
+        return Err(bad(module, what, label, "has a NUL byte".into()));
     }
     Ok(())
 }
