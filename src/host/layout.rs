@@ -91,6 +91,11 @@ impl Layout {
         self.root.join("logs").join(format!("{name}.{stream}.log"))
     }
 
+    /// `<root>/run/<name>`: the module's process group while it runs.
+    pub fn group_record(&self, name: &str) -> PathBuf {
+        super::leftovers::run_dir(&self.root).join(name)
+    }
+
     /// Where a mount's `host_dir` lives on this machine: under `mounts_root`.
     pub fn mount_dir(&self, host_dir: &str) -> PathBuf {
         self.mounts_root.join(host_dir.trim_start_matches('/'))

@@ -8,6 +8,7 @@ pub mod board;
 pub mod config;
 pub mod durable;
 pub mod layout;
+pub mod leftovers;
 pub mod logs;
 pub mod probe;
 pub mod reporter;

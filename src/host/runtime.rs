@@ -216,6 +216,7 @@ impl Runtime {
             args: module.args.clone(),
             stdout_log: self.layout.log_path(&module.name, "stdout"),
             stderr_log: self.layout.log_path(&module.name, "stderr"),
+            group_record: self.layout.group_record(&module.name),
             after: module.after.clone(),
             endpoints,
             ready,

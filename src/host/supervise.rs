@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::board::{Board, is_ready};
+use super::leftovers;
 use super::logs;
 use super::probe::{self, Check};
 use crate::core::report::ModuleState;
@@ -40,6 +41,8 @@ pub struct Spec {
     pub dir: PathBuf,
     pub stdout_log: PathBuf,
     pub stderr_log: PathBuf,
+    /// Where the module's process group is recorded while it runs (see `leftovers`).
+    pub group_record: PathBuf,
     /// Modules that must be ready before each start.
     pub after: Vec<String>,
     /// `(provision id, endpoint)` a consumer waits on before each start.
@@ -209,6 +212,9 @@ async fn run(
 ) -> RunEnd {
     let name = spec.name.as_str();
     let pid = child.id();
+    if let Some(pid) = pid {
+        leftovers::record(&spec.group_record, pid);
+    }
     if let Some(out) = child.stdout.take() {
         tokio::spawn(logs::capture(name.into(), spec.stdout_log.clone(), out));
     }
@@ -240,6 +246,7 @@ async fn run(
                     // Whatever the module left behind in its group goes with it.
                     kill_group(pid, Signal::SIGKILL);
                 }
+                leftovers::clear(&spec.group_record);
                 return match status {
                     Ok(status) => RunEnd::Exited(status),
                     Err(e) => {
@@ -250,6 +257,7 @@ async fn run(
             }
             _ = stopped(stop) => {
                 terminate(name, &mut child, pid).await;
+                leftovers::clear(&spec.group_record);
                 return RunEnd::Stopped;
             }
             passed = &mut probe, if probing => {
