@@ -45,7 +45,7 @@ async fn main() -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let started = agent.start().await;
-    tracing::warn!(listen = %agent.config().listen, "no listener yet: the transport is not wired in, so no envelope can arrive");
+    tracing::warn!(listen = %agent.config().listen(), "no listener yet: the transport is not wired in, so no envelope can arrive");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let reconcile = {
         let agent = Arc::clone(&agent);

@@ -8,6 +8,7 @@ use tracing::Instrument;
 use super::config::HostConfig;
 use super::durable;
 use super::layout::Layout;
+use super::leftovers;
 use super::reporter::{ReportError, ReportSink, Reporter, declaration_digest};
 use super::runtime::{ApplyOutcome, Runtime};
 use super::state::{AppliedRecord, RefusalCounts, StateError, StateFiles};
@@ -66,11 +67,11 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Opens the state under `config.root`: the high-water mark, the last applied declaration, the
+    /// Opens the state under the config's root: the high-water mark, the last applied declaration, the
     /// refusal counts and the report counter. Runs nothing until [`Agent::start`].
     pub fn open(config: HostConfig, sink: Arc<dyn ReportSink>) -> Result<Agent, HostError> {
-        durable::create_dir(&config.root, 0o700).map_err(StateError::from)?;
-        let files = StateFiles::new(&config.root);
+        durable::create_dir(config.root(), 0o700).map_err(StateError::from)?;
+        let files = StateFiles::new(config.root());
         let high_water = files.load_high_water()?;
         let applied = files.load_applied()?;
         if let Some(record) = &applied
@@ -87,9 +88,9 @@ impl Agent {
             .into());
         }
         let refusals = files.load_refusals()?;
-        let reporter = Arc::new(Reporter::open(&config.root, sink)?);
-        let layout = Layout::new(&config.root, &config.mounts_root);
-        let runtime = Runtime::new(layout, &config.name);
+        let reporter = Arc::new(Reporter::open(config.root(), sink)?);
+        let layout = Layout::new(config.root(), config.mounts_root());
+        let runtime = Runtime::new(layout, config.name());
         Ok(Agent {
             files,
             reporter,
@@ -103,22 +104,24 @@ impl Agent {
         })
     }
 
-    /// Runs the last applied declaration again (after a restart) and reports.
-    #[tracing::instrument(skip_all, fields(machine = %self.config.name))]
+    /// Stops modules an earlier mesh-host left running, runs the last applied declaration again
+    /// (after a restart) and reports.
+    #[tracing::instrument(skip_all, fields(machine = %self.config.name()))]
     pub async fn start(&self) -> Result<Option<ApplyOutcome>, HostError> {
         let mut inner = self.inner.lock().await;
+        leftovers::reap(&leftovers::run_dir(self.config.root())).await;
         let Some(record) = inner.applied.clone() else {
             drop(inner);
             self.report_now().await?;
             return Ok(None);
         };
-        check_declaration(&record.declaration, &self.config.name).map_err(|refusal| {
+        check_declaration(&record.declaration, self.config.name()).map_err(|refusal| {
             HostError::Declaration {
                 position: record.position,
                 refusal,
             }
         })?;
-        tracing::info!(machine = %self.config.name, epoch = record.position.epoch,
+        tracing::info!(machine = %self.config.name(), epoch = record.position.epoch,
             sequence = record.position.sequence, "resuming the last applied declaration");
         let outcome = inner.runtime.apply(&record.declaration).await;
         drop(inner);
@@ -128,11 +131,11 @@ impl Agent {
 
     /// Verifies `wire` (the exact envelope bytes), raises the high-water mark on disk, applies the
     /// declaration and queues a report. A refusal is counted, logged and kept for the report.
-    #[tracing::instrument(skip_all, fields(machine = %self.config.name, bytes = wire.len()))]
+    #[tracing::instrument(skip_all, fields(machine = %self.config.name(), bytes = wire.len()))]
     pub async fn receive(&self, wire: &[u8]) -> Result<Applied, HostError> {
         let mut inner = self.inner.lock().await;
-        let trusted = &self.config.trusted;
-        let envelope = match open(wire, trusted, &self.config.name, inner.high_water) {
+        let trusted = self.config.trusted();
+        let envelope = match open(wire, trusted, self.config.name(), inner.high_water) {
             Ok(envelope) => envelope,
             Err(refusal) => {
                 let older = matches!(refusal, Refusal::Older { .. });
@@ -154,7 +157,7 @@ impl Agent {
             declaration: envelope.declaration,
         };
         self.files.store_applied(&record)?;
-        tracing::info!(machine = %self.config.name, epoch = position.epoch,
+        tracing::info!(machine = %self.config.name(), epoch = position.epoch,
             sequence = position.sequence, digest = %digest.short(), "applying declaration");
         let outcome = inner.runtime.apply(&record.declaration).await;
         inner.applied = Some(record);
@@ -170,7 +173,7 @@ impl Agent {
 
     /// Builds a report of the current state, numbers and queues it, and delivers what the sink
     /// takes. Returns the report as numbered.
-    #[tracing::instrument(skip_all, fields(machine = %self.config.name))]
+    #[tracing::instrument(skip_all, fields(machine = %self.config.name()))]
     pub async fn report_now(&self) -> Result<Report, HostError> {
         let report = {
             let inner = self.inner.lock().await;
@@ -188,7 +191,7 @@ impl Agent {
     /// Reports every `reconcile_interval` until `stop` turns true; returns early only on an error
     /// that must stop the host.
     pub async fn reconcile(&self, mut stop: watch::Receiver<bool>) -> Result<(), HostError> {
-        let interval = self.config.reconcile_interval;
+        let interval = self.config.reconcile_interval();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
@@ -234,7 +237,7 @@ impl Agent {
     }
 
     fn check(&self, inner: &Inner, envelope: &Envelope) -> Result<(), DeclarationRefusal> {
-        check_declaration(&envelope.declaration, &self.config.name)?;
+        check_declaration(&envelope.declaration, self.config.name())?;
         if let Some(current) = &inner.applied {
             check_mount_moves(&current.declaration, &envelope.declaration, &envelope.moves)?;
         }
@@ -247,7 +250,7 @@ impl Agent {
         older: bool,
         reason: String,
     ) -> Result<(), HostError> {
-        tracing::warn!(machine = %self.config.name, reason = %reason, "envelope refused");
+        tracing::warn!(machine = %self.config.name(), reason = %reason, "envelope refused");
         inner.refusals.total += 1;
         if older {
             inner.refusals.older += 1;
@@ -270,7 +273,7 @@ impl Agent {
             None => (Position::default(), None),
         };
         Ok(Report {
-            machine: self.config.name.clone(),
+            machine: self.config.name().to_string(),
             epoch: position.epoch,
             sequence: position.sequence,
             report_sequence: 0,
@@ -284,7 +287,7 @@ impl Agent {
     /// The transport should not wait on the controllers' answer to a report: deliver it aside.
     fn flush_in_background(&self) {
         let reporter = Arc::clone(&self.reporter);
-        let span = tracing::info_span!("flush", machine = %self.config.name);
+        let span = tracing::info_span!("flush", machine = %self.config.name());
         let flush = async move {
             if let Err(e) = reporter.flush().await {
                 tracing::error!(error = %e, "cannot deliver queued reports");

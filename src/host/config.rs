@@ -45,22 +45,23 @@ pub struct TlsPaths {
     pub key: PathBuf,
 }
 
-/// A validated host configuration.
+/// A validated host configuration. Its fields are private: the only way to get one is
+/// [`HostConfig::load`] or [`HostConfig::parse`], so every one in hand is valid.
 #[derive(Clone, Debug)]
 pub struct HostConfig {
     /// This machine's name; envelopes for any other machine are refused.
-    pub name: String,
+    name: String,
     /// State directory: high-water mark, report counter, last declaration, report queue, modules.
-    pub root: PathBuf,
+    root: PathBuf,
     /// Mount `host_dir`s (absolute in the model) are created under this directory.
-    pub mounts_root: PathBuf,
-    pub listen: SocketAddr,
+    mounts_root: PathBuf,
+    listen: SocketAddr,
     /// Controller replica addresses, `host:port`.
-    pub replicas: Vec<String>,
-    pub reconcile_interval: Duration,
-    pub tls: Option<TlsPaths>,
+    replicas: Vec<String>,
+    reconcile_interval: Duration,
+    tls: Option<TlsPaths>,
     /// Replica id → the key its envelopes must verify against.
-    pub trusted: BTreeMap<u64, VerifyingKey>,
+    trusted: BTreeMap<u64, VerifyingKey>,
 }
 
 #[derive(Deserialize)]
@@ -145,6 +146,45 @@ impl HostConfig {
             }),
             trusted,
         })
+    }
+}
+
+impl HostConfig {
+    /// This machine's name; envelopes for any other machine are refused.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The state directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where mount `host_dir`s are created.
+    pub fn mounts_root(&self) -> &Path {
+        &self.mounts_root
+    }
+
+    pub fn listen(&self) -> SocketAddr {
+        self.listen
+    }
+
+    /// Controller replica addresses, `host:port`.
+    pub fn replicas(&self) -> &[String] {
+        &self.replicas
+    }
+
+    pub fn reconcile_interval(&self) -> Duration {
+        self.reconcile_interval
+    }
+
+    pub fn tls(&self) -> Option<&TlsPaths> {
+        self.tls.as_ref()
+    }
+
+    /// Replica id → the key its envelopes must verify against.
+    pub fn trusted(&self) -> &BTreeMap<u64, VerifyingKey> {
+        &self.trusted
     }
 }
 
