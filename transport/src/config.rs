@@ -68,7 +68,8 @@ pub enum ConfigError {
 }
 
 /// A [`TransportConfig`] that passed [`TransportConfig::check`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The defaults are valid, so `CheckedConfig::default()` needs no check.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckedConfig {
     config: TransportConfig,
 }
@@ -157,21 +158,13 @@ impl CheckedConfig {
     }
 }
 
-impl Default for CheckedConfig {
-    fn default() -> Self {
-        CheckedConfig {
-            config: TransportConfig::default(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn defaults_pass_their_own_check() {
-        let checked = TransportConfig::default().check().unwrap();
+        let checked = TransportConfig::default().check().expect("must succeed");
         assert_eq!(checked, CheckedConfig::default());
         assert_eq!(checked.frame_bytes_max(), 16 * 1024 * 1024);
     }
@@ -182,7 +175,7 @@ mod tests {
             streams_per_connection_max: 0,
             ..TransportConfig::default()
         };
-        let err = bad.check().unwrap_err();
+        let err = bad.check().expect_err("must fail");
         assert!(
             err.to_string().contains("streams_per_connection_max"),
             "{err}"

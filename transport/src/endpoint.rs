@@ -461,16 +461,21 @@ impl Endpoint {
         if let Some(retry_at) = state.retry_at
             && Instant::now() < retry_at
         {
-            let wait_ms = retry_at
-                .saturating_duration_since(Instant::now())
-                .as_millis();
-            return Err(TransportError::Unreachable {
-                addr,
-                reason: format!(
-                    "{} dial attempts failed; next attempt allowed in {wait_ms} ms",
-                    state.failures
-                ),
-            });
+            // Waiting out the backoff (holding only this peer's lock) spaces dials to a dead peer
+            // without failing calls made just after it came back.
+            if retry_at >= deadline {
+                let wait_ms = retry_at
+                    .saturating_duration_since(Instant::now())
+                    .as_millis();
+                return Err(TransportError::Unreachable {
+                    addr,
+                    reason: format!(
+                        "{} dial attempts failed; next attempt allowed in {wait_ms} ms, after this call's deadline",
+                        state.failures
+                    ),
+                });
+            }
+            tokio::time::sleep_until(retry_at).await;
         }
         match self.dial(addr, deadline).await {
             Ok((conn, principal)) => {

@@ -200,14 +200,15 @@ mod tests {
             body: vec![1, 2, 3],
         };
         assert_eq!(
-            decode_header(&encode_header(&header).unwrap()).unwrap(),
+            decode_header(&encode_header(&header).expect("must succeed")).expect("must succeed"),
             header
         );
         let refused: Response = Err(Refused {
             reason: "no".into(),
         });
         assert_eq!(
-            decode_response(&encode_response(&refused).unwrap()).unwrap(),
+            decode_response(&encode_response(&refused).expect("must succeed"))
+                .expect("must succeed"),
             refused
         );
     }

@@ -426,19 +426,21 @@ mod tests {
     #[test]
     fn issued_cert_names_its_principal_and_key_file_is_private() {
         // G10: the principal lives in the certificate; keys are never world-readable.
-        let dir = tempfile::tempdir().unwrap();
-        let ca = Ca::create(Validity::days_from_now(1)).unwrap();
+        let dir = tempfile::tempdir().expect("must succeed");
+        let ca = Ca::create(Validity::days_from_now(1)).expect("must succeed");
         let host = Principal::Host("ace".into());
-        let issued = ca.issue(&host, Validity::days_from_now(1)).unwrap();
+        let issued = ca
+            .issue(&host, Validity::days_from_now(1))
+            .expect("must succeed");
         let (ca_crt, ca_key) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
         let (crt, key) = (dir.path().join("ace.crt"), dir.path().join("ace.key"));
-        ca.write(&ca_crt, &ca_key).unwrap();
-        issued.write(&crt, &key).unwrap();
+        ca.write(&ca_crt, &ca_key).expect("must succeed");
+        issued.write(&crt, &key).expect("must succeed");
         for k in [&ca_key, &key] {
-            let mode = fs::metadata(k).unwrap().permissions().mode() & 0o777;
+            let mode = fs::metadata(k).expect("must succeed").permissions().mode() & 0o777;
             assert_eq!(mode, key_file_mode);
         }
-        let identity = Identity::load(&ca_crt, &crt, &key).unwrap();
+        let identity = Identity::load(&ca_crt, &crt, &key).expect("must succeed");
         assert_eq!(identity.principal(), &host);
         assert!(matches!(
             issued.write(&crt, &key),
@@ -448,38 +450,39 @@ mod tests {
 
     #[test]
     fn loaded_ca_issues_certificates_that_chain_to_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let ca = Ca::create(Validity::days_from_now(1)).unwrap();
+        let dir = tempfile::tempdir().expect("must succeed");
+        let ca = Ca::create(Validity::days_from_now(1)).expect("must succeed");
         let (ca_crt, ca_key) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
-        ca.write(&ca_crt, &ca_key).unwrap();
-        let loaded = Ca::load(&ca_crt, &ca_key).unwrap();
+        ca.write(&ca_crt, &ca_key).expect("must succeed");
+        let loaded = Ca::load(&ca_crt, &ca_key).expect("must succeed");
         assert_eq!(loaded.cert_pem(), ca.cert_pem());
         let issued = loaded
             .issue(&Principal::Replica(2), Validity::days_from_now(1))
-            .unwrap();
-        let identity =
-            Identity::from_pem(ca.cert_pem(), issued.cert_pem(), issued.key_pem()).unwrap();
+            .expect("must succeed");
+        let identity = Identity::from_pem(ca.cert_pem(), issued.cert_pem(), issued.key_pem())
+            .expect("must succeed");
         assert_eq!(identity.principal(), &Principal::Replica(2));
     }
 
     #[test]
     fn exposed_key_file_is_refused_with_the_fix() {
-        let dir = tempfile::tempdir().unwrap();
-        let ca = Ca::create(Validity::days_from_now(1)).unwrap();
+        let dir = tempfile::tempdir().expect("must succeed");
+        let ca = Ca::create(Validity::days_from_now(1)).expect("must succeed");
         let (crt, key) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
-        ca.write(&crt, &key).unwrap();
-        fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).unwrap();
-        let err = Ca::load(&crt, &key).unwrap_err();
+        ca.write(&crt, &key).expect("must succeed");
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).expect("must succeed");
+        let err = Ca::load(&crt, &key).expect_err("must fail");
         assert!(err.to_string().contains("chmod 600"), "{err}");
     }
 
     #[test]
     fn certificate_without_principal_does_not_make_an_identity() {
-        let ca = Ca::create(Validity::days_from_now(1)).unwrap();
+        let ca = Ca::create(Validity::days_from_now(1)).expect("must succeed");
         let bare = ca
             .issue_with_uris("nobody", &[], Validity::days_from_now(1))
-            .unwrap();
-        let err = Identity::from_pem(ca.cert_pem(), bare.cert_pem(), bare.key_pem()).unwrap_err();
+            .expect("must succeed");
+        let err = Identity::from_pem(ca.cert_pem(), bare.cert_pem(), bare.key_pem())
+            .expect_err("must fail");
         assert!(matches!(
             err,
             PkiError::Principal {

@@ -182,8 +182,8 @@ mod tests {
         for ((p, s), u) in all.iter().zip(shown).zip(uris) {
             assert_eq!(p.to_string(), s);
             assert_eq!(p.to_uri(), u);
-            assert_eq!(&s.parse::<Principal>().unwrap(), p);
-            assert_eq!(&Principal::from_uri(u).unwrap(), p);
+            assert_eq!(&s.parse::<Principal>().expect("must succeed"), p);
+            assert_eq!(&Principal::from_uri(u).expect("must succeed"), p);
         }
     }
 

@@ -50,11 +50,29 @@ fn principal_check(end_entity: &CertificateDer<'_>) -> Result<(), rustls::Error>
     Principal::from_certificate(end_entity)
         .map(|_| ())
         .map_err(|e| {
+            let e = Arc::new(NoPrincipal(e));
             rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
-                Arc::new(e),
+                e,
             )))
         })
 }
+
+/// Carries a principal error through rustls, which logs `Debug`: show the readable message.
+struct NoPrincipal(crate::principal::PrincipalError);
+
+impl fmt::Debug for NoPrincipal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Display for NoPrincipal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::error::Error for NoPrincipal {}
 
 /// webpki client verification against the mesh CA, plus the principal check.
 struct MeshClientVerifier {
