@@ -17,7 +17,7 @@ use crate::frame::{self, FrameError, Header};
 use crate::pki::{Identity, server_name};
 use crate::principal::Principal;
 use crate::serve::{Counters, Counts, Handler, ServeContext};
-use crate::tls::{self, ResetKey, TlsError};
+use crate::tls::{self, ResetKey, RestartableCids, TlsError};
 use crate::writers::MessageKind;
 
 /// First wait after a failed dial, in milliseconds; doubles per failure up to the config's
@@ -160,10 +160,11 @@ impl Endpoint {
         let socket_err = |source| BindError::Socket { addr, source };
         let server = tls::server_config(identity, &config)?;
         let client = tls::client_config(identity, &config)?;
-        let endpoint_config = match ResetKey::from_identity(identity) {
+        let mut endpoint_config = match ResetKey::from_identity(identity) {
             Some(key) => quinn::EndpointConfig::new(Arc::new(key)),
             None => quinn::EndpointConfig::default(),
         };
+        endpoint_config.cid_generator(|| Box::new(RestartableCids::new()));
         let socket = std::net::UdpSocket::bind(addr).map_err(socket_err)?;
         let runtime = Arc::new(quinn::TokioRuntime);
         let quinn = quinn::Endpoint::new(endpoint_config, Some(server), socket, runtime)
@@ -271,8 +272,13 @@ impl Endpoint {
         timeout: Duration,
     ) -> Result<Principal, TransportError> {
         let deadline = Instant::now() + timeout;
-        let (_, principal, _) = self.connection(peer, deadline).await?;
-        Ok(principal)
+        match tokio::time::timeout_at(deadline, self.connection(peer, deadline)).await {
+            Ok(connected) => connected.map(|(_, principal, _)| principal),
+            Err(_) => Err(TransportError::Timeout {
+                addr: peer,
+                after_ms: timeout.as_millis(),
+            }),
+        }
     }
 
     async fn send(
@@ -458,24 +464,21 @@ impl Endpoint {
             }
             state.conn = None;
         }
-        if let Some(retry_at) = state.retry_at
-            && Instant::now() < retry_at
-        {
-            // Waiting out the backoff (holding only this peer's lock) spaces dials to a dead peer
-            // without failing calls made just after it came back.
-            if retry_at >= deadline {
-                let wait_ms = retry_at
-                    .saturating_duration_since(Instant::now())
-                    .as_millis();
+        match dial_gate(state.retry_at, Instant::now(), deadline) {
+            DialGate::Now => {}
+            // Waiting out the backoff (holding only this peer's lock) spaces dials to a dead
+            // peer without failing calls made just after it came back.
+            DialGate::After(retry_at) => tokio::time::sleep_until(retry_at).await,
+            DialGate::TooLate { wait } => {
                 return Err(TransportError::Unreachable {
                     addr,
                     reason: format!(
-                        "{} dial attempts failed; next attempt allowed in {wait_ms} ms, after this call's deadline",
-                        state.failures
+                        "{} dial attempts failed; the next is allowed in {} ms, after this call's deadline",
+                        state.failures,
+                        wait.as_millis()
                     ),
                 });
             }
-            tokio::time::sleep_until(retry_at).await;
         }
         match self.dial(addr, deadline).await {
             Ok((conn, principal)) => {
@@ -486,17 +489,11 @@ impl Endpoint {
             }
             Err(e) => {
                 state.failures = state.failures.saturating_add(1);
-                state.retry_at = Some(Instant::now() + self.backoff(state.failures));
+                let max = self.inner.config.dial_backoff_max();
+                state.retry_at = Some(Instant::now() + backoff(state.failures, max));
                 Err(e)
             }
         }
-    }
-
-    fn backoff(&self, failures: u32) -> Duration {
-        let max = self.inner.config.dial_backoff_max();
-        let doublings = failures.saturating_sub(1).min(20);
-        let wait = Duration::from_millis(dial_backoff_first_ms.saturating_mul(1 << doublings));
-        wait.min(max)
     }
 
     async fn dial(
@@ -528,6 +525,31 @@ impl Endpoint {
         tracing::debug!(peer = %addr, %principal, "connected");
         Ok((conn, principal))
     }
+}
+
+/// Whether a dial may start now, after a wait, or not before the caller's deadline.
+#[derive(Debug, PartialEq, Eq)]
+enum DialGate {
+    Now,
+    After(Instant),
+    TooLate { wait: Duration },
+}
+
+fn dial_gate(retry_at: Option<Instant>, now: Instant, deadline: Instant) -> DialGate {
+    match retry_at {
+        Some(at) if at >= deadline => DialGate::TooLate {
+            wait: at.saturating_duration_since(now),
+        },
+        Some(at) if at > now => DialGate::After(at),
+        _ => DialGate::Now,
+    }
+}
+
+/// Wait after the `failures`-th failed dial in a row: doubling from the first wait, capped.
+fn backoff(failures: u32, max: Duration) -> Duration {
+    let doublings = failures.saturating_sub(1).min(20);
+    let wait = Duration::from_millis(dial_backoff_first_ms.saturating_mul(1 << doublings));
+    wait.min(max)
 }
 
 fn check_expected(peer: &Peer, found: &Principal) -> Result<(), TransportError> {
@@ -604,5 +626,37 @@ fn connection_error(addr: SocketAddr, e: ConnectionError) -> TransportError {
             addr,
             reason: e.to_string(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_first_wait_and_stops_at_the_cap() {
+        let max = Duration::from_millis(2000);
+        let waits: Vec<u128> = (1..=8).map(|n| backoff(n, max).as_millis()).collect();
+        assert_eq!(waits, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
+        assert_eq!(backoff(u32::MAX, max), max);
+    }
+
+    #[test]
+    fn dial_waits_out_the_backoff_only_if_the_deadline_allows() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(dial_gate(None, now, now + ms(10)), DialGate::Now);
+        assert_eq!(
+            dial_gate(Some(now - ms(1)), now, now + ms(10)),
+            DialGate::Now
+        );
+        assert_eq!(
+            dial_gate(Some(now + ms(5)), now, now + ms(10)),
+            DialGate::After(now + ms(5))
+        );
+        assert_eq!(
+            dial_gate(Some(now + ms(50)), now, now + ms(10)),
+            DialGate::TooLate { wait: ms(50) }
+        );
     }
 }

@@ -310,3 +310,43 @@ impl quinn::crypto::HmacKey for ResetKey {
         }
     }
 }
+
+/// Random 8-byte connection IDs that any restart of this endpoint accepts as possibly its own.
+/// quinn's default generator keys its CIDs per process, so a restarted process would silently
+/// drop packets of old connections instead of answering them with the stateless reset above.
+pub(crate) struct RestartableCids {
+    counter: u64,
+}
+
+/// Bytes in every connection ID this endpoint issues.
+pub const connection_id_bytes: usize = 8;
+
+impl RestartableCids {
+    pub(crate) fn new() -> RestartableCids {
+        RestartableCids { counter: 0 }
+    }
+}
+
+impl quinn::ConnectionIdGenerator for RestartableCids {
+    fn generate_cid(&mut self) -> quinn::ConnectionId {
+        let mut bytes = [0u8; connection_id_bytes];
+        if rustls::crypto::ring::default_provider()
+            .secure_random
+            .fill(&mut bytes)
+            .is_err()
+        {
+            // No system randomness: distinct IDs still matter more than unpredictable ones.
+            self.counter = self.counter.wrapping_add(1);
+            bytes = self.counter.to_le_bytes();
+        }
+        quinn::ConnectionId::new(&bytes)
+    }
+
+    fn cid_len(&self) -> usize {
+        connection_id_bytes
+    }
+
+    fn cid_lifetime(&self) -> Option<std::time::Duration> {
+        None
+    }
+}

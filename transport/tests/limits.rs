@@ -33,7 +33,7 @@ async fn streams_beyond_the_limit_wait_and_the_server_keeps_serving_others() {
     }
     let limit = streams as usize;
     wait_for("the first streams in the handler", || {
-        recorder.slow_in_handler.load(SeqCst) == limit
+        recorder.slow_in_handler.load(SeqCst) >= limit
     })
     .await;
     let bob = client(&pki, &operator("bob"));
@@ -58,4 +58,32 @@ async fn streams_beyond_the_limit_wait_and_the_server_keeps_serving_others() {
     }
     assert_eq!(recorder.slow_in_handler_max.load(SeqCst), limit);
     assert_eq!(alice.counts().dials, 1);
+}
+
+#[tokio::test]
+async fn a_dead_peer_does_not_block_calls_to_live_ones() {
+    // A socket that never answers: dials to it hang until their deadline.
+    let pki = Pki::new();
+    let silent = std::net::UdpSocket::bind(any_port()).expect("silent socket");
+    let dead = silent.local_addr().expect("addr");
+    let (live, _) = serving(&pki, &replica(2));
+    let leader = client(&pki, &replica(1));
+    let stuck = {
+        let leader = leader.clone();
+        tokio::spawn(async move {
+            let long = std::time::Duration::from_secs(60);
+            leader
+                .request(dead, MessageKind::Raft, b"x".to_vec(), long)
+                .await
+        })
+    };
+    let ok = leader
+        .request(live.local_addr(), MessageKind::Raft, b"y".to_vec(), timeout)
+        .await;
+    assert_eq!(ok, Ok(b"echo:y".to_vec()));
+    assert!(
+        !stuck.is_finished(),
+        "the dial to the dead peer should still be pending"
+    );
+    stuck.abort();
 }

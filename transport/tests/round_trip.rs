@@ -167,3 +167,39 @@ async fn rebind(addr: std::net::SocketAddr, identity: mesh_transport::Identity) 
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test]
+async fn request_redials_at_once_after_the_peer_crashes_and_restarts() {
+    // A crash sends no goodbye; the restarted process answers the stale connection with a
+    // stateless reset (its key comes from the same certificate key), so the dialler re-dials at
+    // once instead of waiting out the idle timeout.
+    let pki = Pki::new();
+    let identity = pki.identity(&replica(1));
+    let crashing = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let server = {
+        let _inside = crashing.enter();
+        serving_with(identity.clone(), config()).0
+    };
+    let addr = server.local_addr();
+    let alice = client(&pki, &operator("alice"));
+    alice
+        .request(addr, MessageKind::Command, b"1".to_vec(), timeout)
+        .await
+        .expect("before crash");
+    crashing.shutdown_background();
+    drop(server);
+    let restarted = rebind(addr, identity).await;
+    assert!(restarted.serve(std::sync::Arc::new(Recorder::default())));
+    // Well inside the idle timeout: only a reset (or a fresh dial) can make this succeed.
+    let quick = std::time::Duration::from_millis(3000);
+    let answer = alice
+        .request(addr, MessageKind::Command, b"2".to_vec(), quick)
+        .await
+        .expect("after restart");
+    assert_eq!(answer, b"echo:2");
+    assert_eq!(alice.counts().dials, 2);
+}
