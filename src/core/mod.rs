@@ -6,3 +6,4 @@ pub mod envelope;
 pub mod model;
 pub mod report;
 pub mod settings;
+pub mod wire;
