@@ -109,7 +109,8 @@ impl QuicSink {
         failures: &mut Vec<String>,
     ) -> Result<Option<String>, SinkError> {
         let mut address = start;
-        for hop in 0..=report_redirects_max {
+        let mut redirects = 0;
+        loop {
             match self.attempt(&address, body).await {
                 Attempt::Filed { accepted } => {
                     if !accepted {
@@ -118,7 +119,10 @@ impl QuicSink {
                     }
                     return Ok(Some(address));
                 }
-                Attempt::Redirect(leader) if hop < report_redirects_max => address = leader,
+                Attempt::Redirect(leader) if redirects < report_redirects_max => {
+                    redirects += 1;
+                    address = leader;
+                }
                 Attempt::Redirect(leader) => {
                     failures.push(format!(
                         "{address} redirected to {leader} after {report_redirects_max} redirects already; is the leader changing?"
@@ -132,7 +136,6 @@ impl QuicSink {
                 }
             }
         }
-        Ok(None)
     }
 
     async fn attempt(&self, address: &str, body: &[u8]) -> Attempt {
