@@ -310,3 +310,83 @@ async fn g5_reports_queued_while_no_replica_answers_are_delivered_in_order_when_
     assert_eq!(sequences, expected, "reports missing or out of order");
     drop(host);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g2_mesh_host_that_cannot_store_its_mark_applies_nothing_answers_an_error_and_stops() {
+    // G2: the mark is durable before anything is applied. When it cannot be written, the sender
+    // gets an error (not Applied, not a refusal it could mistake for "older"), no module starts,
+    // and the process exits non-zero instead of carrying on without its fence.
+    let (fx, pki) = (Fixture::new(), Pki::new());
+    let leader_log = ReplicaLog::new(Answer::File);
+    let leader = fake_replica(&pki, 1, &leader_log);
+    let config = fx.write_process_config(&pki, &[leader.local_addr()]);
+    let mut host = HostProcess::spawn(&config, &log_of(&fx));
+    let addr = host.listening(&fx.root()).await;
+    // A directory where the mark's temp file goes: even root cannot unlink it as a file.
+    let blocker = mesh::host::durable::temp_path(&fx.root().join("high_water"));
+    std::fs::create_dir_all(blocker.join("x")).expect("blocker");
+
+    let wire = fx.seal(1, 1, vec![shell("web", "echo $$ > pid; exec sleep 600")]);
+    let replica = endpoint(&pki, &Principal::Replica(1));
+    let err = send_envelope(&replica, addr, &wire)
+        .await
+        .expect_err("not applied");
+    let TransportError::Refused { reason, .. } = &err else {
+        panic!("expected an error answer, got {err:?}");
+    };
+    assert!(reason.contains("high_water"), "{reason}");
+    let status = host.exited().await;
+    assert!(!status.success(), "mesh-host exited with {status}");
+    assert!(!fx.module_dir("web").exists(), "a module was prepared");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mesh_host_refuses_by_name_any_replica_message_other_than_an_envelope() {
+    // G10: a replica may send Raft and Forward to anyone; a host has no use for them and says so.
+    let (fx, pki) = (Fixture::new(), Pki::new());
+    let config = fx.process_config(&pki, &[any_port()]);
+    let endpoint_host = listener::bind(&config).expect("bind");
+    let agent = Arc::new(Agent::open(config, fx.sink.clone()).expect("open"));
+    let _fatal = listener::serve(&endpoint_host, agent.clone()).expect("serve");
+    let replica = endpoint(&pki, &Principal::Replica(1));
+    for kind in [MessageKind::Raft, MessageKind::Forward] {
+        let err = replica
+            .request(
+                endpoint_host.local_addr(),
+                kind.clone(),
+                b"x".to_vec(),
+                request_timeout,
+            )
+            .await
+            .expect_err("refused");
+        let TransportError::Refused { reason, .. } = &err else {
+            panic!("expected a refusal, got {err:?}");
+        };
+        assert!(reason.contains("only envelopes"), "{kind}: {reason}");
+    }
+    assert_eq!(
+        endpoint_host.counts().denied,
+        0,
+        "the writers table let these through"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envelope_arriving_after_shutdown_starts_nothing() {
+    // No orphans: once the agent stopped its modules for exit, a late envelope must not start
+    // one that would outlive mesh-host; it is answered with an error and the mark stays.
+    let (fx, pki) = (Fixture::new(), Pki::new());
+    let config = fx.process_config(&pki, &[any_port()]);
+    let endpoint_host = listener::bind(&config).expect("bind");
+    let agent = Arc::new(Agent::open(config, fx.sink.clone()).expect("open"));
+    let _fatal = listener::serve(&endpoint_host, agent.clone()).expect("serve");
+    agent.shutdown().await;
+    let wire = fx.seal(1, 1, vec![shell("web", "exec sleep 600")]);
+    let replica = endpoint(&pki, &Principal::Replica(1));
+    let err = send_envelope(&replica, endpoint_host.local_addr(), &wire)
+        .await
+        .expect_err("not applied");
+    assert!(err.to_string().contains("stopping"), "{err}");
+    assert_eq!(agent.high_water().await, None);
+    assert!(agent.status().await.is_empty(), "a module started");
+}

@@ -316,6 +316,18 @@ impl HostProcess {
         HostProcess(child)
     }
 
+    /// Waits for the process to exit on its own; panics after [`wait_s`].
+    pub async fn exited(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(wait_s);
+        loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "mesh-host did not exit");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits for the process to write the address it listens on under `root`.
     pub async fn listening(&mut self, root: &Path) -> SocketAddr {
         let file = mesh::host::listener::listen_path(root);
