@@ -64,6 +64,10 @@ async fn main() -> anyhow::Result<()> {
     // Stop taking envelopes first, so nothing starts a module after the shutdown stopped them.
     endpoint.close().await;
     agent.shutdown().await;
+    let listening = listener::listen_path(agent.config().root());
+    if let Err(e) = mesh::host::durable::remove_if_present(&listening) {
+        tracing::warn!(error = %e, "cannot remove the listen address file; it names a closed port");
+    }
     tracing::info!("every module stopped; exiting");
     outcome
 }

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use mesh_transport::{Endpoint, MessageKind, Principal, TransportError};
+use tracing::Instrument;
 
 use super::reporter::{ReportSink, SinkError, SinkFuture};
 use crate::core::report::Report;
@@ -212,6 +213,8 @@ async fn resolve(address: &str) -> Result<SocketAddr, String> {
 
 impl ReportSink for QuicSink {
     fn deliver<'a>(&'a self, report: &'a Report) -> SinkFuture<'a> {
-        Box::pin(self.deliver_report(report))
+        let span = tracing::debug_span!("deliver", machine = %self.machine,
+            report_sequence = report.report_sequence);
+        Box::pin(self.deliver_report(report).instrument(span))
     }
 }
