@@ -660,6 +660,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_from_the_first_wait_and_stops_at_the_cap() {
+        // Dialling: bounded exponential backoff.
         let max = Duration::from_millis(2000);
         let waits: Vec<u128> = (1..=8).map(|n| backoff(n, max).as_millis()).collect();
         assert_eq!(waits, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
@@ -668,6 +669,7 @@ mod tests {
 
     #[test]
     fn dial_waits_out_the_backoff_only_if_the_deadline_allows() {
+        // Dialling: a call waits out the backoff only within its own deadline.
         let now = Instant::now();
         let ms = Duration::from_millis;
         assert_eq!(dial_gate(None, now, now + ms(10)), DialGate::Now);
