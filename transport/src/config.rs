@@ -164,6 +164,7 @@ mod tests {
 
     #[test]
     fn defaults_pass_their_own_check() {
+        // Config: the documented defaults are a valid config.
         let checked = TransportConfig::default().check().expect("must succeed");
         assert_eq!(checked, CheckedConfig::default());
         assert_eq!(checked.frame_bytes_max(), 16 * 1024 * 1024);
@@ -171,6 +172,7 @@ mod tests {
 
     #[test]
     fn out_of_range_values_are_refused_by_name() {
+        // Config: checked once; a bad value is named with its range.
         let bad = TransportConfig {
             streams_per_connection_max: 0,
             ..TransportConfig::default()

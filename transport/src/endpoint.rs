@@ -290,16 +290,19 @@ impl Endpoint {
         what: Outgoing,
     ) -> Result<Vec<u8>, TransportError> {
         let max = self.inner.config.frame_bytes_max();
-        let bytes = frame::encode_header(&Header { kind, body }).map_err(|e| {
-            TransportError::BadAnswer {
-                addr: peer.addr,
-                reason: e.to_string(),
-            }
-        })?;
-        frame::check_len(bytes.len(), max).map_err(|_| TransportError::FrameTooLarge {
-            len: bytes.len() as u64,
+        let too_large = |len: usize| TransportError::FrameTooLarge {
+            len: len as u64,
             max,
-        })?;
+        };
+        // Refuse an oversized body before copying it into a frame.
+        if body.len() > max {
+            return Err(too_large(body.len()));
+        }
+        let body_len = body.len();
+        // Encoding bytes and a kind fails only past the codec's size limit.
+        let bytes =
+            frame::encode_header(&Header { kind, body }).map_err(|_| too_large(body_len))?;
+        frame::check_len(bytes.len(), max).map_err(|_| too_large(bytes.len()))?;
         let deadline = Instant::now() + timeout;
         let attempt = self.send_through_faults(&peer, &bytes, deadline, &what);
         match tokio::time::timeout_at(deadline, attempt).await {
@@ -373,31 +376,11 @@ impl Endpoint {
         deadline: Instant,
         what: &Outgoing,
     ) -> Result<Vec<u8>, Attempt> {
-        let max = self.inner.config.frame_bytes_max();
-        let left = deadline.saturating_duration_since(Instant::now());
         match what {
-            Outgoing::Request => {
-                let (mut send, mut recv) = conn.open_bi().await.map_err(Attempt::Stale)?;
-                frame::write_frame(&mut send, bytes, max, left)
-                    .await
-                    .map_err(Attempt::from_frame)?;
-                let left = deadline.saturating_duration_since(Instant::now());
-                let answer = frame::read_frame(&mut recv, max, left)
-                    .await
-                    .map_err(Attempt::from_frame)?;
-                match frame::decode_response(&answer) {
-                    Ok(Ok(body)) => Ok(body),
-                    Ok(Err(refused)) => Err(Attempt::Failed(TransportError::Refused {
-                        addr,
-                        reason: refused.reason,
-                    })),
-                    Err(e) => Err(Attempt::Failed(TransportError::BadAnswer {
-                        addr,
-                        reason: e.to_string(),
-                    })),
-                }
-            }
+            Outgoing::Request => self.exchange_request(conn, addr, bytes, deadline).await,
             Outgoing::OneWay => {
+                let max = self.inner.config.frame_bytes_max();
+                let left = deadline.saturating_duration_since(Instant::now());
                 let mut send = conn.open_uni().await.map_err(Attempt::Stale)?;
                 frame::write_frame(&mut send, bytes, max, left)
                     .await
@@ -408,12 +391,48 @@ impl Endpoint {
                         addr,
                         reason: crate::serve::stop_reason(code),
                     })),
+                    Err(quinn::StoppedError::ConnectionLost(source)) => {
+                        Err(Attempt::from_frame(FrameError::ConnectionLost {
+                            action: "waiting for the acknowledgement",
+                            source,
+                        }))
+                    }
                     Err(e) => Err(Attempt::Failed(TransportError::Unreachable {
                         addr,
                         reason: e.to_string(),
                     })),
                 }
             }
+        }
+    }
+
+    async fn exchange_request(
+        &self,
+        conn: &Connection,
+        addr: SocketAddr,
+        bytes: &[u8],
+        deadline: Instant,
+    ) -> Result<Vec<u8>, Attempt> {
+        let max = self.inner.config.frame_bytes_max();
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (mut send, mut recv) = conn.open_bi().await.map_err(Attempt::Stale)?;
+        frame::write_frame(&mut send, bytes, max, left)
+            .await
+            .map_err(Attempt::from_frame)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let answer = frame::read_frame(&mut recv, max, left)
+            .await
+            .map_err(Attempt::from_frame)?;
+        match frame::decode_response(&answer) {
+            Ok(Ok(body)) => Ok(body),
+            Ok(Err(refused)) => Err(Attempt::Failed(TransportError::Refused {
+                addr,
+                reason: refused.reason,
+            })),
+            Err(e) => Err(Attempt::Failed(TransportError::BadAnswer {
+                addr,
+                reason: e.to_string(),
+            })),
         }
     }
 
@@ -595,6 +614,12 @@ impl Attempt {
             Attempt::Frame(FrameError::Timeout { after_ms }) => {
                 TransportError::Timeout { addr, after_ms }
             }
+            Attempt::Frame(e @ (FrameError::CutShort { .. } | FrameError::Codec(_))) => {
+                TransportError::BadAnswer {
+                    addr,
+                    reason: e.to_string(),
+                }
+            }
             Attempt::Frame(other) => TransportError::Unreachable {
                 addr,
                 reason: other.to_string(),
@@ -635,6 +660,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_from_the_first_wait_and_stops_at_the_cap() {
+        // Dialling: bounded exponential backoff.
         let max = Duration::from_millis(2000);
         let waits: Vec<u128> = (1..=8).map(|n| backoff(n, max).as_millis()).collect();
         assert_eq!(waits, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
@@ -643,6 +669,7 @@ mod tests {
 
     #[test]
     fn dial_waits_out_the_backoff_only_if_the_deadline_allows() {
+        // Dialling: a call waits out the backoff only within its own deadline.
         let now = Instant::now();
         let ms = Duration::from_millis;
         assert_eq!(dial_gate(None, now, now + ms(10)), DialGate::Now);

@@ -193,6 +193,7 @@ mod tests {
 
     #[test]
     fn header_and_response_round_trip_through_the_codec() {
+        // Framing: frame bodies are mesh_codec values.
         let header = Header {
             kind: MessageKind::Report {
                 machine: "ace".into(),
@@ -215,6 +216,7 @@ mod tests {
 
     #[test]
     fn lengths_over_the_limit_are_refused_before_sending() {
+        // Limits: frame_bytes_max is checked before a frame is written.
         assert!(check_len(10, 10).is_ok());
         assert!(matches!(
             check_len(11, 10),
@@ -224,6 +226,7 @@ mod tests {
 
     #[test]
     fn garbage_header_bytes_are_an_error_not_a_panic() {
+        // No panics on any input.
         assert!(decode_header(&[0xff; 32]).is_err());
         assert!(decode_response(&[7, 7, 7]).is_err());
     }

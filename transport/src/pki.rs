@@ -450,6 +450,7 @@ mod tests {
 
     #[test]
     fn loaded_ca_issues_certificates_that_chain_to_it() {
+        // PKI: a CA written to disk and loaded back still issues certificates.
         let dir = tempfile::tempdir().expect("must succeed");
         let ca = Ca::create(Validity::days_from_now(1)).expect("must succeed");
         let (ca_crt, ca_key) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
@@ -466,6 +467,7 @@ mod tests {
 
     #[test]
     fn exposed_key_file_is_refused_with_the_fix() {
+        // PKI: private keys are never world-readable, even when loaded.
         let dir = tempfile::tempdir().expect("must succeed");
         let ca = Ca::create(Validity::days_from_now(1)).expect("must succeed");
         let (crt, key) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
@@ -477,6 +479,7 @@ mod tests {
 
     #[test]
     fn certificate_without_principal_does_not_make_an_identity() {
+        // G10: no identity without a principal.
         let ca = Ca::create(Validity::days_from_now(1)).expect("must succeed");
         let bare = ca
             .issue_with_uris("nobody", &[], Validity::days_from_now(1))

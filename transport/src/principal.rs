@@ -214,4 +214,36 @@ mod tests {
         assert!(Principal::from_uri("https://host/ace").is_err());
         assert!(Principal::from_uri("mesh://host/ace/x").is_err());
     }
+
+    #[test]
+    fn certificate_with_two_or_malformed_principals_names_nobody() {
+        // G10: exactly one well-formed mesh:// URI SAN, or no principal at all.
+        use crate::pki::{Ca, Validity};
+        let ca = Ca::create(Validity::days_from_now(1)).expect("CA");
+        let der = |uris: &[&str]| {
+            let uris: Vec<String> = uris.iter().map(|u| u.to_string()).collect();
+            let issued = ca
+                .issue_with_uris("test", &uris, Validity::days_from_now(1))
+                .expect("issue");
+            rustls_pki_types::pem::PemObject::from_pem_slice(issued.cert_pem().as_bytes())
+                .map(|c: rustls_pki_types::CertificateDer<'static>| c.to_vec())
+                .expect("pem")
+        };
+        let two = der(&["mesh://host/ace", "mesh://host/g14"]);
+        assert_eq!(
+            Principal::from_certificate(&two),
+            Err(PrincipalError::Ambiguous { count: 2 })
+        );
+        let bad = der(&["mesh://host/Ace"]);
+        assert!(matches!(
+            Principal::from_certificate(&bad),
+            Err(PrincipalError::BadName { .. })
+        ));
+        let other_scheme_too = der(&["https://example.org", "mesh://operator/alice"]);
+        assert_eq!(
+            Principal::from_certificate(&other_scheme_too),
+            Ok(Principal::Operator("alice".into()))
+        );
+        assert!(Principal::from_certificate(b"not a certificate").is_err());
+    }
 }

@@ -120,14 +120,27 @@ pub(crate) fn peer_principal(conn: &Connection) -> Result<Principal, String> {
     Principal::from_certificate(leaf).map_err(|e| e.to_string())
 }
 
+/// Most connections (including ones still in their handshake) served at once; more are refused.
+pub const connections_max: usize = 4096;
+
 pub(crate) async fn accept_loop(endpoint: quinn::Endpoint, context: ServeContext) {
+    let connections = Arc::new(Semaphore::new(connections_max));
     while let Some(incoming) = endpoint.accept().await {
         let addr = incoming.remote_address();
         if context.faults.is_cut_off(addr) {
             incoming.ignore();
             continue;
         }
-        tokio::spawn(handshake(incoming, addr, context.clone()));
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            tracing::warn!(peer = %addr, max = connections_max, "connection refused: too many connections");
+            incoming.refuse();
+            continue;
+        };
+        let job = handshake(incoming, addr, context.clone());
+        tokio::spawn(async move {
+            job.await;
+            drop(permit);
+        });
     }
 }
 
@@ -239,7 +252,7 @@ async fn serve_request(
     context: ServeContext,
 ) {
     let response: Response = match read_checked(&mut recv, addr, &permissions, &context).await {
-        Ok(_) if context.faults.is_cut_off(addr) => return,
+        Ok(_) if context.faults.is_cut_off(addr) => return stay_silent(&context).await,
         Ok(header) => {
             context
                 .counters
@@ -298,6 +311,7 @@ async fn serve_one_way(
     context: ServeContext,
 ) {
     match read_checked(&mut recv, addr, &permissions, &context).await {
+        // Already read and acknowledged by QUIC; the cut can only keep it from the handler.
         Ok(_) if context.faults.is_cut_off(addr) => {}
         Ok(header) => {
             context
@@ -314,4 +328,10 @@ async fn serve_one_way(
             let _ = recv.stop(VarInt::from_u32(code));
         }
     }
+}
+
+/// A cut-off peer gets no answer at all: the stream stays open (not finished, not reset) until the
+/// request timeout, as if the packets had been lost.
+async fn stay_silent(context: &ServeContext) {
+    tokio::time::sleep(context.config.request_timeout()).await;
 }

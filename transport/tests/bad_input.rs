@@ -38,6 +38,7 @@ async fn assert_refused_then_still_serving(
 
 #[tokio::test]
 async fn garbage_bytes_get_a_decode_error_and_nothing_reaches_the_handler() {
+    // No panics on any input: a frame that does not decode is refused, not handed on.
     let pki = Pki::new();
     let (server, recorder) = serving(&pki, &replica(1));
     let conn = raw_connection_as(&pki, &operator("alice"), server.local_addr()).await;
@@ -64,6 +65,7 @@ async fn length_prefix_over_the_limit_is_refused_before_the_body_arrives() {
 
 #[tokio::test]
 async fn frame_cut_short_by_a_finished_stream_is_refused() {
+    // No panics on any input: a stream that ends mid-frame is refused with what arrived.
     let pki = Pki::new();
     let (server, recorder) = serving(&pki, &replica(1));
     let conn = raw_connection_as(&pki, &operator("alice"), server.local_addr()).await;
@@ -104,6 +106,7 @@ async fn valid_frame_of_a_kind_the_principal_may_not_send_is_refused() {
 
 #[tokio::test]
 async fn body_over_the_frame_limit_is_refused_locally_before_sending() {
+    // Limits: frame_bytes_max holds for what we send, checked before dialling.
     let pki = Pki::new();
     let (server, recorder) = serving(&pki, &replica(1));
     let identity = pki.identity(&operator("alice"));
@@ -128,6 +131,7 @@ async fn body_over_the_frame_limit_is_refused_locally_before_sending() {
 
 #[tokio::test]
 async fn frame_over_the_servers_limit_gets_a_refusal_naming_the_limit() {
+    // Limits: the server's frame_bytes_max is enforced and named in the refusal.
     let pki = Pki::new();
     let (server, recorder) = serving_with(pki.identity(&replica(1)), small_config(16, 1024));
     let alice = client(&pki, &operator("alice"));

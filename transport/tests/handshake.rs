@@ -60,6 +60,7 @@ async fn assert_refused_at_handshake(pki: &Pki, identity: Identity, log_needles:
 
 #[tokio::test]
 async fn certificate_from_another_ca_is_refused_at_the_handshake() {
+    // G10: only the mesh CA vouches for principals.
     let pki = Pki::new();
     let other = Ca::create(Validity::days_from_now(1)).expect("other CA");
     let issued = other
@@ -74,6 +75,7 @@ async fn certificate_from_another_ca_is_refused_at_the_handshake() {
 
 #[tokio::test]
 async fn expired_certificate_is_refused_at_the_handshake() {
+    // G10: an expired certificate names nobody any more.
     let pki = Pki::new();
     let issued = pki.ca.issue(&replica(2), expired()).expect("issue");
     let identity = Identity::from_pem(pki.ca.cert_pem(), issued.cert_pem(), issued.key_pem())
@@ -83,6 +85,7 @@ async fn expired_certificate_is_refused_at_the_handshake() {
 
 #[tokio::test]
 async fn certificate_without_a_principal_is_refused_at_the_handshake() {
+    // G10: a certificate that names no principal never gets a connection.
     let logs = Logs::default();
     let _guard = logs.install();
     let pki = Pki::new();

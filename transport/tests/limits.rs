@@ -10,6 +10,7 @@ use support::*;
 
 #[tokio::test]
 async fn streams_beyond_the_limit_wait_and_the_server_keeps_serving_others() {
+    // Limits: streams_per_connection_max bounds what one peer has in flight.
     let pki = Pki::new();
     let streams = 4;
     let (server, recorder) =

@@ -30,6 +30,7 @@ async fn request_reaches_handler_with_principal_from_certificate() {
 
 #[tokio::test]
 async fn one_way_message_is_delivered_and_acknowledged() {
+    // Transport: one-way messages carry the sender's principal too (G10).
     let pki = Pki::new();
     let (server, recorder) = serving(&pki, &replica(1));
     let ace = client(&pki, &host("ace"));
@@ -45,6 +46,7 @@ async fn one_way_message_is_delivered_and_acknowledged() {
 
 #[tokio::test]
 async fn replicas_both_serve_and_dial_on_one_endpoint() {
+    // Transport: one endpoint per process serves and dials.
     let pki = Pki::new();
     let (one, seen_by_one) = serving(&pki, &replica(1));
     let (two, seen_by_two) = serving(&pki, &replica(2));
@@ -69,6 +71,7 @@ async fn replicas_both_serve_and_dial_on_one_endpoint() {
 
 #[tokio::test]
 async fn handler_refusal_comes_back_as_refused_with_its_reason() {
+    // Transport: a handler's refusal reaches the caller with its reason.
     let pki = Pki::new();
     let (server, _) = serving(&pki, &replica(1));
     let alice = client(&pki, &operator("alice"));
@@ -89,6 +92,7 @@ async fn handler_refusal_comes_back_as_refused_with_its_reason() {
 
 #[tokio::test]
 async fn connection_is_reused_for_later_requests() {
+    // Transport: one connection per peer, reused.
     let pki = Pki::new();
     let (server, _) = serving(&pki, &replica(1));
     let alice = client(&pki, &operator("alice"));
@@ -134,6 +138,7 @@ async fn dialler_can_require_the_server_principal() {
 
 #[tokio::test]
 async fn request_redials_after_the_peer_restarts_on_the_same_address() {
+    // Transport: a peer that closed and restarted is dialled again.
     let pki = Pki::new();
     let identity = pki.identity(&replica(1));
     let (server, _) = serving_with(identity.clone(), config());
