@@ -9,3 +9,4 @@ pub mod model;
 pub mod plan;
 pub mod report;
 pub mod settings;
+pub mod summary;

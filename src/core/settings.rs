@@ -279,3 +279,77 @@ pub fn clear_layer(current: Option<&Layer>) -> Result<SetOutcome, SettingsError>
         ..SetOutcome::default()
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(kv: &[(&str, &str)]) -> Layer {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn g6_set_without_replace_merges_and_names_every_added_and_changed_key() {
+        // G6: settings answer for themselves: each key added and changed is listed.
+        let current = layer(&[("a", "1"), ("b", "2")]);
+        let out = set_layer(Some(&current), layer(&[("b", "3"), ("c", "4")]), false).expect("set");
+        assert_eq!(out.added, layer(&[("c", "4")]));
+        assert_eq!(
+            out.changed,
+            BTreeMap::from([("b".into(), ("2".into(), "3".into()))])
+        );
+        assert!(out.removed.is_empty() && out.replaced.is_none());
+        assert_eq!(out.layer, layer(&[("a", "1"), ("b", "3"), ("c", "4")]));
+    }
+
+    #[test]
+    fn g6_a_removal_is_refused_unless_replace() {
+        // G6: a removal is refused unless `--replace`; with it the removed keys are listed and
+        // the replaced layer is returned for history.
+        let current = layer(&[("a", "1"), ("b", "2")]);
+        let edit = parse_assignments(&["-a", "b=5"]).expect("parse");
+        assert_eq!(
+            edit_layer(Some(&current), edit.clone(), false),
+            Err(SettingsError::RemovalWithoutReplace {
+                keys: vec!["a".into()]
+            })
+        );
+        let out = edit_layer(Some(&current), edit, true).expect("replace");
+        assert_eq!(out.removed, layer(&[("a", "1")]));
+        assert_eq!(out.replaced, Some(current));
+        assert_eq!(out.layer, layer(&[("b", "5")]));
+    }
+
+    #[test]
+    fn g6_replace_or_clear_without_a_layer_is_an_error_and_clear_returns_the_old_layer() {
+        // G6: `--replace`/`clear` on a scope with no layer is refused; clear keeps the old layer.
+        assert_eq!(
+            set_layer(None, layer(&[("a", "1")]), true),
+            Err(SettingsError::NoLayer)
+        );
+        assert_eq!(clear_layer(None), Err(SettingsError::NoLayer));
+        let current = layer(&[("a", "1")]);
+        let out = clear_layer(Some(&current)).expect("clear");
+        assert_eq!(out.removed, current);
+        assert_eq!(out.replaced, Some(current));
+        assert!(out.layer.is_empty());
+        let created = set_layer(None, layer(&[("a", "1")]), false).expect("create");
+        assert_eq!(created.added, layer(&[("a", "1")]));
+    }
+
+    #[test]
+    fn an_empty_value_is_refused_rather_than_read_as_a_removal() {
+        // docs/decisions/0010: removal is always explicit (`-key`).
+        assert_eq!(
+            parse_assignments(&["a="]),
+            Err(SettingsError::EmptyValue { key: "a".into() })
+        );
+        assert!(parse_assignments(&["novalue"]).is_err());
+        assert!(parse_assignments(&["-"]).is_err());
+        assert!(parse_assignments(&["a=1", "-a"]).is_err());
+        let edit = parse_assignments(&["a=x=y"]).expect("parse");
+        assert_eq!(edit.set, layer(&[("a", "x=y")]));
+    }
+}
