@@ -404,7 +404,7 @@ fn a_stale_provision_is_granted_to_nobody() {
     let world = chain();
     let request = compose(&world, "ace").expect("compose").wanted[0].clone();
     let p = mint(&request, "s".into());
-    let mut world = World::new(world.mesh().clone(), [p]);
+    let mut world = World::new(world.to_mesh(), [p]);
     assert_eq!(
         compose(&world, "g14").expect("compose").declaration.modules[0]
             .grants
@@ -491,7 +491,7 @@ fn build(machines: usize, gens: &[Gen], dir_shift: u8) -> Mesh {
 /// Mints every need of the machines in `minted` (as earlier pushes would have).
 fn premint(world: &World, minted: &[bool]) -> Vec<Provision> {
     let mut out = Vec::new();
-    for (i, m) in world.mesh().machines.keys().enumerate() {
+    for (i, m) in world.machine_names().enumerate() {
         if minted.get(i).copied().unwrap_or(false) {
             for r in compose(world, m).expect("compose").wanted {
                 out.push(mint(&r, secret_of(&r)));
@@ -599,7 +599,7 @@ proptest! {
             }
             let k = known.entry(m.machine.clone()).or_default();
             let dirs = k.running_mounts.entry(m.name.clone()).or_default();
-            let new = &world.mesh().modules[&m.name];
+            let new = world.module(&m.name).expect("module");
             for mount in &m.mounts {
                 dirs.insert(mount.name.clone(), mount.host_dir.clone());
                 let now = new.mounts.iter().find(|x| x.name == mount.name).map(|x| &x.host_dir);

@@ -23,8 +23,7 @@ impl DigestCache {
     /// Composes every machine of the world.
     pub fn build(world: &World) -> Result<DigestCache, ComposeError> {
         let mut cache = DigestCache::default();
-        let machines: Vec<&String> = world.mesh().machines.keys().collect();
-        cache.refresh(world, machines)?;
+        cache.refresh(world, world.machine_names())?;
         Ok(cache)
     }
 
@@ -37,7 +36,7 @@ impl DigestCache {
     {
         for m in machines {
             let m = m.as_ref();
-            if !world.mesh().machines.contains_key(m) {
+            if world.machine(m).is_none() {
                 self.digests.remove(m);
                 continue;
             }
@@ -202,7 +201,7 @@ pub fn plan(input: PlanInput<'_>) -> Result<PushPlan, PlanError> {
     let mut pending = Pending::default();
     let mut frontier: Vec<String> = planned.iter().cloned().collect();
     let mut rounds = 0u32;
-    let machines = world.mesh().machines.len();
+    let machines = world.machine_count();
     while !frontier.is_empty() {
         rounds += 1;
         if rounds > cascade_rounds_max || rounds as usize > machines {
@@ -232,13 +231,15 @@ fn targets(
     known: &BTreeMap<String, Known>,
     target: &Target,
 ) -> Result<Vec<(String, Reason)>, PlanError> {
-    let machines = &world.mesh().machines;
     let out = match target {
-        Target::Machine(m) if machines.contains_key(m) => vec![(m.clone(), Reason::Named)],
+        Target::Machine(m) if world.machine(m).is_some() => vec![(m.clone(), Reason::Named)],
         Target::Machine(m) => return Err(ComposeError::UnknownMachine(m.clone()).into()),
-        Target::All => machines.keys().map(|m| (m.clone(), Reason::All)).collect(),
-        Target::Behind => machines
-            .keys()
+        Target::All => world
+            .machine_names()
+            .map(|m| (m.clone(), Reason::All))
+            .collect(),
+        Target::Behind => world
+            .machine_names()
             .filter(|m| is_behind(cache, known.get(*m), m))
             .map(|m| (m.clone(), Reason::Behind))
             .collect(),
@@ -371,7 +372,7 @@ fn check_moves(
             module: module.clone(),
             reason,
         };
-        let Some(m) = world.mesh().modules.get(module) else {
+        let Some(m) = world.module(module) else {
             return Err(refuse(format!("there is no module {module} in the mesh")));
         };
         if !planned.contains_key(&m.machine) {
