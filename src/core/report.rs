@@ -152,11 +152,12 @@ mod tests {
 
         #[test]
         fn g5_any_permutation_of_reports_never_regresses_and_counts_the_out_of_order(
-            positions in proptest::collection::btree_set((0u64..4, 0u64..4, 0u64..50), 1..40),
+            // A small domain, so replays (equal positions) occur too.
+            positions in proptest::collection::vec((0u64..3, 0u64..3, 0u64..8), 1..40),
             order in any::<u64>(),
         ) {
             // G5: ordered by (epoch, sequence, report_sequence); older ones refused and counted.
-            let mut stream: Vec<(u64, u64, u64)> = positions.into_iter().collect();
+            let mut stream = positions;
             let mut state = order;
             for i in (1..stream.len()).rev() {
                 state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
