@@ -56,7 +56,7 @@ pub enum MigrationError {
     Storage {
         path: PathBuf,
         action: &'static str,
-        source: redb::Error,
+        source: Box<redb::Error>,
     },
     #[error(
         "store {path} is at schema version {store_version} but this binary only knows up to {binary_version}; run a newer mesh binary (or restore a backup made by this one)"
@@ -78,7 +78,7 @@ pub enum MigrationError {
         version: u64,
         name: &'static str,
         from_version: u64,
-        source: StepError,
+        source: Box<StepError>,
     },
 }
 
@@ -166,7 +166,7 @@ fn migrate(db: &Database, path: &Path, migrations: &[Migration]) -> Result<(), M
             version: migration.version,
             name: migration.name,
             from_version: version,
-            source,
+            source: Box::new(source),
         })?;
         tracing::info!(
             store = %path.display(),
@@ -196,7 +196,7 @@ fn storage(path: &Path, action: &'static str, e: impl Into<redb::Error>) -> Migr
     MigrationError::Storage {
         path: path.to_path_buf(),
         action,
-        source: e.into(),
+        source: Box::new(e.into()),
     }
 }
 
