@@ -4,8 +4,12 @@
 //! log store and the state machine, so a durable log commit also persists earlier non-durable applies.
 //! Proposals are grouped into batches ([`Command`] holds several commands) so that one fsync commits many.
 
+pub mod config;
+pub mod gate;
 pub mod kv;
 mod log_store;
+mod replica;
+pub mod router;
 mod state_machine;
 mod store;
 
@@ -13,7 +17,13 @@ use std::io::Cursor;
 
 use serde::{Deserialize, Serialize};
 
+pub use config::{ConfigError, RaftConfig, RaftSettings};
+pub use gate::{Clock, Gate, GateError, Lease, MonotonicClock, TestClock};
 pub use log_store::LogStore;
+pub use replica::{
+    ProposeError, Proposed, Replica, ReplicaSpec, RestoreError, Restored, ShutdownError,
+    StartError, restore, store_file_name,
+};
 pub use state_machine::{App, AppError, EntryAt, SnapshotFile, StateMachine};
 pub use store::StoreError;
 

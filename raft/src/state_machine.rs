@@ -229,7 +229,7 @@ fn apply_batch<A: App>(
 
 /// Builds a snapshot from one MVCC read view: the applied position, membership and app state all come
 /// from the same transaction, so they agree.
-fn build<A: App>(db: &Database, app: &A) -> Result<SnapshotFile, StoreError> {
+pub(crate) fn build_file<A: App>(db: &Database, app: &A) -> Result<SnapshotFile, StoreError> {
     let txn = db.begin_read()?;
     let (last_applied, last_membership) = {
         let table = txn.open_table(tables::SM_STATE)?;
@@ -270,7 +270,7 @@ impl<A: App> RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder<A> {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let db = self.db.clone();
         let app = self.app.clone();
-        let file = blocking(move || build(&db, app.as_ref()))
+        let file = blocking(move || build_file(&db, app.as_ref()))
             .await
             .map_err(|e| StorageIOError::read_state_machine(&e))?;
         let data = file
