@@ -14,13 +14,33 @@ use crate::store::command::{HeldMount, SendRecord, SettingsChange};
 pub enum Request {
     Status,
     /// Store a new model revision; sends nothing.
-    Apply { mesh: Mesh, why: String },
+    Apply {
+        mesh: Mesh,
+        why: String,
+    },
     /// What a push of `machine` would send, cascade to and hold, diffed against the last send (G7).
-    Plan { machine: String },
-    Push { target: PushTarget, why: String, moves: Vec<String> },
-    SettingsShow { scope: Option<Scope>, history: bool },
-    SettingsSet { scope: Scope, layer: Layer, replace: bool, why: String },
-    SettingsClear { scope: Scope, why: String },
+    Plan {
+        machine: String,
+    },
+    Push {
+        target: PushTarget,
+        why: String,
+        moves: Vec<String>,
+    },
+    SettingsShow {
+        scope: Option<Scope>,
+        history: bool,
+    },
+    SettingsSet {
+        scope: Scope,
+        layer: Layer,
+        replace: bool,
+        why: String,
+    },
+    SettingsClear {
+        scope: Scope,
+        why: String,
+    },
     History,
     /// A consistent backup of the store that `meshd restore` takes.
     SnapshotSave,
@@ -57,13 +77,24 @@ pub struct Answer {
 pub enum Body {
     Status(StatusView),
     /// A new model revision and the machines whose declarations it changes.
-    Applied { revision: u64, changes: Vec<String> },
+    Applied {
+        revision: u64,
+        changes: Vec<String>,
+    },
     Plan(PlanView),
     Push(PushView),
     Settings(SettingsView),
-    SettingsSet { scope: Scope, added: Vec<String>, changed: Vec<String>, removed: Vec<String> },
+    SettingsSet {
+        scope: Scope,
+        added: Vec<String>,
+        changed: Vec<String>,
+        removed: Vec<String>,
+    },
     History(Vec<HistoryItem>),
-    Snapshot { bytes: Vec<u8>, epoch_floor: u64 },
+    Snapshot {
+        bytes: Vec<u8>,
+        epoch_floor: u64,
+    },
 }
 
 /// Why a request failed. Each maps to an exit code in meshctl (see `exit_code`).
@@ -152,11 +183,23 @@ pub struct PushLine {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum PushOutcome {
     /// Recorded and sent; the host verified and applied it.
-    Applied { reason: String, sequence: u64, digest: Digest },
+    Applied {
+        reason: String,
+        sequence: u64,
+        digest: Digest,
+    },
     /// Recorded and sent, but the host did not answer in time; its report will settle it.
-    Sent { reason: String, sequence: u64, digest: Digest, error: String },
+    Sent {
+        reason: String,
+        sequence: u64,
+        digest: Digest,
+        error: String,
+    },
     /// Not sent: a running module's mount would move.
-    Held { reason: String, holds: Vec<HeldMount> },
+    Held {
+        reason: String,
+        holds: Vec<HeldMount>,
+    },
     /// The host refused the envelope.
     Refused { reason: String, refusal: String },
     /// Not sent: the push stopped (gate closed, leadership lost, store refused).

@@ -5,6 +5,7 @@
 //! term, or whose revision moved; a refusal is an answer, never a panic, and changes nothing.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 
 use crate::core::declaration::Digest;
 use crate::core::model::{Mesh, Provision};
@@ -31,8 +32,15 @@ pub struct Proposal {
 pub enum Command {
     /// Replace the model (machines and modules; settings are kept as they are) with a new revision.
     ApplyModel { mesh: Mesh, why: String },
-    /// Merge keys into a layer (or replace it whole with `replace`), keeping the old layer in history.
-    SetSettings { scope: Scope, layer: Layer, replace: bool, why: String },
+    /// Set keys in a layer (merged, or the whole layer with `replace`) and remove keys (only with
+    /// `replace`), keeping the old layer in history.
+    SetSettings {
+        scope: Scope,
+        set: Layer,
+        remove: BTreeSet<String>,
+        replace: bool,
+        why: String,
+    },
     /// Remove a layer, keeping it in history.
     ClearSettings { scope: Scope, why: String },
     /// Commit provisions minted while composing a consumer's machine, before any send carries them.
@@ -43,7 +51,10 @@ pub enum Command {
     /// File a host's report into its machine's account (order from the core, G5).
     RecordReport { report: Report },
     /// Remember why a machine was held, so `status` can show it until a push releases it.
-    SetHolds { machine: String, holds: Vec<HeldMount> },
+    SetHolds {
+        machine: String,
+        holds: Vec<HeldMount>,
+    },
     /// Forget a machine's holds (after a push with `--move` went through).
     ReleaseHolds { machine: String },
     /// Raise the epoch floor (G9); never lowers it.
@@ -99,24 +110,54 @@ pub enum Outcome {
 /// What an applied command did.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Applied {
-    Model { revision: u64 },
-    Settings { revision: u64, added: Vec<String>, changed: Vec<String>, removed: Vec<String> },
-    Minted { revision: u64, ids: Vec<String> },
-    Sent { sequences: Vec<(String, u64)> },
-    Report { machine: String, accepted: bool },
-    Holds { machine: String },
-    EpochFloor { floor: u64 },
+    /// `settings_ignored`: scopes where the file's settings differ from the store's; they were not
+    /// written (settings change through `meshctl settings set`, which keeps history).
+    Model {
+        revision: u64,
+        settings_ignored: Vec<String>,
+    },
+    Settings {
+        revision: u64,
+        added: Vec<String>,
+        changed: Vec<String>,
+        removed: Vec<String>,
+    },
+    Minted {
+        revision: u64,
+        ids: Vec<String>,
+    },
+    Sent {
+        sequences: Vec<(String, u64)>,
+    },
+    Report {
+        machine: String,
+        accepted: bool,
+    },
+    Holds {
+        machine: String,
+    },
+    EpochFloor {
+        floor: u64,
+    },
 }
 
 /// Why the state machine refused a proposal. Nothing changed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum Refusal {
-    #[error("decided under epoch {epoch} but committed in term {term}: a newer leader exists; nothing was written")]
+    #[error(
+        "decided under epoch {epoch} but committed in term {term}: a newer leader exists; nothing was written"
+    )]
     StaleEpoch { epoch: u64, term: u64 },
-    #[error("decided against revision {expected} but the store is at {actual}: recompose and try again")]
+    #[error(
+        "decided against revision {expected} but the store is at {actual}: recompose and try again"
+    )]
     RevisionMoved { expected: u64, actual: u64 },
     #[error("send to {machine} has sequence {got}, the next is {expected}")]
-    SequenceOutOfOrder { machine: String, got: u64, expected: u64 },
+    SequenceOutOfOrder {
+        machine: String,
+        got: u64,
+        expected: u64,
+    },
     #[error("{0}")]
     Invalid(String),
 }
