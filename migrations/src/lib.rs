@@ -1,1 +1,204 @@
 //! Every redb table mesh keeps, the numbered migrations that create and change them, and the runner that applies them at open.
+//!
+//! [`open`] is the only way anyone opens a store: it creates the file if absent, refuses a store made by a
+//! newer binary, and applies each pending migration in its own write transaction that also records the new
+//! schema version, so a failed step leaves the store exactly as it was.
+
+mod m0001_initial;
+mod m0002_controller_epoch;
+mod m0003_settings_history;
+mod m0004_epoch_record;
+pub mod records;
+pub mod tables;
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableDatabase, TableError, WriteTransaction};
+
+pub use mesh_codec::CodecError;
+
+/// The schema version this binary writes: the version of its last migration.
+pub const schema_version_latest: u64 = m0004_epoch_record::VERSION;
+
+/// Why a migration step failed: it names the storage or encoding fault underneath.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error("redb: {0}")]
+    Redb(#[from] redb::Error),
+    #[error("{0}")]
+    Codec(#[from] CodecError),
+    #[error("{0}")]
+    Refused(String),
+}
+
+macro_rules! step_error_from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StepError {
+            fn from(e: $t) -> Self {
+                StepError::Redb(e.into())
+            }
+        }
+    )*};
+}
+step_error_from_redb!(
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::TransactionError
+);
+
+/// Why a store could not be opened at the schema version of this binary.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    #[error(
+        "could not {action} store {path}: {source}; check that the file is a mesh store, that no other process has it open and that the disk is healthy"
+    )]
+    Storage {
+        path: PathBuf,
+        action: &'static str,
+        source: Box<redb::Error>,
+    },
+    #[error(
+        "store {path} is at schema version {store_version} but this binary only knows up to {binary_version}; run a newer mesh binary (or restore a backup made by this one)"
+    )]
+    StoreTooNew {
+        path: PathBuf,
+        store_version: u64,
+        binary_version: u64,
+    },
+    #[error(
+        "store {path} has tables but no `meta` table, so it is not a mesh store; point mesh at its own store file"
+    )]
+    NotAMeshStore { path: PathBuf },
+    #[error(
+        "migration {version:04} ({name}) failed on store {path}: {source}; the store is unchanged at version {from_version}, fix the cause and open it again"
+    )]
+    Step {
+        path: PathBuf,
+        version: u64,
+        name: &'static str,
+        from_version: u64,
+        source: Box<StepError>,
+    },
+}
+
+/// One numbered migration: its step runs inside the write transaction the runner commits.
+#[derive(Clone, Copy)]
+pub(crate) struct Migration {
+    pub(crate) version: u64,
+    pub(crate) name: &'static str,
+    pub(crate) step: fn(&WriteTransaction) -> Result<(), StepError>,
+}
+
+/// All migrations, in order; versions are 1, 2, 3, … with no gap.
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: m0001_initial::VERSION,
+        name: m0001_initial::NAME,
+        step: m0001_initial::step,
+    },
+    Migration {
+        version: m0002_controller_epoch::VERSION,
+        name: m0002_controller_epoch::NAME,
+        step: m0002_controller_epoch::step,
+    },
+    Migration {
+        version: m0003_settings_history::VERSION,
+        name: m0003_settings_history::NAME,
+        step: m0003_settings_history::step,
+    },
+    Migration {
+        version: m0004_epoch_record::VERSION,
+        name: m0004_epoch_record::NAME,
+        step: m0004_epoch_record::step,
+    },
+];
+
+/// Opens (creating if absent) the store at `path` and migrates it to [`schema_version_latest`].
+pub fn open(path: &Path) -> Result<Database, MigrationError> {
+    open_with(path, MIGRATIONS)
+}
+
+/// Opens the store and applies `migrations` (a prefix of [`MIGRATIONS`] in fixture tests, or a list with
+/// an injected failing step).
+pub(crate) fn open_with(path: &Path, migrations: &[Migration]) -> Result<Database, MigrationError> {
+    let db = Database::create(path).map_err(|e| storage(path, "open", e))?;
+    migrate(&db, path, migrations)?;
+    Ok(db)
+}
+
+/// Reads the schema version recorded in an open store; 0 for a store no migration has touched yet.
+pub fn schema_version(db: &Database, path: &Path) -> Result<u64, MigrationError> {
+    let txn = db.begin_read().map_err(|e| storage(path, "read", e))?;
+    let meta = match txn.open_table(tables::META) {
+        Ok(meta) => meta,
+        Err(TableError::TableDoesNotExist(_)) => {
+            let mut others = txn.list_tables().map_err(|e| storage(path, "read", e))?;
+            if others.next().is_some() {
+                return Err(MigrationError::NotAMeshStore {
+                    path: path.to_path_buf(),
+                });
+            }
+            return Ok(0);
+        }
+        Err(e) => return Err(storage(path, "read", e)),
+    };
+    let version = meta
+        .get(tables::SCHEMA_VERSION_KEY)
+        .map_err(|e| storage(path, "read", e))?;
+    Ok(version.map(|v| v.value()).unwrap_or(0))
+}
+
+fn migrate(db: &Database, path: &Path, migrations: &[Migration]) -> Result<(), MigrationError> {
+    let binary_version = migrations.last().map(|m| m.version).unwrap_or(0);
+    let stored = schema_version(db, path)?;
+    if stored > binary_version {
+        return Err(MigrationError::StoreTooNew {
+            path: path.to_path_buf(),
+            store_version: stored,
+            binary_version,
+        });
+    }
+    let mut version = stored;
+    for migration in migrations.iter().filter(|m| m.version > stored) {
+        apply_one(db, migration).map_err(|source| MigrationError::Step {
+            path: path.to_path_buf(),
+            version: migration.version,
+            name: migration.name,
+            from_version: version,
+            source: Box::new(source),
+        })?;
+        tracing::info!(
+            store = %path.display(),
+            version = migration.version,
+            name = migration.name,
+            "store migrated"
+        );
+        version = migration.version;
+    }
+    Ok(())
+}
+
+/// Runs one step and records its version in the same transaction; an error drops the transaction
+/// uncommitted, which redb rolls back.
+fn apply_one(db: &Database, migration: &Migration) -> Result<(), StepError> {
+    let txn = db.begin_write()?;
+    (migration.step)(&txn)?;
+    {
+        let mut meta = txn.open_table(tables::META)?;
+        meta.insert(tables::SCHEMA_VERSION_KEY, migration.version)?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+fn storage(path: &Path, action: &'static str, e: impl Into<redb::Error>) -> MigrationError {
+    MigrationError::Storage {
+        path: path.to_path_buf(),
+        action,
+        source: Box::new(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

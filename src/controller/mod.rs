@@ -1,1 +1,2 @@
 //! The replica service: leader loop, lease gate use, push orchestration, forwarding and API handlers.
+pub mod api;

@@ -222,4 +222,22 @@ mod tests {
             Err(Refusal::BadSignature(1))
         );
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn g2_flipping_any_byte_of_a_sealed_envelope_makes_it_refused(
+            at in proptest::prelude::any::<proptest::sample::Index>(),
+            mask in 1u8..=255,
+        ) {
+            // G2: the signature covers exactly the bytes sent; any altered byte is refused.
+            let k = key(1);
+            let wire = seal(&envelope("ace", 3, 7, 1), &k).expect("seal");
+            let mut bent = wire.clone();
+            let i = at.index(bent.len());
+            bent[i] ^= mask;
+            proptest::prop_assert!(open(&bent, &trust(1, &k), "ace", None).is_err(), "byte {} accepted", i);
+        }
+    }
 }

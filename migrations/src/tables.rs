@@ -1,0 +1,77 @@
+//! Every redb table mesh keeps: name, key type and value type, with the schema version that introduced it.
+//!
+//! Domain values are opaque bytes encoded by their owner through `mesh_codec`; this file fixes only the
+//! table names and the key/value types redb checks. Record types owned by migrations live in [`crate::records`].
+
+use redb::TableDefinition;
+
+/// Schema bookkeeping (since 0001). Holds [`SCHEMA_VERSION_KEY`].
+pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Key in [`META`] holding the version of the last migration applied.
+pub const SCHEMA_VERSION_KEY: &str = "schema_version";
+
+/// The Raft log (since 0001): log index → encoded openraft entry.
+pub const RAFT_LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
+
+/// Raft log-store state (since 0001): one of the `RAFT_STATE_*` keys → encoded value.
+pub const RAFT_STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_state");
+/// Key in [`RAFT_STATE`]: the vote (term, voted-for, committed flag).
+pub const RAFT_STATE_VOTE: &str = "vote";
+/// Key in [`RAFT_STATE`]: the id of the last log entry purged.
+pub const RAFT_STATE_LAST_PURGED: &str = "last_purged";
+/// Key in [`RAFT_STATE`]: the id of the last entry known committed.
+pub const RAFT_STATE_COMMITTED: &str = "committed";
+
+/// State-machine bookkeeping (since 0001), written in the same transaction as the applied effects.
+pub const SM_STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_state");
+/// Key in [`SM_STATE`]: the id of the last entry applied.
+pub const SM_STATE_LAST_APPLIED: &str = "last_applied";
+/// Key in [`SM_STATE`]: the last membership applied, with its log id.
+pub const SM_STATE_LAST_MEMBERSHIP: &str = "last_membership";
+
+/// Domain (since 0001): the model, by key.
+pub const MODEL: TableDefinition<&str, &[u8]> = TableDefinition::new("model");
+/// Domain (since 0001): settings layers, by scope (`mesh`, `machine/<m>`, `module/<mod>`, `module/<mod>@<m>`).
+pub const SETTINGS_LAYERS: TableDefinition<&str, &[u8]> = TableDefinition::new("settings_layers");
+/// Domain (since 0001): provisions, by id.
+pub const PROVISIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("provisions");
+/// Domain (since 0001): send records, by (machine, sequence).
+pub const SENDS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("sends");
+/// Domain (since 0001): accounts, by machine.
+pub const ACCOUNTS: TableDefinition<&str, &[u8]> = TableDefinition::new("accounts");
+/// Domain (since 0001): holds, by machine.
+pub const HOLDS: TableDefinition<&str, &[u8]> = TableDefinition::new("holds");
+
+/// The highest epoch ever used (since 0002, values reshaped by 0004): key → encoded
+/// [`crate::records::EpochRecord`]. Use [`CONTROLLER_EPOCH_KEY`].
+pub const CONTROLLER_EPOCH: TableDefinition<&str, &[u8]> = TableDefinition::new("controller_epoch");
+/// The one key in [`CONTROLLER_EPOCH`].
+pub const CONTROLLER_EPOCH_KEY: &str = "highest";
+
+/// Settings layers replaced or cleared (since 0003): history id → encoded domain record.
+pub const SETTINGS_HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("settings_history");
+
+/// Table shapes that a later migration replaced. Only migrations and fixture tests use them.
+pub mod superseded {
+    use redb::TableDefinition;
+
+    /// `controller_epoch` as 0002 made it: key → bare epoch. Replaced by 0004.
+    pub const CONTROLLER_EPOCH_V2: TableDefinition<&str, u64> =
+        TableDefinition::new("controller_epoch");
+}
+
+/// Every current table with the schema version that introduced it, for checks and tooling.
+pub const CATALOGUE: &[(&str, u64)] = &[
+    ("meta", 1),
+    ("raft_log", 1),
+    ("raft_state", 1),
+    ("sm_state", 1),
+    ("model", 1),
+    ("settings_layers", 1),
+    ("provisions", 1),
+    ("sends", 1),
+    ("accounts", 1),
+    ("holds", 1),
+    ("controller_epoch", 2),
+    ("settings_history", 3),
+];

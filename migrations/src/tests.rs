@@ -1,0 +1,336 @@
+//! Tests of the migration runner: ordering, fixtures at every older version, refusal of newer stores,
+//! and atomicity of a failed step.
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableDatabase, ReadableTableMetadata, TableDefinition};
+
+use crate::records::EpochRecord;
+use crate::tables::{self, superseded};
+use crate::{MIGRATIONS, Migration, MigrationError, StepError, open, open_with, schema_version};
+
+const rows_per_table: u64 = 5;
+
+fn store_path(dir: &tempfile::TempDir) -> PathBuf {
+    dir.path().join("store.redb")
+}
+
+fn bytes(table: &str, i: u64) -> Vec<u8> {
+    format!("{table}-value-{i}").into_bytes()
+}
+
+fn fill_str_table(db: &Database, def: TableDefinition<&str, &[u8]>, name: &str) {
+    let txn = db.begin_write().expect("begin write");
+    {
+        let mut t = txn.open_table(def).expect("open table");
+        for i in 0..rows_per_table {
+            t.insert(format!("{name}-{i}").as_str(), bytes(name, i).as_slice())
+                .expect("insert");
+        }
+    }
+    txn.commit().expect("commit");
+}
+
+fn fill_u64_table(db: &Database, def: TableDefinition<u64, &[u8]>, name: &str) {
+    let txn = db.begin_write().expect("begin write");
+    {
+        let mut t = txn.open_table(def).expect("open table");
+        for i in 0..rows_per_table {
+            t.insert(i, bytes(name, i).as_slice()).expect("insert");
+        }
+    }
+    txn.commit().expect("commit");
+}
+
+fn str_tables() -> Vec<(
+    TableDefinition<'static, &'static str, &'static [u8]>,
+    &'static str,
+)> {
+    vec![
+        (tables::RAFT_STATE, "raft_state"),
+        (tables::SM_STATE, "sm_state"),
+        (tables::MODEL, "model"),
+        (tables::SETTINGS_LAYERS, "settings_layers"),
+        (tables::PROVISIONS, "provisions"),
+        (tables::ACCOUNTS, "accounts"),
+        (tables::HOLDS, "holds"),
+    ]
+}
+
+/// Writes rows into every table that exists at `version`.
+fn write_fixture_rows(db: &Database, version: u64) {
+    fill_u64_table(db, tables::RAFT_LOG, "raft_log");
+    for (def, name) in str_tables() {
+        fill_str_table(db, def, name);
+    }
+    let txn = db.begin_write().expect("begin write");
+    {
+        let mut sends = txn.open_table(tables::SENDS).expect("open sends");
+        for i in 0..rows_per_table {
+            sends
+                .insert(("ace", i), bytes("sends", i).as_slice())
+                .expect("insert send");
+        }
+    }
+    txn.commit().expect("commit");
+    if version >= 2 {
+        let txn = db.begin_write().expect("begin write");
+        {
+            let mut epochs = txn
+                .open_table(superseded::CONTROLLER_EPOCH_V2)
+                .expect("open controller_epoch v2");
+            epochs
+                .insert(tables::CONTROLLER_EPOCH_KEY, 41)
+                .expect("insert epoch");
+            epochs.insert("other", 7).expect("insert epoch");
+        }
+        txn.commit().expect("commit");
+    }
+    if version >= 3 {
+        fill_u64_table(db, tables::SETTINGS_HISTORY, "settings_history");
+    }
+}
+
+fn check_str_table(db: &Database, def: TableDefinition<&str, &[u8]>, name: &str) {
+    let txn = db.begin_read().expect("begin read");
+    let t = txn.open_table(def).expect("open table");
+    assert_eq!(t.len().expect("len"), rows_per_table, "{name} lost rows");
+    for i in 0..rows_per_table {
+        let got = t
+            .get(format!("{name}-{i}").as_str())
+            .expect("get")
+            .expect("row present");
+        assert_eq!(got.value(), bytes(name, i).as_slice(), "{name} row {i}");
+    }
+}
+
+fn check_u64_table(db: &Database, def: TableDefinition<u64, &[u8]>, name: &str) {
+    let txn = db.begin_read().expect("begin read");
+    let t = txn.open_table(def).expect("open table");
+    assert_eq!(t.len().expect("len"), rows_per_table, "{name} lost rows");
+    for i in 0..rows_per_table {
+        let got = t.get(i).expect("get").expect("row present");
+        assert_eq!(got.value(), bytes(name, i).as_slice(), "{name} row {i}");
+    }
+}
+
+fn check_fixture_rows(db: &Database, version: u64) {
+    check_u64_table(db, tables::RAFT_LOG, "raft_log");
+    for (def, name) in str_tables() {
+        check_str_table(db, def, name);
+    }
+    let txn = db.begin_read().expect("begin read");
+    let sends = txn.open_table(tables::SENDS).expect("open sends");
+    assert_eq!(sends.len().expect("len"), rows_per_table);
+    let epochs = txn
+        .open_table(tables::CONTROLLER_EPOCH)
+        .expect("controller_epoch has the new value type");
+    if version >= 2 {
+        let highest = epochs
+            .get(tables::CONTROLLER_EPOCH_KEY)
+            .expect("get")
+            .expect("epoch row kept");
+        let record = EpochRecord::decode(highest.value()).expect("decode record");
+        assert_eq!(
+            record,
+            EpochRecord {
+                epoch: 41,
+                raised_at_index: None
+            }
+        );
+        assert_eq!(epochs.len().expect("len"), 2, "every epoch row kept");
+    } else {
+        assert_eq!(epochs.len().expect("len"), 0);
+    }
+    drop(txn);
+    if version >= 3 {
+        check_u64_table(db, tables::SETTINGS_HISTORY, "settings_history");
+    }
+}
+
+fn table_names(db: &Database) -> Vec<String> {
+    let txn = db.begin_read().expect("begin read");
+    let mut names: Vec<String> = txn
+        .list_tables()
+        .expect("list tables")
+        .map(|t| redb::TableHandle::name(&t).to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+fn set_version(path: &Path, version: u64) {
+    let db = Database::create(path).expect("open raw");
+    let txn = db.begin_write().expect("begin write");
+    {
+        let mut meta = txn.open_table(tables::META).expect("open meta");
+        meta.insert(tables::SCHEMA_VERSION_KEY, version)
+            .expect("insert version");
+    }
+    txn.commit().expect("commit");
+}
+
+#[test]
+fn migrations_are_numbered_one_by_one_up_to_the_latest() {
+    // Schema bookkeeping: the runner relies on versions 1, 2, 3, … with no gap.
+    for (i, m) in MIGRATIONS.iter().enumerate() {
+        assert_eq!(m.version, i as u64 + 1, "migration {} out of order", m.name);
+    }
+    assert_eq!(
+        MIGRATIONS.last().map(|m| m.version),
+        Some(crate::schema_version_latest)
+    );
+}
+
+#[test]
+fn fresh_store_is_created_at_the_latest_version_with_every_table() {
+    // Schema: a new store gets every table of the catalogue and nothing else.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = store_path(&dir);
+    let db = open(&path).expect("open");
+    assert_eq!(
+        schema_version(&db, &path).expect("version"),
+        crate::schema_version_latest
+    );
+    let mut want: Vec<String> = tables::CATALOGUE
+        .iter()
+        .map(|(n, _)| n.to_string())
+        .collect();
+    want.sort();
+    assert_eq!(table_names(&db), want);
+}
+
+#[test]
+fn fixture_store_at_each_older_version_migrates_to_latest_without_losing_a_row() {
+    // Schema upgrades: a store written by any older binary keeps every row through every later migration.
+    for version in 1..crate::schema_version_latest {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = store_path(&dir);
+        {
+            let db = open_with(&path, &MIGRATIONS[..version as usize]).expect("open old");
+            assert_eq!(schema_version(&db, &path).expect("version"), version);
+            write_fixture_rows(&db, version);
+        }
+        let db = open(&path).expect("migrate to latest");
+        assert_eq!(
+            schema_version(&db, &path).expect("version"),
+            crate::schema_version_latest,
+            "from version {version}"
+        );
+        check_fixture_rows(&db, version);
+    }
+}
+
+#[test]
+fn reopening_a_latest_store_keeps_its_rows_and_version() {
+    // Schema: running the runner again on an up-to-date store is a no-op.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = store_path(&dir);
+    {
+        let db = open(&path).expect("open");
+        write_fixture_rows(&db, 1);
+    }
+    let db = open(&path).expect("reopen");
+    assert_eq!(
+        schema_version(&db, &path).expect("version"),
+        crate::schema_version_latest
+    );
+    check_fixture_rows(&db, 1);
+}
+
+#[test]
+fn store_newer_than_the_binary_is_refused_naming_both_versions() {
+    // Schema: a binary never writes into a store whose layout it does not know.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = store_path(&dir);
+    drop(open(&path).expect("open"));
+    let newer = crate::schema_version_latest + 3;
+    set_version(&path, newer);
+    let err = open(&path).expect_err("newer store must be refused");
+    match &err {
+        MigrationError::StoreTooNew {
+            store_version,
+            binary_version,
+            ..
+        } => {
+            assert_eq!(*store_version, newer);
+            assert_eq!(*binary_version, crate::schema_version_latest);
+        }
+        other => panic!("wrong error: {other}"),
+    }
+    let text = err.to_string();
+    assert!(text.contains(&newer.to_string()), "{text}");
+    assert!(
+        text.contains(&crate::schema_version_latest.to_string()),
+        "{text}"
+    );
+}
+
+fn failing_step(txn: &redb::WriteTransaction) -> Result<(), StepError> {
+    // Does all the work of 0003, then fails as a real step might half-way.
+    crate::m0003_settings_history::step(txn)?;
+    {
+        let mut history = txn.open_table(tables::SETTINGS_HISTORY)?;
+        history.insert(1, b"half-written".as_slice())?;
+        let mut model = txn.open_table(tables::MODEL)?;
+        model.remove("model-0")?;
+    }
+    Err(StepError::Refused("injected failure".to_string()))
+}
+
+#[test]
+fn failed_migration_leaves_the_store_as_it_was() {
+    // Schema atomicity: a step and its version record commit together or not at all.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = store_path(&dir);
+    {
+        let db = open_with(&path, &MIGRATIONS[..2]).expect("open at 2");
+        write_fixture_rows(&db, 2);
+    }
+    let before = {
+        let db = Database::create(&path).expect("raw open");
+        table_names(&db)
+    };
+    let mut broken: Vec<Migration> = MIGRATIONS[..2].to_vec();
+    broken.push(Migration {
+        version: 3,
+        name: "injected",
+        step: failing_step,
+    });
+    let err = open_with(&path, &broken).expect_err("injected step fails");
+    assert!(
+        matches!(
+            err,
+            MigrationError::Step {
+                version: 3,
+                from_version: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    {
+        let db = Database::create(&path).expect("raw open");
+        assert_eq!(schema_version(&db, &path).expect("version"), 2);
+        assert_eq!(table_names(&db), before, "no table added or removed");
+        check_str_table(&db, tables::MODEL, "model");
+    }
+    let db = open(&path).expect("a good binary still migrates it");
+    check_fixture_rows(&db, 2);
+}
+
+#[test]
+fn redb_file_without_meta_is_refused_as_not_a_mesh_store() {
+    // Schema: never migrate someone else's redb file.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = store_path(&dir);
+    {
+        let db = Database::create(&path).expect("raw create");
+        let txn = db.begin_write().expect("begin write");
+        txn.open_table(TableDefinition::<u64, u64>::new("theirs"))
+            .expect("open");
+        txn.commit().expect("commit");
+    }
+    let err = open(&path).expect_err("foreign store refused");
+    assert!(matches!(err, MigrationError::NotAMeshStore { .. }), "{err}");
+}

@@ -1,0 +1,322 @@
+//! Raft timing and limits: plain settings with etcd-like defaults for a noisy shared machine, validated
+//! once into a [`RaftConfig`] that cannot be invalid.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Largest number of entries openraft may put in one append-entries message.
+pub const payload_entries_max: u64 = 4096;
+/// Largest number of commands grouped into one log entry.
+pub const batch_commands_max_limit: usize = 65_536;
+/// Largest size of one log entry's batch, in bytes (kept under the codec's value limit).
+pub const batch_bytes_max_limit: usize = 16 * 1024 * 1024;
+/// Deepest proposal queue a replica may be configured with.
+pub const proposals_queued_max_limit: usize = 1 << 20;
+
+/// Raft settings as an operator writes them (milliseconds, counts). Turn them into a [`RaftConfig`]
+/// with [`RaftSettings::validate`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RaftSettings {
+    /// Interval between the leader's heartbeats.
+    pub heartbeat_ms: u64,
+    /// Lower bound of the randomised election timeout; also the base of the lease.
+    pub election_timeout_min_ms: u64,
+    /// Upper bound of the randomised election timeout (openraft's leader lease on followers).
+    pub election_timeout_max_ms: u64,
+    /// Taken off the lease for clock-rate drift between processes and scheduling delay.
+    pub lease_margin_ms: u64,
+    /// Build a snapshot after this many entries were applied since the last one.
+    pub snapshot_logs_since_last: u64,
+    /// Entries kept in the log after a snapshot, so a slightly lagging follower needs no snapshot.
+    pub logs_kept_after_snapshot: u64,
+    /// Entries per append-entries message.
+    pub payload_entries_max: u64,
+    /// Commands grouped into one log entry at most.
+    pub batch_commands_max: usize,
+    /// Bytes of commands grouped into one log entry at most.
+    pub batch_bytes_max: usize,
+    /// Batches proposed and not yet committed at most (pipelining depth).
+    pub batches_in_flight_max: usize,
+    /// Proposals waiting to be batched at most; beyond that, `propose` waits (back-pressure).
+    pub proposals_queued_max: usize,
+    /// How long a proposal may take from queueing to its answer.
+    pub propose_timeout_ms: u64,
+    /// How long one snapshot chunk transfer may take.
+    pub install_snapshot_timeout_ms: u64,
+    /// How long shutting a replica down may take before it is reported stuck.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for RaftSettings {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 1000,
+            election_timeout_max_ms: 2000,
+            lease_margin_ms: 200,
+            snapshot_logs_since_last: 10_000,
+            logs_kept_after_snapshot: 1_000,
+            payload_entries_max: 512,
+            batch_commands_max: 1024,
+            batch_bytes_max: 4 * 1024 * 1024,
+            batches_in_flight_max: 2,
+            proposals_queued_max: 8192,
+            propose_timeout_ms: 5_000,
+            install_snapshot_timeout_ms: 10_000,
+            shutdown_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Why settings were refused; each names the setting and the bound it broke.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("raft setting {name} = {value} is invalid: {rule}")]
+    Invalid {
+        name: &'static str,
+        value: u64,
+        rule: String,
+    },
+    #[error("openraft refused the raft settings: {0}")]
+    Openraft(#[from] openraft::ConfigError),
+}
+
+/// Validated Raft settings. The only way to make one is [`RaftSettings::validate`] (or
+/// [`RaftConfig::default`]), so every holder may rely on the bounds checked there.
+#[derive(Clone, Debug)]
+pub struct RaftConfig {
+    settings: RaftSettings,
+    openraft: Arc<openraft::Config>,
+}
+
+fn invalid(name: &'static str, value: u64, rule: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        name,
+        value,
+        rule: rule.into(),
+    }
+}
+
+fn in_range(name: &'static str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+    if value < min || value > max {
+        return Err(invalid(name, value, format!("must be in {min}..={max}")));
+    }
+    Ok(())
+}
+
+impl RaftSettings {
+    /// Checks every bound and builds the openraft configuration.
+    pub fn validate(self) -> Result<RaftConfig, ConfigError> {
+        let s = &self;
+        in_range("heartbeat_ms", s.heartbeat_ms, 1, 60_000)?;
+        if s.heartbeat_ms.saturating_mul(3) >= s.election_timeout_min_ms {
+            return Err(invalid(
+                "heartbeat_ms",
+                s.heartbeat_ms,
+                format!(
+                    "must be under a third of election_timeout_min_ms ({}), so one lost heartbeat does not start an election",
+                    s.election_timeout_min_ms
+                ),
+            ));
+        }
+        if s.election_timeout_max_ms <= s.election_timeout_min_ms {
+            return Err(invalid(
+                "election_timeout_max_ms",
+                s.election_timeout_max_ms,
+                format!(
+                    "must be above election_timeout_min_ms ({})",
+                    s.election_timeout_min_ms
+                ),
+            ));
+        }
+        if s.lease_margin_ms == 0 || s.lease_margin_ms >= s.election_timeout_min_ms {
+            return Err(invalid(
+                "lease_margin_ms",
+                s.lease_margin_ms,
+                format!(
+                    "must be above 0 and under election_timeout_min_ms ({}), or the lease is empty",
+                    s.election_timeout_min_ms
+                ),
+            ));
+        }
+        s.validate_limits()?;
+        let openraft = s.openraft_config().validate()?;
+        Ok(RaftConfig {
+            settings: self,
+            openraft: Arc::new(openraft),
+        })
+    }
+
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        in_range(
+            "snapshot_logs_since_last",
+            self.snapshot_logs_since_last,
+            1,
+            u64::MAX,
+        )?;
+        in_range(
+            "payload_entries_max",
+            self.payload_entries_max,
+            1,
+            payload_entries_max,
+        )?;
+        in_range(
+            "batch_commands_max",
+            self.batch_commands_max as u64,
+            1,
+            batch_commands_max_limit as u64,
+        )?;
+        in_range(
+            "batch_bytes_max",
+            self.batch_bytes_max as u64,
+            1,
+            batch_bytes_max_limit as u64,
+        )?;
+        in_range(
+            "batches_in_flight_max",
+            self.batches_in_flight_max as u64,
+            1,
+            64,
+        )?;
+        in_range(
+            "proposals_queued_max",
+            self.proposals_queued_max as u64,
+            1,
+            proposals_queued_max_limit as u64,
+        )?;
+        in_range("propose_timeout_ms", self.propose_timeout_ms, 1, 600_000)?;
+        in_range(
+            "install_snapshot_timeout_ms",
+            self.install_snapshot_timeout_ms,
+            1,
+            600_000,
+        )?;
+        in_range("shutdown_timeout_ms", self.shutdown_timeout_ms, 1, 600_000)?;
+        Ok(())
+    }
+
+    fn openraft_config(&self) -> openraft::Config {
+        openraft::Config {
+            cluster_name: "mesh".to_string(),
+            heartbeat_interval: self.heartbeat_ms,
+            election_timeout_min: self.election_timeout_min_ms,
+            election_timeout_max: self.election_timeout_max_ms,
+            install_snapshot_timeout: self.install_snapshot_timeout_ms,
+            max_payload_entries: self.payload_entries_max,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_logs_since_last),
+            max_in_snapshot_log_to_keep: self.logs_kept_after_snapshot,
+            ..Default::default()
+        }
+    }
+}
+
+impl Default for RaftConfig {
+    /// The default settings, which are valid by construction (a test validates them).
+    fn default() -> Self {
+        let settings = RaftSettings::default();
+        let openraft = Arc::new(settings.openraft_config());
+        Self { settings, openraft }
+    }
+}
+
+impl RaftConfig {
+    /// The settings this config was validated from.
+    pub fn settings(&self) -> &RaftSettings {
+        &self.settings
+    }
+
+    /// The openraft configuration to start a node with.
+    pub fn openraft(&self) -> Arc<openraft::Config> {
+        self.openraft.clone()
+    }
+
+    /// How long a lease lasts after the start of the round that confirmed it:
+    /// `election_timeout_min − lease_margin` (positive by validation).
+    pub fn lease_window(&self) -> Duration {
+        Duration::from_millis(self.settings.election_timeout_min_ms - self.settings.lease_margin_ms)
+    }
+
+    /// How long a proposal may take.
+    pub fn propose_timeout(&self) -> Duration {
+        Duration::from_millis(self.settings.propose_timeout_ms)
+    }
+
+    /// How long a shutdown may take.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.settings.shutdown_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_settings_validate_to_the_default_config() {
+        // Config: the defaults obey every bound, and `RaftConfig::default` equals validating them.
+        let validated = RaftSettings::default()
+            .validate()
+            .expect("defaults are valid");
+        let default = RaftConfig::default();
+        assert_eq!(validated.settings(), default.settings());
+        assert_eq!(
+            format!("{:?}", validated.openraft()),
+            format!("{:?}", default.openraft())
+        );
+    }
+
+    #[test]
+    fn lease_margin_at_or_above_election_timeout_min_is_refused() {
+        // G3: an empty lease window would make the gate meaningless.
+        let s = RaftSettings {
+            lease_margin_ms: 1000,
+            ..RaftSettings::default()
+        };
+        assert!(matches!(
+            s.validate(),
+            Err(ConfigError::Invalid {
+                name: "lease_margin_ms",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn heartbeat_not_under_a_third_of_election_timeout_is_refused() {
+        // Liveness: one late heartbeat must not start an election.
+        let s = RaftSettings {
+            heartbeat_ms: 400,
+            ..RaftSettings::default()
+        };
+        assert!(matches!(
+            s.validate(),
+            Err(ConfigError::Invalid {
+                name: "heartbeat_ms",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn election_timeout_max_not_above_min_is_refused() {
+        // Liveness: the election timeout must be randomised over a non-empty range.
+        let s = RaftSettings {
+            election_timeout_max_ms: 1000,
+            ..RaftSettings::default()
+        };
+        assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn zero_limits_are_refused() {
+        // Limits: every queue and batch has a positive bound.
+        let s = RaftSettings {
+            batch_commands_max: 0,
+            ..RaftSettings::default()
+        };
+        assert!(s.validate().is_err());
+    }
+}

@@ -1,0 +1,202 @@
+//! The lease gate (G3): the leader acts only inside a lease confirmed by a quorum round.
+//!
+//! [`Gate::acquire`] records `start = clock.now()`, checks this node leads in term T, confirms leadership
+//! with a quorum round (`ensure_linearizable`), checks it still leads in T, and hands out a [`Lease`]
+//! valid until `start + election_timeout_min − lease_margin`. Why that is safe is in
+//! `docs/decisions/0030-lease-gate.md`.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use openraft::ServerState;
+use openraft::error::{CheckIsLeaderError, RaftError};
+
+use crate::{NodeId, Raft, RaftConfig};
+
+/// A monotonic time source. The gate reads it; tests substitute one they advance by hand.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Instant;
+}
+
+/// The real monotonic clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MonotonicClock;
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// A clock that moves only when a test advances it.
+#[derive(Debug)]
+pub struct TestClock {
+    now: Mutex<Instant>,
+}
+
+impl Default for TestClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestClock {
+    /// A test clock starting at the real current instant.
+    pub fn new() -> Self {
+        Self {
+            now: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        let mut now = self
+            .now
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *now += by;
+    }
+}
+
+impl Clock for TestClock {
+    fn now(&self) -> Instant {
+        *self
+            .now
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Leadership in one term, valid until an instant of the clock it was acquired with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    term: u64,
+    started: Instant,
+    valid_until: Instant,
+}
+
+impl Lease {
+    /// The term (epoch) this lease was confirmed in.
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    /// When the confirming round started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The first instant at which the lease is closed.
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
+    /// Whether the lease is still open at `now`.
+    pub fn is_open(&self, now: Instant) -> bool {
+        now < self.valid_until
+    }
+
+    /// `Ok(time left)` while open; the error to fail an in-flight action with once closed.
+    pub fn check(&self, now: Instant) -> Result<Duration, GateError> {
+        if self.is_open(now) {
+            return Ok(self.valid_until - now);
+        }
+        Err(GateError::LeaseClosed {
+            term: self.term,
+            closed_for_ms: now.duration_since(self.valid_until).as_millis() as u64,
+        })
+    }
+}
+
+/// Why no lease was handed out, or why a lease no longer holds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GateError {
+    #[error("this replica is not the leader (leader: {leader:?}); send the request to the leader")]
+    NotLeader { leader: Option<NodeId> },
+    #[error(
+        "leadership in term {term} was not confirmed by a quorum: {reason}; nothing may be sent until it is"
+    )]
+    NotConfirmed { term: u64, reason: String },
+    #[error(
+        "the quorum round of term {term} took longer than the lease ({window_ms} ms); the lease would be closed already — retry when the cluster is healthy"
+    )]
+    RoundTooSlow { term: u64, window_ms: u64 },
+    #[error(
+        "the term moved from {before} to {after} during the quorum round; acquire the lease again"
+    )]
+    TermMoved { before: u64, after: u64 },
+    #[error(
+        "the lease of term {term} closed {closed_for_ms} ms ago; stop sending and acquire a new lease"
+    )]
+    LeaseClosed { term: u64, closed_for_ms: u64 },
+    #[error("the replica is stopping; no lease can be acquired")]
+    Stopped,
+}
+
+/// The lease gate. Stateless: every call to [`Gate::acquire`] runs a fresh quorum round.
+pub struct Gate;
+
+impl Gate {
+    /// Confirms leadership with a quorum round and returns a lease measured from before the round.
+    pub async fn acquire(
+        raft: &Raft,
+        clock: &dyn Clock,
+        config: &RaftConfig,
+    ) -> Result<Lease, GateError> {
+        let start = clock.now();
+        let window = config.lease_window();
+        let before = leading_term(raft).await?;
+        let round = tokio::time::timeout(window, raft.ensure_linearizable()).await;
+        match round {
+            Err(_elapsed) => {
+                return Err(GateError::RoundTooSlow {
+                    term: before,
+                    window_ms: window.as_millis() as u64,
+                });
+            }
+            Ok(Err(e)) => return Err(round_error(before, e)),
+            Ok(Ok(_read_log_id)) => {}
+        }
+        let after = leading_term(raft).await?;
+        if after != before {
+            return Err(GateError::TermMoved { before, after });
+        }
+        Ok(Lease {
+            term: before,
+            started: start,
+            valid_until: start + window,
+        })
+    }
+}
+
+/// The term this node leads in, read from the Raft core itself (metrics may lag).
+async fn leading_term(raft: &Raft) -> Result<u64, GateError> {
+    let (state, vote) = raft
+        .with_raft_state(|s| (s.server_state, *s.vote_ref()))
+        .await
+        .map_err(|_| GateError::Stopped)?;
+    if state != ServerState::Leader || !vote.is_committed() {
+        let leader = vote
+            .is_committed()
+            .then_some(vote.leader_id().voted_for)
+            .flatten();
+        return Err(GateError::NotLeader { leader });
+    }
+    Ok(vote.leader_id().term)
+}
+
+fn round_error(
+    term: u64,
+    e: RaftError<NodeId, CheckIsLeaderError<NodeId, crate::BasicNode>>,
+) -> GateError {
+    match e {
+        RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => GateError::NotLeader {
+            leader: f.leader_id,
+        },
+        RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q)) => GateError::NotConfirmed {
+            term,
+            reason: q.to_string(),
+        },
+        RaftError::Fatal(_) => GateError::Stopped,
+    }
+}

@@ -1,0 +1,152 @@
+//! The lease gate (G3) against a real three-replica cluster over the router.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use mesh_raft::{Clock, Gate, GateError, Lease, MonotonicClock, RaftConfig, TestClock};
+
+use support::{Cluster, fast_settings, wait_deadline};
+
+/// Acquires a lease on `leader`, retrying while a noisy machine makes a round fail.
+async fn acquire(cluster: &Cluster, leader: u64, clock: &dyn Clock) -> Lease {
+    let deadline = tokio::time::Instant::now() + wait_deadline;
+    loop {
+        match Gate::acquire(cluster.replica(leader).raft(), clock, &cluster.config).await {
+            Ok(lease) => return lease,
+            Err(e) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "no lease on {leader}: {e}"
+            ),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gate_closes_on_an_isolated_leader_before_a_new_leader_is_elected() {
+    // G3: once the leader is cut off, its lease is closed by the time any other replica leads.
+    let cluster = Cluster::start(3, fast_settings(), 0).await;
+    let (leader, _) = cluster.wait_leader(&(1..=3).collect(), 0).await;
+    cluster.set(leader, "k", "v").await;
+    let clock = MonotonicClock;
+    let lease = acquire(&cluster, leader, &clock).await;
+    cluster.router.isolate(leader);
+    let others: BTreeSet<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let (_new, new_term) = cluster.wait_leader(&others, lease.term()).await;
+    let observed = clock.now();
+    assert!(
+        !lease.is_open(observed),
+        "lease of term {} still open when term {new_term} has a leader",
+        lease.term()
+    );
+    assert!(matches!(
+        lease.check(observed),
+        Err(GateError::LeaseClosed { .. })
+    ));
+    let again = Gate::acquire(cluster.replica(leader).raft(), &clock, &cluster.config).await;
+    assert!(again.is_err(), "an isolated leader gets no new lease");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gate_refuses_a_follower_naming_the_leader() {
+    // G3: only the leader of the current term can hold a lease.
+    let cluster = Cluster::start(3, fast_settings(), 0).await;
+    let (leader, _) = cluster.wait_leader(&(1..=3).collect(), 0).await;
+    cluster.set(leader, "k", "v").await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    cluster
+        .replica(follower)
+        .raft()
+        .wait(Some(wait_deadline))
+        .current_leader(leader, "follower knows the leader")
+        .await
+        .expect("follower learns the leader");
+    let err = Gate::acquire(
+        cluster.replica(follower).raft(),
+        &MonotonicClock,
+        &cluster.config,
+    )
+    .await
+    .expect_err("a follower gets no lease");
+    assert_eq!(
+        err,
+        GateError::NotLeader {
+            leader: Some(leader)
+        }
+    );
+}
+
+/// A clock that moves forward a step every time it is read.
+struct SteppingClock {
+    now: Mutex<Instant>,
+    step: Duration,
+}
+
+impl Clock for SteppingClock {
+    fn now(&self) -> Instant {
+        let mut now = self.now.lock().expect("clock lock");
+        let read = *now;
+        *now += self.step;
+        read
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_is_measured_from_before_the_quorum_round() {
+    // G3: the lease runs from the instant before the confirming round, never from a later reading.
+    let cluster = Cluster::start(3, fast_settings(), 0).await;
+    let (leader, _) = cluster.wait_leader(&(1..=3).collect(), 0).await;
+    cluster.set(leader, "k", "v").await;
+    let t0 = Instant::now();
+    let clock = SteppingClock {
+        now: Mutex::new(t0),
+        step: Duration::from_millis(100),
+    };
+    let lease = Gate::acquire(cluster.replica(leader).raft(), &clock, &cluster.config)
+        .await
+        .expect("leader gets a lease");
+    assert_eq!(lease.started(), t0, "start is the first clock reading");
+    assert_eq!(lease.valid_until(), t0 + cluster.config.lease_window());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_closes_when_the_clock_reaches_its_window() {
+    // G3: `now − start < election_timeout_min − margin` is the whole of the lease.
+    let cluster = Cluster::start(1, fast_settings(), 0).await;
+    let (leader, term) = cluster.wait_leader(&[1].into_iter().collect(), 0).await;
+    let clock = TestClock::new();
+    let lease = Gate::acquire(cluster.replica(leader).raft(), &clock, &cluster.config)
+        .await
+        .expect("single replica leads");
+    assert_eq!(lease.term(), term);
+    let window = cluster.config.lease_window();
+    assert_eq!(
+        window,
+        Duration::from_millis(
+            fast_settings().election_timeout_min_ms - fast_settings().lease_margin_ms
+        )
+    );
+    assert_eq!(lease.check(clock.now()), Ok(window));
+    clock.advance(window - Duration::from_millis(1));
+    assert!(lease.is_open(clock.now()));
+    clock.advance(Duration::from_millis(1));
+    assert!(!lease.is_open(clock.now()));
+    assert_eq!(
+        lease.check(clock.now()),
+        Err(GateError::LeaseClosed {
+            term,
+            closed_for_ms: 0
+        })
+    );
+}
+
+#[test]
+fn default_lease_window_is_election_timeout_min_minus_margin() {
+    // G3: with the defaults, the lease lasts 1000 − 200 = 800 ms.
+    assert_eq!(
+        RaftConfig::default().lease_window(),
+        Duration::from_millis(800)
+    );
+}

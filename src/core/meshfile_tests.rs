@@ -1,0 +1,207 @@
+//! Tests of the mesh file: the example parses and composes, every error is reported with its
+//! position, and no input makes parsing panic.
+
+use super::*;
+use crate::core::compose::{World, compose};
+use crate::core::plan::{DigestCache, PlanInput, Target, plan};
+use proptest::prelude::*;
+
+const example: &str = include_str!("../../examples/mesh.toml");
+
+fn errors(text: &str) -> Vec<String> {
+    match parse_mesh("mesh.toml", text) {
+        Ok(_) => vec![],
+        Err(e) => e.errors.iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+#[test]
+fn the_example_parses_and_every_machine_composes_and_plans() {
+    // G11 groundwork: the example is what `meshctl dev` runs, so it must compose everywhere.
+    let mesh = parse_mesh("examples/mesh.toml", example).expect("example parses");
+    let names: Vec<&str> = mesh.machines.keys().map(|s| s.as_str()).collect();
+    assert_eq!(names, ["ace", "g14", "novox", "shanks"]);
+    for scope in ["mesh", "machine/ace", "module/broker", "module/broker@g14"] {
+        let scope: Scope = scope.parse().expect("scope");
+        assert!(mesh.settings.layers.contains_key(&scope), "{scope}");
+    }
+    let world = World::new(mesh, []);
+    for m in ["ace", "g14", "novox", "shanks"] {
+        compose(&world, m).expect("composes");
+    }
+    let cache = DigestCache::build(&world).expect("cache");
+    let mut secret = |_: &crate::core::compose::MintRequest| "s".to_string();
+    let p = plan(PlanInput {
+        world: &world,
+        cache: &cache,
+        known: &BTreeMap::new(),
+        target: &Target::Machine("shanks".into()),
+        moves: &BTreeSet::new(),
+        secret: &mut secret,
+    })
+    .expect("plan");
+    let sent: Vec<&str> = p.sends.iter().map(|s| s.machine.as_str()).collect();
+    assert_eq!(sent, ["shanks", "g14", "novox", "ace"]);
+}
+
+#[test]
+fn every_error_in_a_file_is_reported_with_line_column_and_field() {
+    // Validation reports all errors, not the first, each `file:line:col: field: problem; fix`.
+    let text = r#"
+[machines.ace]
+address = "127.0.0.1"
+colour = "red"
+
+[machines.Bad_Name]
+address = "x"
+
+[modules.a]
+machine = "nowhere"
+command = "sh"
+mounts = [{ name = "data", host_dir = "srv/a", target = "../up" }]
+consumes = [{ kind = "sql", from = "b" }]
+after = ["c"]
+
+[modules.b]
+machine = "ace"
+command = "sh"
+provides = [{ kind = "amqp" }]
+after = ["c"]
+
+[modules.c]
+machine = "ace"
+command = "sh"
+after = ["b"]
+files = { "/etc/passwd" = "x" }
+
+[settings."machine/zz"]
+k = "v"
+
+[settings."galaxy"]
+k = "v"
+"#;
+    let got = errors(text);
+    let expect = [
+        "mesh.toml:4:1: machines.ace.colour: is not a known key",
+        "mesh.toml:6:11: machines.Bad_Name: `Bad_Name` is not a valid name",
+        "mesh.toml:12:39: modules.a.mounts[0].host_dir: `srv/a` is not an absolute path",
+        "mesh.toml:12:57: modules.a.mounts[0].target: `../up` is not a relative path",
+        "mesh.toml:10:11: modules.a.machine: machine `nowhere` is not declared",
+        "mesh.toml:13:13: modules.a.consumes[0].from: module `b` does not provide sql",
+        "mesh.toml:14:10: modules.a.after[0]: module `c` runs on ace, not on nowhere",
+        "mesh.toml:25:10: modules.c.after: modules wait for each other in a cycle: c -> b -> c",
+        "mesh.toml:26:11: modules.c.files.\"/etc/passwd\": is not a relative path",
+        "mesh.toml:28:11: settings.\"machine/zz\": machine `zz` is not declared",
+        "mesh.toml:31:11: settings.\"galaxy\": scope `galaxy` does not parse",
+    ];
+    for want in expect {
+        assert!(
+            got.iter().any(|g| g.starts_with(want)),
+            "missing {want:?} in:\n{}",
+            got.join("\n")
+        );
+    }
+    assert_eq!(got.len(), expect.len(), "{}", got.join("\n"));
+    let mut sorted = got.clone();
+    sorted.sort_by_key(|g| {
+        let mut parts = g
+            .split(':')
+            .skip(1)
+            .map(|n| n.parse::<usize>().unwrap_or(0));
+        (parts.next(), parts.next())
+    });
+    assert_eq!(got, sorted, "errors come in file order");
+    assert!(
+        got.iter().all(|g| g.contains("; ")),
+        "every error says what to do"
+    );
+}
+
+#[test]
+fn a_toml_syntax_error_names_its_line_and_column() {
+    let got = errors("[machines.ace]\naddress = \"127.0.0.1\nx = 1\n");
+    assert!(!got.is_empty());
+    assert!(got[0].starts_with("mesh.toml:2:"), "{got:?}");
+}
+
+#[test]
+fn missing_fields_and_wrong_types_are_named() {
+    let got = errors(
+        "[machines.ace]\n[modules.a]\nmachine = 3\nargs = \"x\"\nready = { tcp = \"nope\" }\n",
+    );
+    let joined = got.join("\n");
+    for want in [
+        "machines.ace.address: is missing",
+        "modules.a.machine: expected a string, found integer",
+        "modules.a.command: is missing",
+        "modules.a.args: expected an array, found string",
+        "modules.a.ready.tcp: `nope` is not host:port",
+    ] {
+        assert!(joined.contains(want), "missing {want:?} in:\n{joined}");
+    }
+}
+
+#[test]
+fn scopes_round_trip_through_text() {
+    // G6: `settings set` names scopes as text; parse and display agree.
+    for s in ["mesh", "machine/ace", "module/broker", "module/broker@ace"] {
+        let scope: Scope = s.parse().expect("parses");
+        assert_eq!(scope.to_string(), s);
+    }
+    for bad in [
+        "",
+        "machine/",
+        "module/a@",
+        "module/@b",
+        "machines/a",
+        "machine/A",
+        "module/a@b@c",
+    ] {
+        assert!(bad.parse::<Scope>().is_err(), "{bad}");
+    }
+}
+
+/// A valid file after one random edit: a byte range replaced by random text.
+fn mutated() -> impl Strategy<Value = String> {
+    (any::<prop::sample::Index>(), 0usize..16, ".{0,12}").prop_map(|(at, len, insert)| {
+        let mut s = example.to_string();
+        let mut start = at.index(s.len());
+        while !s.is_char_boundary(start) {
+            start -= 1;
+        }
+        let mut end = (start + len).min(s.len());
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.replace_range(start..end, &insert);
+        s
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn parsing_arbitrary_text_never_panics(text in ".{0,400}") {
+        let _ = parse_mesh("fuzz.toml", &text);
+    }
+
+    #[test]
+    fn a_mutated_valid_file_is_refused_with_positions_or_composes_everywhere(text in mutated()) {
+        // A mesh the file validation accepts never fails to compose.
+        match parse_mesh("mutated.toml", &text) {
+            Ok(mesh) => {
+                let world = World::new(mesh.clone(), []);
+                for m in mesh.machines.keys() {
+                    prop_assert!(compose(&world, m).is_ok());
+                }
+            }
+            Err(e) => {
+                prop_assert!(!e.errors.is_empty());
+                for err in &e.errors {
+                    prop_assert!(err.line >= 1 && err.col >= 1);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! Send summaries and their diff (G7): what a send record keeps of a declaration — names, commands,
+//! directories, and digests of values — so `plan --diff` can show what changes without the store
+//! ever holding file contents, setting values or secrets.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::declaration::{Declaration, DeclaredModule};
+use super::model::Probe;
+
+/// Hex characters kept of a value's blake3: enough to see a change, too few to be a copy.
+pub const value_digest_hex_chars: usize = 16;
+
+/// One machine's declaration as a send record keeps it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    pub machine: String,
+    pub modules: BTreeMap<String, ModuleSummary>,
+}
+
+/// One module of a summary. Values appear only as digests.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleSummary {
+    pub command: String,
+    pub args: Vec<String>,
+    /// mount name → (host_dir, target)
+    pub mounts: BTreeMap<String, (String, String)>,
+    /// key → digest of the value
+    pub settings: BTreeMap<String, String>,
+    /// key → digest of the value
+    pub env: BTreeMap<String, String>,
+    /// path → digest of the content
+    pub files: BTreeMap<String, String>,
+    pub ready: Option<Probe>,
+    pub after: Vec<String>,
+    /// Ids of provisions this module consumes (never their secrets).
+    pub provisions: BTreeSet<String>,
+    /// Ids of provisions granted from this module.
+    pub grants: BTreeSet<String>,
+}
+
+/// A short blake3 of a value, for summaries.
+pub fn value_digest(value: &str) -> String {
+    let hex = blake3::hash(value.as_bytes()).to_hex();
+    hex.as_str()[..value_digest_hex_chars].to_string()
+}
+
+/// What a send record keeps of `declaration`.
+pub fn summarize(declaration: &Declaration) -> Summary {
+    let modules = declaration
+        .modules
+        .iter()
+        .map(|m| (m.name.clone(), summarize_module(m)))
+        .collect();
+    Summary {
+        machine: declaration.machine.clone(),
+        modules,
+    }
+}
+
+fn digests(map: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    map.iter()
+        .map(|(k, v)| (k.clone(), value_digest(v)))
+        .collect()
+}
+
+fn summarize_module(m: &DeclaredModule) -> ModuleSummary {
+    ModuleSummary {
+        command: m.command.clone(),
+        args: m.args.clone(),
+        mounts: m
+            .mounts
+            .iter()
+            .map(|x| (x.name.clone(), (x.host_dir.clone(), x.target.clone())))
+            .collect(),
+        settings: digests(&m.settings),
+        env: digests(&m.env),
+        files: digests(&m.files),
+        ready: m.ready.clone(),
+        after: m.after.clone(),
+        provisions: m.provisions.iter().map(|p| p.id.clone()).collect(),
+        grants: m.grants.iter().map(|g| g.id.clone()).collect(),
+    }
+}
+
+/// How one item changed.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Change {
+    Added { now: String },
+    Removed { was: String },
+    Changed { was: String, now: String },
+}
+
+/// One changed item of one module. `item` is `module` for the module as a whole, else e.g.
+/// `command`, `mount data`, `setting log_level`, `env LOG`, `file conf/x`, `provision p-…`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ItemChange {
+    pub module: String,
+    pub item: String,
+    pub change: Change,
+}
+
+/// Every difference between two summaries of one machine, sorted by module then item.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SummaryDiff {
+    pub machine: String,
+    pub changes: Vec<ItemChange>,
+}
+
+impl SummaryDiff {
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+}
+
+/// Compares what was last sent (`None`: never sent) with what would be sent.
+pub fn diff(old: Option<&Summary>, new: &Summary) -> SummaryDiff {
+    let empty = Summary::default();
+    let old = old.unwrap_or(&empty);
+    let mut changes = Vec::new();
+    let names: BTreeSet<&String> = old.modules.keys().chain(new.modules.keys()).collect();
+    for name in names {
+        match (old.modules.get(name), new.modules.get(name)) {
+            (None, Some(m)) => changes.push(item(name, "module", added(&m.command))),
+            (Some(m), None) => changes.push(item(name, "module", removed(&m.command))),
+            (Some(a), Some(b)) => diff_module(name, a, b, &mut changes),
+            (None, None) => {}
+        }
+    }
+    changes.sort();
+    SummaryDiff {
+        machine: new.machine.clone(),
+        changes,
+    }
+}
+
+fn item(module: &str, item: &str, change: Change) -> ItemChange {
+    ItemChange {
+        module: module.to_string(),
+        item: item.to_string(),
+        change,
+    }
+}
+
+fn added(now: &str) -> Change {
+    Change::Added {
+        now: now.to_string(),
+    }
+}
+
+fn removed(was: &str) -> Change {
+    Change::Removed {
+        was: was.to_string(),
+    }
+}
+
+fn diff_module(name: &str, a: &ModuleSummary, b: &ModuleSummary, out: &mut Vec<ItemChange>) {
+    let mut scalar = |label: &str, was: String, now: String| {
+        if was != now {
+            out.push(item(name, label, Change::Changed { was, now }));
+        }
+    };
+    scalar("command", a.command.clone(), b.command.clone());
+    scalar("args", quoted(&a.args), quoted(&b.args));
+    scalar(
+        "ready",
+        probe_text(a.ready.as_ref()),
+        probe_text(b.ready.as_ref()),
+    );
+    scalar("after", a.after.join(" "), b.after.join(" "));
+    let mounts = |m: &BTreeMap<String, (String, String)>| -> BTreeMap<String, String> {
+        m.iter()
+            .map(|(k, (dir, target))| (k.clone(), format!("{dir} -> {target}")))
+            .collect()
+    };
+    diff_map(name, "mount", &mounts(&a.mounts), &mounts(&b.mounts), out);
+    diff_map(name, "setting", &a.settings, &b.settings, out);
+    diff_map(name, "env", &a.env, &b.env, out);
+    diff_map(name, "file", &a.files, &b.files, out);
+    diff_set(name, "provision", &a.provisions, &b.provisions, out);
+    diff_set(name, "grant", &a.grants, &b.grants, out);
+}
+
+fn diff_map(
+    module: &str,
+    kind: &str,
+    a: &BTreeMap<String, String>,
+    b: &BTreeMap<String, String>,
+    out: &mut Vec<ItemChange>,
+) {
+    for (k, was) in a {
+        let label = format!("{kind} {k}");
+        match b.get(k) {
+            None => out.push(item(module, &label, removed(was))),
+            Some(now) if now != was => out.push(item(
+                module,
+                &label,
+                Change::Changed {
+                    was: was.clone(),
+                    now: now.clone(),
+                },
+            )),
+            Some(_) => {}
+        }
+    }
+    for (k, now) in b {
+        if !a.contains_key(k) {
+            out.push(item(module, &format!("{kind} {k}"), added(now)));
+        }
+    }
+}
+
+fn diff_set(
+    module: &str,
+    kind: &str,
+    a: &BTreeSet<String>,
+    b: &BTreeSet<String>,
+    out: &mut Vec<ItemChange>,
+) {
+    for id in a.difference(b) {
+        out.push(item(module, &format!("{kind} {id}"), removed("")));
+    }
+    for id in b.difference(a) {
+        out.push(item(module, &format!("{kind} {id}"), added("")));
+    }
+}
+
+fn quoted(args: &[String]) -> String {
+    let parts: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
+    parts.join(" ")
+}
+
+fn probe_text(p: Option<&Probe>) -> String {
+    match p {
+        None => "none".into(),
+        Some(Probe::Tcp { addr, timeout_ms }) => format!("tcp {addr} ({timeout_ms} ms)"),
+        Some(Probe::File { path, timeout_ms }) => format!("file {path} ({timeout_ms} ms)"),
+        Some(Probe::Command {
+            command,
+            args,
+            timeout_ms,
+        }) => format!("command {command} {} ({timeout_ms} ms)", quoted(args)),
+    }
+}
+
+impl std::fmt::Display for ItemChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (m, i) = (&self.module, &self.item);
+        let show = |v: &str| {
+            if v.is_empty() {
+                String::new()
+            } else {
+                format!(": {v}")
+            }
+        };
+        match &self.change {
+            Change::Added { now } if i == "module" => write!(f, "+ module {m}{}", show(now)),
+            Change::Removed { was } if i == "module" => write!(f, "- module {m}{}", show(was)),
+            Change::Added { now } => write!(f, "+ {m}: {i}{}", show(now)),
+            Change::Removed { was } => write!(f, "- {m}: {i}{}", show(was)),
+            Change::Changed { was, now } => write!(f, "~ {m}: {i}: {was} => {now}"),
+        }
+    }
+}
+
+/// One line per change, sorted; the same inputs always render the same lines.
+impl std::fmt::Display for SummaryDiff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (n, c) in self.changes.iter().enumerate() {
+            if n > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{c}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::declaration::{Grant, ProvisionRef};
+    use crate::core::model::{Mount, Placement};
+
+    fn declared(name: &str) -> DeclaredModule {
+        DeclaredModule {
+            name: name.into(),
+            command: "perl".into(),
+            args: vec!["-e".into(), "1".into()],
+            env: BTreeMap::from([("TOKEN".into(), "env-secret-value".into())]),
+            settings: BTreeMap::from([("password".into(), "setting-secret-value".into())]),
+            files: BTreeMap::from([("conf/x".into(), "file-secret-content".into())]),
+            mounts: vec![Mount {
+                name: "data".into(),
+                host_dir: "/srv/a".into(),
+                target: "data".into(),
+            }],
+            ready: None,
+            after: vec![],
+            provisions: vec![ProvisionRef {
+                id: "p-1".into(),
+                kind: "amqp".into(),
+                provider: Placement {
+                    module: "b".into(),
+                    machine: "g14".into(),
+                },
+                name: "a-ace".into(),
+                secret: "provision-secret".into(),
+                endpoint: None,
+            }],
+            grants: vec![Grant {
+                id: "p-2".into(),
+                kind: "sql".into(),
+                consumer: Placement {
+                    module: "c".into(),
+                    machine: "novox".into(),
+                },
+                name: "c-novox".into(),
+                secret_blake3: "hash".into(),
+            }],
+        }
+    }
+
+    fn declaration(modules: Vec<DeclaredModule>) -> Declaration {
+        Declaration {
+            machine: "ace".into(),
+            modules,
+        }
+    }
+
+    #[test]
+    fn g7_a_summary_never_holds_file_contents_secrets_or_setting_values() {
+        // G7: send records keep digests, never the values.
+        let s = summarize(&declaration(vec![declared("a")]));
+        let bytes = mesh_codec::encode("summary", &s).expect("encode");
+        let text = format!("{s:?}");
+        for secret in [
+            "env-secret-value",
+            "setting-secret-value",
+            "file-secret-content",
+            "provision-secret",
+        ] {
+            assert!(!text.contains(secret), "{secret} leaked");
+            assert!(!bytes.windows(secret.len()).any(|w| w == secret.as_bytes()));
+        }
+        let m = &s.modules["a"];
+        assert_eq!(m.provisions, BTreeSet::from(["p-1".to_string()]));
+        assert_eq!(m.grants, BTreeSet::from(["p-2".to_string()]));
+        assert_eq!(m.settings["password"], value_digest("setting-secret-value"));
+    }
+
+    #[test]
+    fn g7_diff_names_every_added_removed_and_changed_item_in_a_stable_order() {
+        // G7: diff before effect; same inputs render the same sorted lines.
+        let old = summarize(&declaration(vec![declared("a"), declared("gone")]));
+        let mut a = declared("a");
+        a.command = "sh".into();
+        a.mounts[0].host_dir = "/srv/b".into();
+        a.env.insert("NEW".into(), "1".into());
+        a.settings.remove("password");
+        a.files.insert("conf/x".into(), "other".into());
+        a.provisions.clear();
+        let new = summarize(&declaration(vec![a, declared("fresh")]));
+        let d = diff(Some(&old), &new);
+        let lines: Vec<String> = d.changes.iter().map(|c| c.to_string()).collect();
+        let want = [
+            "~ a: command: perl => sh".to_string(),
+            "+ a: env NEW: ".to_string() + &value_digest("1"),
+            format!(
+                "~ a: file conf/x: {} => {}",
+                value_digest("file-secret-content"),
+                value_digest("other")
+            ),
+            "~ a: mount data: /srv/a -> data => /srv/b -> data".to_string(),
+            "- a: provision p-1".to_string(),
+            "- a: setting password: ".to_string() + &value_digest("setting-secret-value"),
+            "+ module fresh: perl".to_string(),
+            "- module gone: perl".to_string(),
+        ];
+        assert_eq!(lines, want);
+        assert_eq!(d.to_string(), want.join("\n"));
+        assert!(diff(Some(&new), &new).is_empty());
+        let first = diff(None, &new);
+        assert_eq!(first.changes.len(), 2);
+    }
+}

@@ -1,0 +1,379 @@
+//! The domain as a Raft state machine: applies proposals to [`DomainState`] and writes the rows they
+//! changed into the replica's redb tables, inside the transaction that also records Raft's applied
+//! index. Snapshots are read from the tables (an MVCC view consistent with that index), never from
+//! memory, which may be ahead of the view.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use mesh_migrations::records::EpochRecord;
+use mesh_migrations::tables;
+use mesh_raft::{App, AppError, EntryAt};
+use redb::{ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
+use serde::{Deserialize, Serialize};
+
+use super::command::{Outcome, Proposal, Refusal, SendRecord, SettingsChange};
+use super::state::{Changed, DomainState};
+use crate::core::model::Mesh;
+use crate::core::settings::Scope;
+
+const model_key_mesh: &str = "mesh";
+const model_key_revision: &str = "revision";
+const model_key_next_history: &str = "next_history_id";
+
+/// Everything the domain keeps, as a snapshot carries it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DomainSnapshot {
+    pub state: DomainState,
+    pub sends: Vec<SendRecord>,
+    pub history: Vec<SettingsChange>,
+}
+
+/// The domain state machine of one replica.
+#[derive(Debug, Default)]
+pub struct MeshApp {
+    state: RwLock<DomainState>,
+}
+
+impl MeshApp {
+    /// An app over the state already in the store (read once at start).
+    pub fn load(db: &redb::Database) -> Result<Arc<MeshApp>, AppError> {
+        let txn = db.begin_read()?;
+        let state = read_snapshot(&txn)?.state;
+        Ok(Arc::new(MeshApp {
+            state: RwLock::new(state),
+        }))
+    }
+
+    /// Opens the replica's store file in `dir` (migrating it), reads the domain state, and closes the
+    /// file again so the Raft replica can open it. A new directory gives an empty state.
+    pub fn open(dir: &std::path::Path) -> Result<Arc<MeshApp>, AppError> {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            AppError::Other(format!(
+                "cannot create store directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+        let path = dir.join(mesh_raft::store_file_name);
+        let db = mesh_migrations::open(&path)
+            .map_err(|e| AppError::Other(format!("cannot open store {}: {e}", path.display())))?;
+        MeshApp::load(&db)
+    }
+
+    /// A read view of the current state. Hold it briefly: applies wait for it.
+    pub fn state(&self) -> Result<RwLockReadGuard<'_, DomainState>, AppError> {
+        self.state
+            .read()
+            .map_err(|_| AppError::Other("domain state lock poisoned".into()))
+    }
+
+    /// Every send ever recorded for `machine` (or all machines), oldest first, from a read view.
+    pub fn sends(db: &redb::Database, machine: Option<&str>) -> Result<Vec<SendRecord>, AppError> {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(tables::SENDS)?;
+        let mut out = Vec::new();
+        for row in table.iter()? {
+            let (key, value) = row?;
+            if machine.is_some_and(|m| m != key.value().0) {
+                continue;
+            }
+            out.push(mesh_codec::decode("send record", value.value())?);
+        }
+        out.sort_by_key(|s: &SendRecord| s.time_ms);
+        Ok(out)
+    }
+
+    /// Every replaced or cleared settings layer, oldest first.
+    pub fn settings_history(db: &redb::Database) -> Result<Vec<SettingsChange>, AppError> {
+        let txn = db.begin_read()?;
+        read_history(&txn)
+    }
+}
+
+impl App for MeshApp {
+    fn apply(
+        &self,
+        txn: &WriteTransaction,
+        at: EntryAt,
+        command: Option<&[u8]>,
+    ) -> Result<Vec<u8>, AppError> {
+        let mut state = self
+            .state
+            .write()
+            .map_err(|_| AppError::Other("domain state lock poisoned".into()))?;
+        let Some(bytes) = command else {
+            if let Some(change) = state.observe_term(at.term) {
+                write_changes(txn, &state, &[change], at)?;
+            }
+            return Ok(Vec::new());
+        };
+        let outcome = match mesh_codec::decode::<Proposal>("proposal", bytes) {
+            Ok(proposal) => {
+                // Apply to a copy first: a storage failure below must not leave memory ahead of disk.
+                let mut next = state.clone();
+                let (outcome, changed) = next.apply(at.term, &proposal);
+                write_changes(txn, &next, &changed, at)?;
+                *state = next;
+                outcome
+            }
+            Err(e) => Outcome::Refused(Refusal::Invalid(format!(
+                "proposal could not be decoded: {e}"
+            ))),
+        };
+        Ok(mesh_codec::encode("outcome", &outcome)?)
+    }
+
+    fn snapshot(&self, txn: &ReadTransaction) -> Result<Vec<u8>, AppError> {
+        Ok(mesh_codec::encode("domain snapshot", &read_snapshot(txn)?)?)
+    }
+
+    fn install(&self, txn: &WriteTransaction, snapshot: &[u8]) -> Result<(), AppError> {
+        let snap: DomainSnapshot = mesh_codec::decode("domain snapshot", snapshot)?;
+        let mut state = self
+            .state
+            .write()
+            .map_err(|_| AppError::Other("domain state lock poisoned".into()))?;
+        clear_domain_tables(txn)?;
+        write_all(txn, &snap)?;
+        *state = snap.state;
+        Ok(())
+    }
+}
+
+fn write_changes(
+    txn: &WriteTransaction,
+    state: &DomainState,
+    changed: &[Changed],
+    at: EntryAt,
+) -> Result<(), AppError> {
+    for change in changed {
+        match change {
+            Changed::Model => {
+                let mut t = txn.open_table(tables::MODEL)?;
+                let mesh = Mesh {
+                    settings: Default::default(),
+                    ..state.mesh.clone()
+                };
+                t.insert(
+                    model_key_mesh,
+                    mesh_codec::encode("model", &mesh)?.as_slice(),
+                )?;
+            }
+            Changed::Revision => {
+                let mut t = txn.open_table(tables::MODEL)?;
+                t.insert(
+                    model_key_revision,
+                    mesh_codec::encode("revision", &state.revision)?.as_slice(),
+                )?;
+                let next = mesh_codec::encode("history id", &state.next_history_id)?;
+                t.insert(model_key_next_history, next.as_slice())?;
+            }
+            Changed::SettingsLayer(scope) => {
+                let mut t = txn.open_table(tables::SETTINGS_LAYERS)?;
+                let key = scope.to_string();
+                match state.mesh.settings.layers.get(scope) {
+                    Some(layer) => {
+                        t.insert(
+                            key.as_str(),
+                            mesh_codec::encode("settings layer", layer)?.as_slice(),
+                        )?;
+                    }
+                    None => {
+                        t.remove(key.as_str())?;
+                    }
+                }
+            }
+            Changed::SettingsHistory(entry) => {
+                let mut t = txn.open_table(tables::SETTINGS_HISTORY)?;
+                t.insert(
+                    entry.id,
+                    mesh_codec::encode("settings change", entry)?.as_slice(),
+                )?;
+            }
+            Changed::Provision(id) => {
+                let mut t = txn.open_table(tables::PROVISIONS)?;
+                if let Some(p) = state.provisions.get(id) {
+                    t.insert(id.as_str(), mesh_codec::encode("provision", p)?.as_slice())?;
+                }
+            }
+            Changed::Send { machine, sequence } => {
+                let mut t = txn.open_table(tables::SENDS)?;
+                if let Some(s) = state.last_sends.get(machine) {
+                    t.insert(
+                        (machine.as_str(), *sequence),
+                        mesh_codec::encode("send record", s)?.as_slice(),
+                    )?;
+                }
+            }
+            Changed::Account(machine) => {
+                let mut t = txn.open_table(tables::ACCOUNTS)?;
+                if let Some(a) = state.accounts.get(machine) {
+                    t.insert(
+                        machine.as_str(),
+                        mesh_codec::encode("account", a)?.as_slice(),
+                    )?;
+                }
+            }
+            Changed::Holds(machine) => {
+                let mut t = txn.open_table(tables::HOLDS)?;
+                match state.holds.get(machine) {
+                    Some(h) => {
+                        t.insert(machine.as_str(), mesh_codec::encode("holds", h)?.as_slice())?;
+                    }
+                    None => {
+                        t.remove(machine.as_str())?;
+                    }
+                }
+            }
+            Changed::EpochFloor => {
+                let mut t = txn.open_table(tables::CONTROLLER_EPOCH)?;
+                let record = EpochRecord {
+                    epoch: state.epoch_floor,
+                    raised_at_index: Some(at.index),
+                };
+                t.insert(tables::CONTROLLER_EPOCH_KEY, record.encode()?.as_slice())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn read_snapshot(txn: &ReadTransaction) -> Result<DomainSnapshot, AppError> {
+    let mut state = DomainState::default();
+    let model = txn.open_table(tables::MODEL)?;
+    if let Some(v) = model.get(model_key_mesh)? {
+        state.mesh = mesh_codec::decode("model", v.value())?;
+    }
+    if let Some(v) = model.get(model_key_revision)? {
+        state.revision = mesh_codec::decode("revision", v.value())?;
+    }
+    if let Some(v) = model.get(model_key_next_history)? {
+        state.next_history_id = mesh_codec::decode("history id", v.value())?;
+    }
+    for row in txn.open_table(tables::SETTINGS_LAYERS)?.iter()? {
+        let (k, v) = row?;
+        let scope: Scope = k.value().parse().map_err(|e| {
+            AppError::Other(format!(
+                "stored settings scope {:?} is unreadable: {e}",
+                k.value()
+            ))
+        })?;
+        state
+            .mesh
+            .settings
+            .layers
+            .insert(scope, mesh_codec::decode("settings layer", v.value())?);
+    }
+    for row in txn.open_table(tables::PROVISIONS)?.iter()? {
+        let (k, v) = row?;
+        state.provisions.insert(
+            k.value().to_string(),
+            mesh_codec::decode("provision", v.value())?,
+        );
+    }
+    let mut sends = Vec::new();
+    for row in txn.open_table(tables::SENDS)?.iter()? {
+        let (_, v) = row?;
+        let send: SendRecord = mesh_codec::decode("send record", v.value())?;
+        // Keys sort by (machine, sequence), so the last row per machine is its last send.
+        state.last_sends.insert(send.machine.clone(), send.clone());
+        sends.push(send);
+    }
+    for row in txn.open_table(tables::ACCOUNTS)?.iter()? {
+        let (k, v) = row?;
+        state.accounts.insert(
+            k.value().to_string(),
+            mesh_codec::decode("account", v.value())?,
+        );
+    }
+    for row in txn.open_table(tables::HOLDS)?.iter()? {
+        let (k, v) = row?;
+        state.holds.insert(
+            k.value().to_string(),
+            mesh_codec::decode("holds", v.value())?,
+        );
+    }
+    if let Some(v) = txn
+        .open_table(tables::CONTROLLER_EPOCH)?
+        .get(tables::CONTROLLER_EPOCH_KEY)?
+    {
+        state.epoch_floor = EpochRecord::decode(v.value())?.epoch;
+    }
+    let history = read_history(txn)?;
+    Ok(DomainSnapshot {
+        state,
+        sends,
+        history,
+    })
+}
+
+fn read_history(txn: &ReadTransaction) -> Result<Vec<SettingsChange>, AppError> {
+    let mut out = Vec::new();
+    for row in txn.open_table(tables::SETTINGS_HISTORY)?.iter()? {
+        let (_, v) = row?;
+        out.push(mesh_codec::decode("settings change", v.value())?);
+    }
+    Ok(out)
+}
+
+fn clear_domain_tables(txn: &WriteTransaction) -> Result<(), AppError> {
+    fn clear<K: redb::Key + 'static>(
+        txn: &WriteTransaction,
+        def: redb::TableDefinition<K, &[u8]>,
+    ) -> Result<(), AppError> {
+        let mut t = txn.open_table(def)?;
+        t.retain(|_, _| false)?;
+        Ok(())
+    }
+    clear(txn, tables::MODEL)?;
+    clear(txn, tables::SETTINGS_LAYERS)?;
+    clear(txn, tables::PROVISIONS)?;
+    clear(txn, tables::SENDS)?;
+    clear(txn, tables::ACCOUNTS)?;
+    clear(txn, tables::HOLDS)?;
+    clear(txn, tables::SETTINGS_HISTORY)?;
+    Ok(())
+}
+
+fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppError> {
+    let state = &snap.state;
+    let at = EntryAt {
+        index: 0,
+        term: state.epoch_floor,
+        position: 0,
+    };
+    let mut changed = vec![Changed::Model, Changed::Revision, Changed::EpochFloor];
+    changed.extend(
+        state
+            .mesh
+            .settings
+            .layers
+            .keys()
+            .cloned()
+            .map(Changed::SettingsLayer),
+    );
+    changed.extend(state.provisions.keys().cloned().map(Changed::Provision));
+    changed.extend(state.accounts.keys().cloned().map(Changed::Account));
+    changed.extend(state.holds.keys().cloned().map(Changed::Holds));
+    write_changes(txn, state, &changed, at)?;
+    let mut sends = txn.open_table(tables::SENDS)?;
+    for s in &snap.sends {
+        sends.insert(
+            (s.machine.as_str(), s.sequence),
+            mesh_codec::encode("send record", s)?.as_slice(),
+        )?;
+    }
+    let mut history = txn.open_table(tables::SETTINGS_HISTORY)?;
+    for h in &snap.history {
+        history.insert(h.id, mesh_codec::encode("settings change", h)?.as_slice())?;
+    }
+    Ok(())
+}
+
+/// Decodes the state machine's answer to a proposal.
+pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome, mesh_codec::CodecError> {
+    mesh_codec::decode("outcome", bytes)
+}
+
+/// Sends per machine, for views that need the whole record.
+pub type SendsByMachine = BTreeMap<String, Vec<SendRecord>>;

@@ -1,0 +1,163 @@
+//! The domain commands the leader proposes through Raft, and the answers the state machine gives.
+//!
+//! Every proposal carries the epoch it was decided under and, where it depends on what was composed,
+//! the compose revision it expects (G4). The state machine refuses one whose epoch is not the entry's
+//! term, or whose revision moved; a refusal is an answer, never a panic, and changes nothing.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+use crate::core::declaration::Digest;
+use crate::core::model::{Mesh, Provision};
+use crate::core::report::Report;
+use crate::core::settings::{Layer, Scope};
+use crate::core::summary::Summary;
+
+/// One command with the conditions it was decided under.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Proposal {
+    /// The Raft term of the leader that decided this command.
+    pub epoch: u64,
+    /// The compose revision this command was decided against, when it matters.
+    pub expect_revision: Option<u64>,
+    /// Who asked: `operator:alice`, or `replica:1` for the controller's own work.
+    pub actor: String,
+    /// Wall-clock milliseconds since the Unix epoch, taken by the proposer (for history only).
+    pub time_ms: u64,
+    pub command: Command,
+}
+
+/// What the store can be asked to do.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// Replace the model (machines and modules; settings are kept as they are) with a new revision.
+    ApplyModel { mesh: Mesh, why: String },
+    /// Set keys in a layer (merged, or the whole layer with `replace`) and remove keys (only with
+    /// `replace`), keeping the old layer in history.
+    SetSettings {
+        scope: Scope,
+        set: Layer,
+        remove: BTreeSet<String>,
+        replace: bool,
+        why: String,
+    },
+    /// Remove a layer, keeping it in history.
+    ClearSettings { scope: Scope, why: String },
+    /// Commit provisions minted while composing a consumer's machine, before any send carries them.
+    Mint { provisions: Vec<Provision> },
+    /// Record sends before their envelopes leave; each sequence must be its machine's next one. One
+    /// entry for a whole push, so a push to a thousand machines is one commit, not a thousand.
+    RecordSends { sends: Vec<SendRecord> },
+    /// File a host's report into its machine's account (order from the core, G5).
+    RecordReport { report: Report },
+    /// Remember why a machine was held, so `status` can show it until a push releases it.
+    SetHolds {
+        machine: String,
+        holds: Vec<HeldMount>,
+    },
+    /// Forget a machine's holds (after a push with `--move` went through).
+    ReleaseHolds { machine: String },
+    /// Raise the epoch floor (G9); never lowers it.
+    RaiseEpochFloor { epoch: u64 },
+}
+
+/// What was sent to a machine, committed before it left.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendRecord {
+    pub machine: String,
+    pub epoch: u64,
+    pub sequence: u64,
+    pub digest: Digest,
+    pub summary: Summary,
+    pub why: String,
+    pub actor: String,
+    pub time_ms: u64,
+    /// Modules whose mounts this send may move.
+    pub moves: Vec<String>,
+}
+
+/// A held mount, as `status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldMount {
+    pub module: String,
+    pub mount: String,
+    pub old_dir: String,
+    pub new_dir: String,
+}
+
+/// A settings layer that was replaced or cleared, kept with why, who and when (G6).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettingsChange {
+    pub id: u64,
+    pub scope: Scope,
+    /// The layer as it was before the write; `None` when the write created it.
+    pub before: Option<Layer>,
+    /// The layer after the write; `None` when it was cleared.
+    pub after: Option<Layer>,
+    pub why: String,
+    pub actor: String,
+    pub epoch: u64,
+    pub time_ms: u64,
+}
+
+/// The state machine's answer to one proposal.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Outcome {
+    Applied(Applied),
+    Refused(Refusal),
+}
+
+/// What an applied command did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Applied {
+    /// `settings_ignored`: scopes where the file's settings differ from the store's; they were not
+    /// written (settings change through `meshctl settings set`, which keeps history).
+    Model {
+        revision: u64,
+        settings_ignored: Vec<String>,
+    },
+    Settings {
+        revision: u64,
+        added: Vec<String>,
+        changed: Vec<String>,
+        removed: Vec<String>,
+    },
+    Minted {
+        revision: u64,
+        ids: Vec<String>,
+    },
+    Sent {
+        sequences: Vec<(String, u64)>,
+    },
+    Report {
+        machine: String,
+        accepted: bool,
+    },
+    Holds {
+        machine: String,
+    },
+    EpochFloor {
+        floor: u64,
+    },
+}
+
+/// Why the state machine refused a proposal. Nothing changed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum Refusal {
+    #[error(
+        "decided under epoch {epoch} but committed in term {term}: a newer leader exists; nothing was written"
+    )]
+    StaleEpoch { epoch: u64, term: u64 },
+    #[error(
+        "decided against revision {expected} but the store is at {actual}: recompose and try again"
+    )]
+    RevisionMoved { expected: u64, actual: u64 },
+    #[error("send to {machine} has sequence {got}, the next is {expected}")]
+    SequenceOutOfOrder {
+        machine: String,
+        got: u64,
+        expected: u64,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}

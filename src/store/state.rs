@@ -1,0 +1,356 @@
+//! The domain state every replica holds, and the one function that changes it: [`DomainState::apply`].
+//!
+//! `apply` is deterministic and does no I/O: it checks a proposal's conditions (G4), changes the state,
+//! and names what changed so the redb layer can write exactly those rows in the same transaction.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use super::command::{
+    Applied, Command, HeldMount, Outcome, Proposal, Refusal, SendRecord, SettingsChange,
+};
+use crate::core::model::{Mesh, Provision};
+use crate::core::report::{Account, Filed};
+use crate::core::settings::{self, Scope};
+
+/// What one replica knows of the mesh. Everything here is replicated through the Raft log.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DomainState {
+    /// Bumps with every change that can alter a composed declaration: model, settings, mints.
+    pub revision: u64,
+    /// The model with its settings layers.
+    pub mesh: Mesh,
+    pub provisions: BTreeMap<String, Provision>,
+    /// The last send per machine.
+    pub last_sends: BTreeMap<String, SendRecord>,
+    pub accounts: BTreeMap<String, Account>,
+    pub holds: BTreeMap<String, Vec<HeldMount>>,
+    /// The highest epoch ever used (G9).
+    pub epoch_floor: u64,
+    /// The next id for a settings history entry.
+    pub next_history_id: u64,
+}
+
+/// A row the redb layer must write after an apply, in the same transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Changed {
+    Model,
+    SettingsLayer(Scope),
+    SettingsHistory(SettingsChange),
+    Provision(String),
+    Send { machine: String, sequence: u64 },
+    Account(String),
+    Holds(String),
+    EpochFloor,
+    Revision,
+}
+
+impl DomainState {
+    /// Applies one committed proposal whose Raft entry has term `term`. Returns the answer and the rows
+    /// to write; a refusal changes nothing but the epoch floor, which every
+    /// observed term raises.
+    pub fn apply(&mut self, term: u64, proposal: &Proposal) -> (Outcome, Vec<Changed>) {
+        let mut changed = Vec::new();
+        // Every term seen raises the floor, whether or not the command goes through (G9).
+        if term > self.epoch_floor {
+            self.epoch_floor = term;
+            changed.push(Changed::EpochFloor);
+        }
+        if let Err(refusal) = self.check(term, proposal) {
+            return (Outcome::Refused(refusal), changed);
+        }
+        match self.apply_checked(proposal, &mut changed) {
+            Ok(applied) => (Outcome::Applied(applied), changed),
+            Err(refusal) => (Outcome::Refused(refusal), changed),
+        }
+    }
+
+    /// Raises the floor for an entry that carries no command (a leader's blank entry, a membership change).
+    pub fn observe_term(&mut self, term: u64) -> Option<Changed> {
+        if term > self.epoch_floor {
+            self.epoch_floor = term;
+            return Some(Changed::EpochFloor);
+        }
+        None
+    }
+
+    fn check(&self, term: u64, proposal: &Proposal) -> Result<(), Refusal> {
+        if proposal.epoch != term {
+            return Err(Refusal::StaleEpoch {
+                epoch: proposal.epoch,
+                term,
+            });
+        }
+        if let Some(expected) = proposal.expect_revision
+            && expected != self.revision
+        {
+            return Err(Refusal::RevisionMoved {
+                expected,
+                actual: self.revision,
+            });
+        }
+        Ok(())
+    }
+
+    /// The next sequence for `machine`: strictly increasing across epochs.
+    pub fn next_sequence(&self, machine: &str) -> u64 {
+        self.last_sends.get(machine).map_or(1, |s| s.sequence + 1)
+    }
+
+    fn apply_checked(
+        &mut self,
+        p: &Proposal,
+        changed: &mut Vec<Changed>,
+    ) -> Result<Applied, Refusal> {
+        match &p.command {
+            Command::ApplyModel { mesh, why } => Ok(self.apply_model(p, mesh, why, changed)),
+            Command::SetSettings {
+                scope,
+                set,
+                remove,
+                replace,
+                why,
+            } => {
+                self.check_scope(scope)?;
+                let current = self.mesh.settings.layers.get(scope);
+                let edit = settings::Edit {
+                    set: set.clone(),
+                    remove: remove.clone(),
+                };
+                let outcome = settings::edit_layer(current, edit, *replace)
+                    .map_err(|e| Refusal::Invalid(format!("settings {scope}: {e}")))?;
+                let before = current.cloned();
+                self.mesh
+                    .settings
+                    .layers
+                    .insert(scope.clone(), outcome.layer.clone());
+                self.remember(p, scope, before, Some(outcome.layer.clone()), why, changed);
+                self.bump(changed);
+                Ok(Applied::Settings {
+                    revision: self.revision,
+                    added: outcome.added.into_keys().collect(),
+                    changed: outcome.changed.into_keys().collect(),
+                    removed: outcome.removed.into_keys().collect(),
+                })
+            }
+            Command::ClearSettings { scope, why } => {
+                let Some(before) = self.mesh.settings.layers.remove(scope) else {
+                    return Err(Refusal::Invalid(format!(
+                        "settings scope {scope} has no layer to clear"
+                    )));
+                };
+                let removed = before.keys().cloned().collect();
+                self.remember(p, scope, Some(before), None, why, changed);
+                self.bump(changed);
+                Ok(Applied::Settings {
+                    revision: self.revision,
+                    added: vec![],
+                    changed: vec![],
+                    removed,
+                })
+            }
+            Command::Mint { provisions } => self.mint(provisions, changed),
+            Command::RecordSends { sends } => self.record_sends(sends, changed),
+            Command::RecordReport { report } => {
+                let account = self.accounts.entry(report.machine.clone()).or_default();
+                let accepted = matches!(account.file(report.clone()), Filed::Accepted);
+                changed.push(Changed::Account(report.machine.clone()));
+                Ok(Applied::Report {
+                    machine: report.machine.clone(),
+                    accepted,
+                })
+            }
+            Command::SetHolds { machine, holds } => {
+                self.holds.insert(machine.clone(), holds.clone());
+                changed.push(Changed::Holds(machine.clone()));
+                Ok(Applied::Holds {
+                    machine: machine.clone(),
+                })
+            }
+            Command::ReleaseHolds { machine } => {
+                self.holds.remove(machine);
+                changed.push(Changed::Holds(machine.clone()));
+                Ok(Applied::Holds {
+                    machine: machine.clone(),
+                })
+            }
+            Command::RaiseEpochFloor { epoch } => {
+                if *epoch > self.epoch_floor {
+                    self.epoch_floor = *epoch;
+                    changed.push(Changed::EpochFloor);
+                }
+                Ok(Applied::EpochFloor {
+                    floor: self.epoch_floor,
+                })
+            }
+        }
+    }
+
+    /// Stores machines and modules. Settings change only through settings commands, so their history
+    /// is kept: a file's settings seed the layers on the very first apply (each recorded in history),
+    /// and are otherwise compared and reported, never written.
+    fn apply_model(
+        &mut self,
+        p: &Proposal,
+        mesh: &Mesh,
+        why: &str,
+        changed: &mut Vec<Changed>,
+    ) -> Applied {
+        let first = self.revision == 0
+            && self.mesh.machines.is_empty()
+            && self.mesh.settings.layers.is_empty();
+        let mut settings_ignored = Vec::new();
+        if first {
+            for (scope, layer) in &mesh.settings.layers {
+                self.remember(p, scope, None, Some(layer.clone()), why, changed);
+            }
+            self.mesh = mesh.clone();
+        } else {
+            for scope in mesh
+                .settings
+                .layers
+                .keys()
+                .chain(self.mesh.settings.layers.keys())
+            {
+                if mesh.settings.layers.get(scope) != self.mesh.settings.layers.get(scope) {
+                    settings_ignored.push(scope.to_string());
+                }
+            }
+            settings_ignored.sort();
+            settings_ignored.dedup();
+            let settings = std::mem::take(&mut self.mesh.settings);
+            self.mesh = Mesh {
+                settings,
+                ..mesh.clone()
+            };
+        }
+        self.bump(changed);
+        changed.push(Changed::Model);
+        Applied::Model {
+            revision: self.revision,
+            settings_ignored,
+        }
+    }
+
+    fn mint(
+        &mut self,
+        provisions: &[Provision],
+        changed: &mut Vec<Changed>,
+    ) -> Result<Applied, Refusal> {
+        for p in provisions {
+            if self.provisions.contains_key(&p.id) {
+                return Err(Refusal::Invalid(format!(
+                    "provision {} is already minted",
+                    p.id
+                )));
+            }
+        }
+        let mut ids = Vec::new();
+        for p in provisions {
+            self.provisions.insert(p.id.clone(), p.clone());
+            changed.push(Changed::Provision(p.id.clone()));
+            ids.push(p.id.clone());
+        }
+        self.bump(changed);
+        Ok(Applied::Minted {
+            revision: self.revision,
+            ids,
+        })
+    }
+
+    /// All or nothing: every record is checked before any is kept.
+    fn record_sends(
+        &mut self,
+        sends: &[SendRecord],
+        changed: &mut Vec<Changed>,
+    ) -> Result<Applied, Refusal> {
+        let mut seen = std::collections::BTreeSet::new();
+        for send in sends {
+            if !seen.insert(send.machine.as_str()) {
+                return Err(Refusal::Invalid(format!(
+                    "machine {} appears twice in one push",
+                    send.machine
+                )));
+            }
+            let expected = self.next_sequence(&send.machine);
+            if send.sequence != expected {
+                return Err(Refusal::SequenceOutOfOrder {
+                    machine: send.machine.clone(),
+                    got: send.sequence,
+                    expected,
+                });
+            }
+            if !self.mesh.machines.contains_key(&send.machine) {
+                return Err(Refusal::Invalid(format!(
+                    "machine {} is not in the model",
+                    send.machine
+                )));
+            }
+        }
+        let mut sequences = Vec::new();
+        for send in sends {
+            self.last_sends.insert(send.machine.clone(), send.clone());
+            changed.push(Changed::Send {
+                machine: send.machine.clone(),
+                sequence: send.sequence,
+            });
+            sequences.push((send.machine.clone(), send.sequence));
+        }
+        Ok(Applied::Sent { sequences })
+    }
+
+    fn remember(
+        &mut self,
+        p: &Proposal,
+        scope: &Scope,
+        before: Option<settings::Layer>,
+        after: Option<settings::Layer>,
+        why: &str,
+        changed: &mut Vec<Changed>,
+    ) {
+        self.next_history_id += 1;
+        changed.push(Changed::SettingsHistory(SettingsChange {
+            id: self.next_history_id,
+            scope: scope.clone(),
+            before,
+            after,
+            why: why.to_string(),
+            actor: p.actor.clone(),
+            epoch: p.epoch,
+            time_ms: p.time_ms,
+        }));
+        changed.push(Changed::SettingsLayer(scope.clone()));
+    }
+
+    /// A scope must name machines and modules of the model: a layer for something that does not exist
+    /// would silently apply to nothing.
+    fn check_scope(&self, scope: &Scope) -> Result<(), Refusal> {
+        let machine_ok = |m: &str| self.mesh.machines.contains_key(m);
+        let module_ok = |m: &str| self.mesh.modules.contains_key(m);
+        let missing = match scope {
+            Scope::Mesh => None,
+            Scope::Machine(m) => (!machine_ok(m)).then(|| format!("machine {m}")),
+            Scope::Module(m) => (!module_ok(m)).then(|| format!("module {m}")),
+            Scope::Placement { module, machine } => {
+                if !module_ok(module) {
+                    Some(format!("module {module}"))
+                } else if !machine_ok(machine) {
+                    Some(format!("machine {machine}"))
+                } else {
+                    None
+                }
+            }
+        };
+        match missing {
+            Some(what) => Err(Refusal::Invalid(format!(
+                "settings scope {scope} names {what}, which is not in the model; check `meshctl status`"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn bump(&mut self, changed: &mut Vec<Changed>) {
+        self.revision += 1;
+        changed.push(Changed::Revision);
+    }
+}

@@ -1,0 +1,289 @@
+//! The domain state machine on real redb files through a one-replica Raft: G4 (stale epoch and moved
+//! revision refused, nothing written), G6 (settings history in the same transaction, removals refused
+//! without replace), G9 (the epoch floor follows every term) and restart recovery.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mesh::core::meshfile::parse_mesh;
+use mesh::core::settings::Scope;
+use mesh::store::app::{MeshApp, decode_outcome};
+use mesh::store::command::{Applied, Command, Outcome, Proposal, Refusal};
+use mesh_raft::router::Router;
+use mesh_raft::{BasicNode, RaftSettings, Replica, ReplicaSpec};
+
+struct One {
+    replica: Replica<MeshApp>,
+    app: Arc<MeshApp>,
+    term: u64,
+}
+
+async fn start(dir: &std::path::Path) -> One {
+    let settings = RaftSettings {
+        heartbeat_ms: 50,
+        election_timeout_min_ms: 300,
+        election_timeout_max_ms: 600,
+        lease_margin_ms: 60,
+        ..RaftSettings::default()
+    };
+    let config = settings.validate().expect("settings");
+    let app = MeshApp::open(dir).expect("app opens");
+    let router = Router::new(7);
+    let spec = ReplicaSpec {
+        id: 1,
+        dir: dir.to_path_buf(),
+        config,
+        term_floor: 0,
+        bootstrap: Some(BTreeMap::from([(1, BasicNode::new("one"))])),
+    };
+    let replica = Replica::start(spec, router.network(1), app.clone())
+        .await
+        .expect("replica starts");
+    router.add(1, replica.raft().clone());
+    let mut metrics = replica.metrics();
+    let term = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let m = metrics.borrow().clone();
+            if m.current_leader == Some(1) {
+                return m.current_term;
+            }
+            metrics.changed().await.expect("metrics");
+        }
+    })
+    .await
+    .expect("a leader within 20 s");
+    One { replica, app, term }
+}
+
+impl One {
+    async fn propose(&self, epoch: u64, expect_revision: Option<u64>, command: Command) -> Outcome {
+        let proposal = Proposal {
+            epoch,
+            expect_revision,
+            actor: "operator:test".into(),
+            time_ms: 1,
+            command,
+        };
+        let bytes = mesh_codec::encode("proposal", &proposal).expect("encode");
+        let done = self.replica.propose(bytes).await.expect("committed");
+        decode_outcome(&done.response).expect("outcome")
+    }
+}
+
+fn example() -> mesh::core::model::Mesh {
+    let text = include_str!("../examples/mesh.toml");
+    parse_mesh("examples/mesh.toml", text).expect("example parses")
+}
+
+#[tokio::test]
+async fn g4_stale_epoch_and_moved_revision_are_refused_and_change_nothing() {
+    // G4: a command decided under an older epoch, or against a revision that moved, is refused.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = start(dir.path()).await;
+    let applied = one
+        .propose(
+            one.term,
+            Some(0),
+            Command::ApplyModel {
+                mesh: example(),
+                why: "first".into(),
+            },
+        )
+        .await;
+    assert_eq!(
+        applied,
+        Outcome::Applied(Applied::Model {
+            revision: 1,
+            settings_ignored: vec![]
+        })
+    );
+    let before = one.app.state().expect("state").clone();
+
+    let stale = one
+        .propose(
+            one.term - 1,
+            None,
+            Command::ApplyModel {
+                mesh: Default::default(),
+                why: "x".into(),
+            },
+        )
+        .await;
+    assert_eq!(
+        stale,
+        Outcome::Refused(Refusal::StaleEpoch {
+            epoch: one.term - 1,
+            term: one.term
+        })
+    );
+    let moved = one
+        .propose(
+            one.term,
+            Some(0),
+            Command::ApplyModel {
+                mesh: Default::default(),
+                why: "x".into(),
+            },
+        )
+        .await;
+    assert_eq!(
+        moved,
+        Outcome::Refused(Refusal::RevisionMoved {
+            expected: 0,
+            actual: 1
+        })
+    );
+    assert_eq!(
+        *one.app.state().expect("state"),
+        before,
+        "a refused command changed the state"
+    );
+    one.replica.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn g6_settings_history_is_kept_and_removal_needs_replace() {
+    // G6: a replaced layer is kept in settings_history; a removal without replace is refused.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = start(dir.path()).await;
+    one.propose(
+        one.term,
+        None,
+        Command::ApplyModel {
+            mesh: example(),
+            why: "first".into(),
+        },
+    )
+    .await;
+    let scope = Scope::Mesh;
+    let before = one
+        .app
+        .state()
+        .expect("state")
+        .mesh
+        .settings
+        .layers
+        .get(&scope)
+        .cloned();
+    let set = BTreeMap::from([("color".to_string(), "blue".to_string())]);
+    let refused = one
+        .propose(
+            one.term,
+            None,
+            Command::SetSettings {
+                scope: scope.clone(),
+                set: set.clone(),
+                remove: BTreeSet::from(["log_level".to_string()]),
+                replace: false,
+                why: "try".into(),
+            },
+        )
+        .await;
+    assert!(
+        matches!(refused, Outcome::Refused(Refusal::Invalid(ref m)) if m.contains("--replace")),
+        "{refused:?}"
+    );
+    let history = MeshApp::settings_history(one.replica.database()).expect("history");
+    let seeded = history.len();
+    assert!(
+        seeded > 0,
+        "the first apply seeds the file's settings and records each layer"
+    );
+    assert!(
+        MeshApp::settings_history(one.replica.database())
+            .expect("history")
+            .len()
+            == seeded,
+        "a refused write left history"
+    );
+
+    let replaced = one
+        .propose(
+            one.term,
+            None,
+            Command::SetSettings {
+                scope: scope.clone(),
+                set,
+                remove: BTreeSet::new(),
+                replace: true,
+                why: "only color".into(),
+            },
+        )
+        .await;
+    let Outcome::Applied(Applied::Settings { added, removed, .. }) = replaced else {
+        panic!("replace was not applied: {replaced:?}");
+    };
+    assert_eq!(added, vec!["color".to_string()]);
+    assert!(
+        !removed.is_empty(),
+        "the example's mesh layer had keys that replace removed"
+    );
+    let history = MeshApp::settings_history(one.replica.database()).expect("history");
+    assert_eq!(history.len(), seeded + 1);
+    let last = history.last().expect("an entry");
+    assert_eq!(last.before, before, "history keeps the layer as it was");
+    assert_eq!(last.why, "only color");
+    one.replica.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn g9_epoch_floor_follows_terms_and_state_survives_restart() {
+    // G9: the highest term ever applied is kept in the store, and the state reloads from the files.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = start(dir.path()).await;
+    one.propose(
+        one.term,
+        None,
+        Command::ApplyModel {
+            mesh: example(),
+            why: "first".into(),
+        },
+    )
+    .await;
+    assert_eq!(one.app.state().expect("state").epoch_floor, one.term);
+    let before = one.app.state().expect("state").clone();
+    let term = one.term;
+    one.replica.shutdown().await.expect("shutdown");
+
+    let again = start(dir.path()).await;
+    assert!(
+        again.term >= term,
+        "a restarted replica never goes back to an older term"
+    );
+    let state = again.app.state().expect("state").clone();
+    assert_eq!(state.mesh, before.mesh);
+    assert_eq!(state.revision, before.revision);
+    assert_eq!(
+        state.epoch_floor, again.term,
+        "the floor is the highest term applied"
+    );
+    // A later model apply with different settings leaves the stored layers alone and says so.
+    let mut changed_file = example();
+    changed_file
+        .settings
+        .layers
+        .insert(Scope::Mesh, BTreeMap::from([("x".into(), "y".into())]));
+    let out = again
+        .propose(
+            again.term,
+            None,
+            Command::ApplyModel {
+                mesh: changed_file,
+                why: "again".into(),
+            },
+        )
+        .await;
+    let Outcome::Applied(Applied::Model {
+        settings_ignored, ..
+    }) = out
+    else {
+        panic!("{out:?}")
+    };
+    assert_eq!(settings_ignored, vec!["mesh".to_string()]);
+    assert_eq!(
+        again.app.state().expect("state").mesh.settings,
+        before.mesh.settings
+    );
+    again.replica.shutdown().await.expect("shutdown");
+}
