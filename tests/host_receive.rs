@@ -206,10 +206,7 @@ async fn g2_after_the_mark_cannot_be_stored_the_agent_applies_nothing_more() {
     assert!(err.is_fatal(), "{err}");
     std::fs::remove_dir_all(&blocker).expect("unblock");
     let second = agent.receive(&fx.seal(1, 2, vec![sleeper("web")])).await;
-    assert!(
-        matches!(second, Err(HostError::ShuttingDown)),
-        "{second:?}"
-    );
+    assert!(matches!(second, Err(HostError::ShuttingDown)), "{second:?}");
     assert_eq!(agent.high_water().await, None);
     assert!(agent.status().await.is_empty(), "a module started");
 }

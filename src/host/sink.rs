@@ -57,6 +57,13 @@ impl QuicSink {
             .clone()
     }
 
+    fn remember(&self, filed_by: Option<String>) {
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = filed_by;
+    }
+
     /// The last replica that took a report first, then the configured ones in order.
     fn candidates(&self) -> Vec<String> {
         let mut order: Vec<String> = self.last_filed_by().into_iter().collect();
@@ -77,10 +84,7 @@ impl QuicSink {
         for start in self.candidates() {
             match self.follow(start, &body, &mut failures).await {
                 Ok(Some(filed_by)) => {
-                    *self
-                        .last
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(filed_by);
+                    self.remember(Some(filed_by));
                     return Ok(());
                 }
                 Ok(None) => continue,
@@ -88,10 +92,7 @@ impl QuicSink {
             }
         }
         // Whoever took the last report did not take this one: start from the config next time.
-        *self
-            .last
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        self.remember(None);
         let why = match failures.is_empty() {
             true => "host.toml lists no replicas".to_string(),
             false => failures.join("; "),
