@@ -365,3 +365,60 @@ async fn g4_send_record_is_committed_before_the_envelope_reaches_the_host() {
     drop(checker);
     bed.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_store_reset_below_the_floor_file_is_reported_and_the_term_starts_above_it() {
+    // G9: a store found below the epoch floor kept beside it is said loudly (status) and the next
+    // term is above every epoch used before.
+    let mut bed = Bed::start_n(1, &[], &[]).await;
+    let (_, term) = bed.wait_leader_among(&[1], 0).await;
+    let dir = bed.configs[&1].data_dir().to_path_buf();
+    wait_until("the floor file reaches the term", || {
+        let dir = dir.clone();
+        async move { mesh::controller::floor::read_floor(&dir).unwrap_or(0) >= term }
+    })
+    .await;
+    bed.stop_replica(1).await;
+    std::fs::remove_file(dir.join(mesh_raft::store_file_name)).expect("reset the store");
+    bed.restart_replica(1).await;
+    let (_, new_term) = bed.wait_leader_among(&[1], term).await;
+    assert!(new_term > term);
+    let Body::Status(status) = bed.ok(1, &Request::Status).await else {
+        panic!("status")
+    };
+    let reset = status.store_reset.expect("store reset is reported");
+    assert!(reset.contains("STORE RESET"), "{reset}");
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_restore_from_a_snapshot_keeps_the_model_and_elects_above_its_floor() {
+    // G9: a store restored from `snapshot save` bytes has the model back and starts its term above
+    // the snapshot's epoch floor.
+    let mut bed = Bed::start_n(1, &[], &[]).await;
+    bed.wait_leader_among(&[1], 0).await;
+    let Body::Applied { revision, .. } = bed.apply(1, &mount_mesh("/srv/a")).await else {
+        panic!("apply")
+    };
+    let Body::Snapshot { bytes, epoch_floor } = bed.ok(1, &Request::SnapshotSave).await else {
+        panic!("snapshot")
+    };
+    let file = bed.dir.path().join("backup.snapshot");
+    std::fs::write(&file, &bytes).expect("write snapshot");
+    bed.stop_replica(1).await;
+    let config = bed.configs[&1].clone();
+    std::fs::remove_dir_all(config.data_dir()).expect("lose the disk");
+    let restored = mesh::controller::restore::restore(&config, &file)
+        .await
+        .expect("restore");
+    assert!(restored.term_floor >= epoch_floor);
+    bed.restart_replica(1).await;
+    let (_, term) = bed.wait_leader_among(&[1], 0).await;
+    assert!(term > epoch_floor, "term {term} must be above the floor {epoch_floor}");
+    let Body::Status(status) = bed.ok(1, &Request::Status).await else {
+        panic!("status")
+    };
+    assert_eq!(status.revision, revision, "the model came back");
+    assert!(status.store_reset.is_none(), "a restore is not a silent reset");
+    bed.shutdown().await;
+}

@@ -107,6 +107,11 @@ impl Bed {
     /// Three replicas and one in-process host per name in `machines`; `fake` names addresses that
     /// stand in for a host (a test's own endpoint).
     pub async fn start(machines: &[&str], fake: &[(&str, SocketAddr)]) -> Bed {
+        Bed::start_n(3, machines, fake).await
+    }
+
+    /// Like [`Bed::start`] with `n` replicas.
+    pub async fn start_n(n: u64, machines: &[&str], fake: &[(&str, SocketAddr)]) -> Bed {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca = Ca::create(Validity::days_from_now(1)).expect("CA");
         let pki = Pki {
@@ -117,7 +122,7 @@ impl Bed {
         std::fs::write(pki.ca_path(), pki.ca.cert_pem()).expect("ca.pem");
         let mut endpoints = BTreeMap::new();
         let mut addrs = BTreeMap::new();
-        for id in 1..=3u64 {
+        for id in 1..=n {
             let e = Endpoint::bind(
                 loopback(),
                 &pki.identity(&Principal::Replica(id)),
@@ -281,6 +286,24 @@ impl Bed {
                 .faults()
                 .cut_off(self.addrs[&id]);
         }
+    }
+
+    /// Starts replica `id` again from its config and files, on its old address.
+    pub async fn restart_replica(&mut self, id: u64) {
+        let endpoint = Endpoint::bind(
+            self.addrs[&id],
+            &self.pki.identity(&Principal::Replica(id)),
+            transport().check().expect("transport"),
+        )
+        .expect("rebind the replica's port");
+        let running = mesh::controller::start_on(
+            self.configs[&id].clone(),
+            endpoint,
+            Arc::new(MonotonicClock),
+        )
+        .await
+        .expect("replica restarts");
+        self.replicas.insert(id, running);
     }
 
     pub async fn stop_replica(&mut self, id: u64) {
