@@ -414,11 +414,17 @@ async fn g9_restore_from_a_snapshot_keeps_the_model_and_elects_above_its_floor()
     assert!(restored.term_floor >= epoch_floor);
     bed.restart_replica(1).await;
     let (_, term) = bed.wait_leader_among(&[1], 0).await;
-    assert!(term > epoch_floor, "term {term} must be above the floor {epoch_floor}");
+    assert!(
+        term > epoch_floor,
+        "term {term} must be above the floor {epoch_floor}"
+    );
     let Body::Status(status) = bed.ok(1, &Request::Status).await else {
         panic!("status")
     };
     assert_eq!(status.revision, revision, "the model came back");
-    assert!(status.store_reset.is_none(), "a restore is not a silent reset");
+    assert!(
+        status.store_reset.is_none(),
+        "a restore is not a silent reset"
+    );
     bed.shutdown().await;
 }
