@@ -522,6 +522,7 @@ impl Service {
         }
         let term = self.replica.metrics().borrow().current_term;
         let actor = format!("host:{frame_machine}");
+        self.raise_floor_to(term, &actor, report.epoch).await;
         match self
             .propose(term, None, &actor, Command::RecordReport { report })
             .await
@@ -532,6 +533,30 @@ impl Service {
                 tracing::warn!(machine = frame_machine, error = %e, "report not filed");
                 Ok(self.not_leader())
             }
+        }
+    }
+
+    /// A host that reports an epoch above the floor has seen a leader this store does not remember
+    /// (a store restored from an old backup): keep the floor above it (G9).
+    async fn raise_floor_to(&self, term: u64, actor: &str, epoch: u64) {
+        let floor = match self.app.state() {
+            Ok(state) => state.epoch_floor,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the epoch floor; not raising it");
+                return;
+            }
+        };
+        if epoch <= floor {
+            return;
+        }
+        tracing::warn!(
+            epoch,
+            floor,
+            "a host reports an epoch above the floor; raising the floor"
+        );
+        let raise = Command::RaiseEpochFloor { epoch };
+        if let Err(e) = self.propose(term, None, actor, raise).await {
+            tracing::warn!(epoch, error = %e, "could not raise the epoch floor");
         }
     }
 
