@@ -202,6 +202,18 @@ async fn g6_settings_removal_is_refused_without_replace_and_history_is_kept() {
             .map(String::as_str),
         Some("2")
     );
+    let module = Request::SettingsShow {
+        scope: Some(Scope::Module("broker".into())),
+        history: false,
+    };
+    let Body::Settings(view) = bed.ok(leader, &module).await else {
+        panic!("settings")
+    };
+    let effective = view
+        .effective
+        .expect("a module scope shows its effective settings");
+    assert_eq!(effective.get("a").map(String::as_str), Some("1"));
+    assert!(!effective.contains_key("b"), "the removed key is gone");
     bed.shutdown().await;
 }
 

@@ -9,7 +9,7 @@ use super::push::known_of;
 use super::service::Service;
 use crate::core::compose::{World, compose};
 use crate::core::model::Mesh;
-use crate::core::settings::{Edit, Layer, Scope, clear_layer, edit_layer};
+use crate::core::settings::{Edit, Layer, Scope, clear_layer, edit_layer, effective};
 use crate::store::app::MeshApp;
 use crate::store::command::{Applied, Command};
 use crate::store::state::DomainState;
@@ -89,7 +89,15 @@ impl Service {
         } else {
             Vec::new()
         };
-        Ok(Body::Settings(SettingsView { layers, history }))
+        let effective = scope
+            .as_ref()
+            .and_then(|s| placement_of(&state, s))
+            .map(|(module, machine)| effective(&state.mesh.settings, &module, &machine));
+        Ok(Body::Settings(SettingsView {
+            layers,
+            effective,
+            history,
+        }))
     }
 
     /// `Request::SettingsSet` (G6): the outcome is computed first, so a refused edit writes nothing.
@@ -300,6 +308,19 @@ fn check_scope(state: &DomainState, scope: &Scope) -> Result<(), ApiError> {
             unknown("machine", machine)
         }
         _ => Ok(()),
+    }
+}
+
+/// The (module, machine) placement a module or placement scope names.
+fn placement_of(state: &DomainState, scope: &Scope) -> Option<(String, String)> {
+    match scope {
+        Scope::Module(m) => state
+            .mesh
+            .modules
+            .get(m)
+            .map(|module| (m.clone(), module.machine.clone())),
+        Scope::Placement { module, machine } => Some((module.clone(), machine.clone())),
+        Scope::Mesh | Scope::Machine(_) => None,
     }
 }
 
