@@ -440,3 +440,54 @@ async fn g9_restore_from_a_snapshot_keeps_the_model_and_elects_above_its_floor()
     );
     bed.shutdown().await;
 }
+
+/// A clock that jumps forward a whole lease window on every reading, as if the process were paused
+/// (SIGSTOP) between any two steps.
+struct LeapingClock {
+    readings: std::sync::atomic::AtomicU32,
+    start: std::time::Instant,
+}
+
+impl mesh_raft::Clock for LeapingClock {
+    fn now(&self) -> std::time::Instant {
+        let n = self
+            .readings
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.start + std::time::Duration::from_secs(10) * n
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_leader_paused_past_its_lease_stops_the_push_and_nothing_leaves() {
+    // G3: a leader that resumes after a pause finds its lease closed: the push stops with
+    // "stopped", the log says so, and no mint, send record or envelope leaves.
+    let clock = Arc::new(LeapingClock {
+        readings: std::sync::atomic::AtomicU32::new(0),
+        start: std::time::Instant::now(),
+    });
+    let bed = Bed::start_with_clock(1, &["ace"], &[], clock).await;
+    bed.wait_leader_among(&[1], 0).await;
+    bed.apply(1, &provider_consumer_mesh()).await;
+    let body = bed.push(1, "g14", &[]).await.expect("push answers");
+    let outcome = lines(&body);
+    assert!(!outcome.is_empty());
+    for (machine, o) in &outcome {
+        match o {
+            PushOutcome::Failed { error, .. } => {
+                assert!(
+                    error.starts_with("stopped: lease closed"),
+                    "{machine}: {error}"
+                )
+            }
+            other => panic!("{machine} was acted on: {other:?}"),
+        }
+    }
+    let state = bed.service(1).app().state().expect("state").clone();
+    assert!(state.provisions.is_empty(), "no mint was committed");
+    assert!(state.last_sends.is_empty(), "no send was recorded");
+    assert!(
+        bed.hosts["ace"].agent.applied().await.is_none(),
+        "nothing left"
+    );
+    bed.shutdown().await;
+}

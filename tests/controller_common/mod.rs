@@ -16,7 +16,7 @@ use mesh::controller::{Running, Service};
 use mesh::core::model::{Machine, Mesh, Module, Mount, Need, Provide};
 use mesh::host::config::encode_hex;
 use mesh::host::{Agent, HostConfig, QuicSink, listener};
-use mesh_raft::{MonotonicClock, RaftSettings};
+use mesh_raft::{Clock, MonotonicClock, RaftSettings};
 use mesh_transport::{
     Ca, Endpoint, Identity, MessageKind, Peer, Principal, TransportConfig, Validity,
 };
@@ -112,6 +112,16 @@ impl Bed {
 
     /// Like [`Bed::start`] with `n` replicas.
     pub async fn start_n(n: u64, machines: &[&str], fake: &[(&str, SocketAddr)]) -> Bed {
+        Bed::start_with_clock(n, machines, fake, Arc::new(MonotonicClock)).await
+    }
+
+    /// Like [`Bed::start_n`], every replica reading time from `clock`.
+    pub async fn start_with_clock(
+        n: u64,
+        machines: &[&str],
+        fake: &[(&str, SocketAddr)],
+        clock: Arc<dyn Clock>,
+    ) -> Bed {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca = Ca::create(Validity::days_from_now(1)).expect("CA");
         let pki = Pki {
@@ -161,7 +171,7 @@ impl Bed {
         for (id, endpoint) in endpoints {
             let config = bed.write_config(id, &host_addrs);
             bed.configs.insert(id, config.clone());
-            let running = mesh::controller::start_on(config, endpoint, Arc::new(MonotonicClock))
+            let running = mesh::controller::start_on(config, endpoint, clock.clone())
                 .await
                 .expect("replica starts");
             bed.replicas.insert(id, running);
