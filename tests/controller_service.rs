@@ -491,3 +491,26 @@ async fn g3_leader_paused_past_its_lease_stops_the_push_and_nothing_leaves() {
     );
     bed.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_host_reports_reach_the_leader_and_confirm_the_send() {
+    // G5/G10: the host's reports (sent to any replica, redirected by followers) are filed by the
+    // leader; once one confirms the last send, status no longer shows the machine behind.
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &mount_mesh("/srv/a")).await;
+    let body = bed.push(leader, "ace", &[]).await.expect("push");
+    let Some(PushOutcome::Applied { sequence, .. }) = lines(&body).get("ace").cloned() else {
+        panic!("{body:?}")
+    };
+    let ace_confirmed = || async {
+        let Body::Status(status) = bed.ok(leader, &Request::Status).await else {
+            return false;
+        };
+        status.machines.iter().any(|m| {
+            m.name == "ace" && !m.behind && m.last_report.is_some_and(|(_, s, _, _)| s == sequence)
+        })
+    };
+    wait_until("a report confirms the send", ace_confirmed).await;
+    bed.shutdown().await;
+}
