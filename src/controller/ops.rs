@@ -48,7 +48,7 @@ impl Service {
                 "the store answered apply with {applied:?}"
             )));
         };
-        work.refresh(&self.state()?)?;
+        work.advance(&state, &self.state()?)?;
         let mut changes: BTreeSet<String> = BTreeSet::new();
         for (m, d) in work.cache.iter() {
             if old.get(m) != Some(d) {
@@ -110,7 +110,7 @@ impl Service {
         replace: bool,
         why: String,
     ) -> Result<Body, ApiError> {
-        let _work = self.work.lock().await;
+        let mut work = self.work.lock().await;
         let lease = self.lease().await?;
         let state = self.state()?;
         check_scope(&state, &scope)?;
@@ -130,6 +130,7 @@ impl Service {
         let applied = self
             .propose(lease.term(), Some(state.revision), actor, command)
             .await?;
+        self.advance_after_write(&mut work, &state);
         settings_answer(scope, applied)
     }
 
@@ -139,7 +140,7 @@ impl Service {
         scope: Scope,
         why: String,
     ) -> Result<Body, ApiError> {
-        let _work = self.work.lock().await;
+        let mut work = self.work.lock().await;
         let lease = self.lease().await?;
         let state = self.state()?;
         check_scope(&state, &scope)?;
@@ -152,6 +153,7 @@ impl Service {
         let applied = self
             .propose(lease.term(), Some(state.revision), actor, command)
             .await?;
+        self.advance_after_write(&mut work, &state);
         settings_answer(scope, applied)
     }
 
@@ -243,6 +245,18 @@ impl Service {
             .map_err(|e| ApiError::Failed(format!("cannot build the backup: {e}")))?;
         let epoch_floor = self.state()?.epoch_floor;
         Ok(Body::Snapshot { bytes, epoch_floor })
+    }
+}
+
+impl Service {
+    /// Keeps the compose cache current after a settings write; on failure the next request
+    /// rebuilds it (the write itself already succeeded).
+    fn advance_after_write(&self, work: &mut super::service::Work, before: &DomainState) {
+        let advanced = self.state().and_then(|after| work.advance(before, &after));
+        if let Err(e) = advanced {
+            tracing::warn!(error = %e, "compose cache not advanced; it will be rebuilt");
+            work.revision = None;
+        }
     }
 }
 
