@@ -9,6 +9,7 @@ use super::push::known_of;
 use super::service::Service;
 use crate::core::compose::{World, compose};
 use crate::core::model::Mesh;
+use crate::core::plan::DigestCache;
 use crate::core::settings::{Edit, Layer, Scope, clear_layer, edit_layer, effective};
 use crate::store::app::MeshApp;
 use crate::store::command::{Applied, Command};
@@ -160,22 +161,19 @@ impl Service {
     /// `Request::Status`: replicas, machines, revision, floor and any store reset.
     pub(crate) async fn status(&self) -> Result<Body, ApiError> {
         let state = self.state()?;
-        let behind = {
-            let mut work = self.work.lock().await;
-            work.refresh(&state)?;
-            let known = known_of(&state);
-            let mut behind = BTreeSet::new();
-            for m in state.mesh.machines.keys() {
-                let k = known.get(m);
-                let is_behind = match k {
-                    None => true,
-                    Some(k) => !k.confirmed || k.last_sent != work.cache.get(m),
-                };
-                if is_behind {
-                    behind.insert(m.clone());
-                }
+        // A running push holds the cache; status then composes its own rather than wait.
+        let behind = match self.work.try_lock() {
+            Ok(mut work) => {
+                work.refresh(&state)?;
+                behind_of(&state, &work.cache)
             }
-            behind
+            Err(_) => {
+                let world = World::new(state.mesh.clone(), state.provisions.values().cloned());
+                let cache = DigestCache::build(&world).map_err(|e| {
+                    ApiError::Failed(format!("the stored model does not compose: {e}"))
+                })?;
+                behind_of(&state, &cache)
+            }
         };
         let machines = state
             .mesh
@@ -323,6 +321,22 @@ fn check_scope(state: &DomainState, scope: &Scope) -> Result<(), ApiError> {
         }
         _ => Ok(()),
     }
+}
+
+/// Machines whose should-be digest is not the last sent, or whose last send is unconfirmed.
+fn behind_of(state: &DomainState, cache: &DigestCache) -> BTreeSet<String> {
+    let known = known_of(state);
+    let mut behind = BTreeSet::new();
+    for m in state.mesh.machines.keys() {
+        let is_behind = match known.get(m) {
+            None => true,
+            Some(k) => !k.confirmed || k.last_sent != cache.get(m),
+        };
+        if is_behind {
+            behind.insert(m.clone());
+        }
+    }
+    behind
 }
 
 /// The (module, machine) placement a module or placement scope names.
