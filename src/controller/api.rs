@@ -31,9 +31,11 @@ pub enum Request {
         scope: Option<Scope>,
         history: bool,
     },
+    /// Set the keys of `layer` and remove the keys of `remove` (a removal needs `replace`, G6).
     SettingsSet {
         scope: Scope,
         layer: Layer,
+        remove: BTreeSet<String>,
         replace: bool,
         why: String,
     },
@@ -80,6 +82,8 @@ pub enum Body {
     Applied {
         revision: u64,
         changes: Vec<String>,
+        /// Settings scopes where the file differs from the store; not written (use `settings set`).
+        settings_ignored: Vec<String>,
     },
     Plan(PlanView),
     Push(PushView),
@@ -210,6 +214,9 @@ pub enum PushOutcome {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SettingsView {
     pub layers: Vec<(Scope, Layer)>,
+    /// The effective settings of the placement the scope names (a module, or module@machine):
+    /// every layer merged, later scope wins. `None` for the mesh and machine scopes.
+    pub effective: Option<Layer>,
     pub history: Vec<SettingsChange>,
 }
 
