@@ -5,11 +5,12 @@
 //! valid until `start + election_timeout_min − lease_margin`. Why that is safe is in
 //! `docs/decisions/0030-lease-gate.md`.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use openraft::ServerState;
 use openraft::error::{CheckIsLeaderError, RaftError};
+use openraft::raft::{VoteRequest, VoteResponse};
 
 use crate::{NodeId, Raft, RaftConfig};
 
@@ -133,6 +134,74 @@ pub enum GateError {
     Stopped,
 }
 
+/// Makes a leader keep the promise its lease relies on (decision 0071): while a lease this replica
+/// handed out is open, it grants no vote. Without it, a leader that has led longer than openraft's own
+/// vote lease grants a higher-term vote to any candidate with an equal log, steps down, and the
+/// candidate's quorum need not share a member that kept the promise — two leases at once.
+pub struct VoteFence {
+    clock: Arc<dyn Clock>,
+    until: Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for VoteFence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VoteFence")
+            .field("open", &self.is_open())
+            .finish()
+    }
+}
+
+impl VoteFence {
+    /// A fence measured with `clock` (the same clock the gate's leases are checked against).
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            until: Mutex::new(None),
+        }
+    }
+
+    /// Keeps votes refused until at least `until`.
+    pub fn hold(&self, until: Instant) {
+        let mut held = self.until.lock().unwrap_or_else(|p| p.into_inner());
+        if held.is_none_or(|h| h < until) {
+            *held = Some(until);
+        }
+    }
+
+    /// Whether a lease handed out here may still be open.
+    pub fn is_open(&self) -> bool {
+        let held = self.until.lock().unwrap_or_else(|p| p.into_inner());
+        held.is_some_and(|until| self.clock.now() < until)
+    }
+}
+
+/// Handles a vote request, refusing it while `fence` holds a lease open: the answer carries this
+/// replica's own vote, so the candidate counts it as not granted.
+pub async fn fenced_vote(
+    raft: &Raft,
+    rpc: VoteRequest<NodeId>,
+    fence: &VoteFence,
+) -> Result<VoteResponse<NodeId>, RaftError<NodeId>> {
+    if !fence.is_open() {
+        return raft.vote(rpc).await;
+    }
+    let vote = raft
+        .with_raft_state(|s| *s.vote_ref())
+        .await
+        .map_err(RaftError::Fatal)?;
+    tracing::info!(
+        candidate_term = rpc.vote.leader_id().term,
+        "vote refused: this replica's lease is open"
+    );
+    // The candidate reads `last_log_id` only to notice a longer log and delay its next election;
+    // openraft keeps this replica's last log id private, so say nothing about it.
+    Ok(VoteResponse {
+        vote,
+        vote_granted: false,
+        last_log_id: None,
+    })
+}
+
 /// The lease gate. Stateless: every call to [`Gate::acquire`] runs a fresh quorum round.
 pub struct Gate;
 
@@ -166,6 +235,20 @@ impl Gate {
             started: start,
             valid_until: start + window,
         })
+    }
+
+    /// [`Gate::acquire`], and the replica refuses votes until the lease ends (see [`VoteFence`]). The
+    /// fence is held from before the round, so no vote slips in between the round and the hold.
+    pub async fn acquire_fenced(
+        raft: &Raft,
+        clock: &dyn Clock,
+        config: &RaftConfig,
+        fence: &VoteFence,
+    ) -> Result<Lease, GateError> {
+        fence.hold(clock.now() + config.lease_window());
+        let lease = Gate::acquire(raft, clock, config).await?;
+        fence.hold(lease.valid_until());
+        Ok(lease)
     }
 }
 

@@ -59,12 +59,20 @@ pub enum NetworkFault {
 
 /// Answers one `MessageKind::Raft` body on the receiving replica: decodes the request, hands it to
 /// `raft`, encodes the reply. `Err` is a refusal the caller sees (an undecodable body).
-pub async fn answer(raft: &Raft, body: &[u8]) -> Result<Vec<u8>, String> {
+/// Votes go through `fence` when given: a replica whose lease is open grants none (decision 0071).
+pub async fn answer(
+    raft: &Raft,
+    body: &[u8],
+    fence: Option<&crate::gate::VoteFence>,
+) -> Result<Vec<u8>, String> {
     let request: RaftRequest =
         mesh_codec::decode("raft request", body).map_err(|e| e.to_string())?;
     let reply = match request {
         RaftRequest::AppendEntries(rpc) => RaftReply::AppendEntries(raft.append_entries(rpc).await),
-        RaftRequest::Vote(rpc) => RaftReply::Vote(raft.vote(rpc).await),
+        RaftRequest::Vote(rpc) => RaftReply::Vote(match fence {
+            Some(fence) => crate::gate::fenced_vote(raft, rpc, fence).await,
+            None => raft.vote(rpc).await,
+        }),
         RaftRequest::InstallSnapshot(rpc) => {
             RaftReply::InstallSnapshot(raft.install_snapshot(rpc).await)
         }

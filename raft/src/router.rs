@@ -22,6 +22,7 @@ use openraft::raft::{
 };
 use tokio::sync::{oneshot, watch};
 
+use crate::gate::{VoteFence, fenced_vote};
 use crate::{BasicNode, NodeId, Raft, TypeConfig};
 
 /// Messages held at once across the router at most; beyond that, held messages are dropped.
@@ -74,6 +75,8 @@ enum Fate {
 
 struct Inner {
     nodes: Mutex<BTreeMap<NodeId, Raft>>,
+    /// Vote fences of nodes added with [`Router::add_fenced`].
+    fences: Mutex<BTreeMap<NodeId, Arc<VoteFence>>>,
     faults: Mutex<Faults>,
     releases: watch::Sender<u64>,
     held_now: AtomicUsize,
@@ -101,6 +104,7 @@ impl Router {
         Self {
             inner: Arc::new(Inner {
                 nodes: Mutex::new(BTreeMap::new()),
+                fences: Mutex::new(BTreeMap::new()),
                 faults: Mutex::new(faults),
                 releases,
                 held_now: AtomicUsize::new(0),
@@ -119,6 +123,12 @@ impl Router {
     /// Makes `raft` reachable as `id` (replacing an earlier node with that id).
     pub fn add(&self, id: NodeId, raft: Raft) {
         lock(&self.inner.nodes).insert(id, raft);
+    }
+
+    /// Like [`Router::add`], with votes to `id` answered through `fence` (decision 0071).
+    pub fn add_fenced(&self, id: NodeId, raft: Raft, fence: Arc<VoteFence>) {
+        lock(&self.inner.fences).insert(id, fence);
+        self.add(id, raft);
     }
 
     /// Makes `id` unreachable, as if its process were gone.
@@ -390,12 +400,18 @@ impl RaftNetwork<TypeConfig> for RouterConnection {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        let fence = lock(&self.router.inner.fences).get(&self.to).cloned();
         self.router
             .call(
                 self.from,
                 self.to,
                 option.hard_ttl(),
-                move |raft| async move { raft.vote(rpc).await },
+                move |raft| async move {
+                    match fence {
+                        Some(fence) => fenced_vote(&raft, rpc, &fence).await,
+                        None => raft.vote(rpc).await,
+                    }
+                },
             )
             .await
     }

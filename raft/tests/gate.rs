@@ -2,11 +2,11 @@
 
 mod support;
 
-use std::collections::BTreeSet;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mesh_raft::{Clock, Gate, GateError, Lease, MonotonicClock, RaftConfig, TestClock};
+use mesh_raft::{Clock, Gate, GateError, Lease, MonotonicClock, RaftConfig, TestClock, VoteFence};
 
 use support::{Cluster, fast_settings, wait_deadline};
 
@@ -149,4 +149,76 @@ fn default_lease_window_is_election_timeout_min_minus_margin() {
         RaftConfig::default().lease_window(),
         Duration::from_millis(800)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_with_an_open_lease_grants_no_vote_to_a_follower_it_cannot_reach() {
+    // G3, decision 0071: a leader that has led longer than openraft's own vote lease, and whose
+    // messages to one follower are lost, must not hand that follower its vote while its lease is
+    // open — the follower's quorum {follower, old leader} would hold a lease beside the old one.
+    let cluster = Cluster::start(3, fast_settings(), 0).await;
+    let all: BTreeSet<u64> = (1..=3).collect();
+    let (leader, term) = cluster.wait_leader(&all, 0).await;
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock);
+    let mut fences = BTreeMap::new();
+    for id in 1..=3 {
+        let fence = Arc::new(VoteFence::new(clock.clone()));
+        cluster
+            .router
+            .add_fenced(id, cluster.replica(id).raft().clone(), fence.clone());
+        fences.insert(id, fence);
+    }
+    cluster.set(leader, "k", "v").await;
+    // The scenario needs the leader's own vote lease (election_timeout_max) to have run out.
+    tokio::time::sleep(Duration::from_millis(
+        fast_settings().election_timeout_max_ms * 2,
+    ))
+    .await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    cluster.router.drop_messages(leader, follower, 1000);
+
+    let mut leases: Vec<Lease> = Vec::new();
+    let watch_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < watch_until {
+        if let Ok(lease) = Gate::acquire_fenced(
+            cluster.replica(leader).raft(),
+            clock.as_ref(),
+            &cluster.config,
+            &fences[&leader],
+        )
+        .await
+        {
+            leases.push(lease);
+        }
+        for other in all.iter().filter(|id| **id != leader) {
+            let Ok(new) = Gate::acquire(
+                cluster.replica(*other).raft(),
+                clock.as_ref(),
+                &cluster.config,
+            )
+            .await
+            else {
+                continue;
+            };
+            let overlapping: Vec<&Lease> =
+                leases.iter().filter(|l| l.is_open(new.started())).collect();
+            assert!(
+                overlapping.is_empty(),
+                "replica {other} got a lease in term {} while {} lease(s) of term {term} were open",
+                new.term(),
+                overlapping.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        !leases.is_empty(),
+        "the leader kept its quorum through the third replica"
+    );
+    let follower_term = cluster.metrics(follower).current_term;
+    assert!(
+        follower_term > term,
+        "the cut-off follower campaigned (term {follower_term}), so the fence was exercised"
+    );
+    cluster.router.heal();
 }

@@ -34,7 +34,7 @@ impl Handler for RaftHandler {
     ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
         Box::pin(async move {
             match kind {
-                MessageKind::Raft => mesh_raft::answer_raft_rpc(&self.raft, &body).await,
+                MessageKind::Raft => mesh_raft::answer_raft_rpc(&self.raft, &body, None).await,
                 other => Err(format!("this test replica serves raft only, not {other}")),
             }
         })

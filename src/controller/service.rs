@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ed25519_dalek::SigningKey;
 use mesh_raft::{
     BasicNode, Clock, Gate, GateError, Lease, MonotonicClock, ProposeError, QuicNetwork, Replica,
-    ReplicaSpec,
+    ReplicaSpec, VoteFence,
 };
 use mesh_transport::{
     BoxFuture, Endpoint, Handler, Identity, MessageKind, Peer, Principal, TransportError,
@@ -170,6 +170,8 @@ pub struct Service {
     pub(crate) endpoint: Endpoint,
     pub(crate) key: SigningKey,
     pub(crate) clock: Arc<dyn Clock>,
+    /// Refuses votes while a lease of this replica is open (decision 0071).
+    pub(crate) fence: VoteFence,
     pub(crate) store_reset: Option<String>,
     pub(crate) work: tokio::sync::Mutex<Work>,
 }
@@ -264,6 +266,7 @@ pub async fn start_on(
         app,
         endpoint: endpoint.clone(),
         key,
+        fence: VoteFence::new(clock.clone()),
         clock,
         store_reset,
         work: tokio::sync::Mutex::new(Work {
@@ -394,10 +397,11 @@ impl Service {
 
     /// A lease from the gate (G3): leadership confirmed by a quorum round.
     pub(crate) async fn lease(&self) -> Result<Lease, ApiError> {
-        Gate::acquire(
+        Gate::acquire_fenced(
             self.replica.raft(),
             self.clock.as_ref(),
             self.replica.config(),
+            &self.fence,
         )
         .await
         .map_err(|e| match e {
@@ -652,7 +656,8 @@ impl Handler for Serving {
             };
             match (kind, from) {
                 (MessageKind::Raft, _) => {
-                    mesh_raft::answer_raft_rpc(service.replica.raft(), &body).await
+                    mesh_raft::answer_raft_rpc(service.replica.raft(), &body, Some(&service.fence))
+                        .await
                 }
                 (MessageKind::Command, Principal::Operator(name)) => {
                     encode_answer(&service.command(&name, &body).await)
