@@ -24,6 +24,8 @@ pub const writes_per_client_max: u64 = 5_000;
 pub const client_pause_ms: u64 = 15;
 /// Pause after a failed write before the client tries again (possibly elsewhere).
 pub const client_retry_ms: u64 = 40;
+/// How long a client waits for one write before it gives up on it (the write may still commit).
+pub const client_write_timeout_ms: u64 = 500;
 /// Pause before the leader actor asks the gate again after it refused.
 pub const acquire_retry_ms: u64 = 30;
 /// Pause between two rounds of envelopes (one per machine) inside one lease.
@@ -141,7 +143,7 @@ impl Client {
             value,
         });
         let answer = match set.encode() {
-            Ok(command) => self.replicas[&via].propose(command).await,
+            Ok(command) => self.propose(via, command).await,
             Err(e) => Err(ProposeError::Raft(e.to_string())),
         };
         match answer {
@@ -170,6 +172,18 @@ impl Client {
                 Err(e)
             }
         }
+    }
+}
+
+impl Client {
+    /// Proposes through `via`, giving up after [`client_write_timeout_ms`] as an impatient client
+    /// would, so that a partitioned leader does not hold every client for the whole propose timeout.
+    async fn propose(&self, via: NodeId, command: Vec<u8>) -> Result<Proposed, ProposeError> {
+        let within = Duration::from_millis(client_write_timeout_ms);
+        let answer = tokio::time::timeout(within, self.replicas[&via].propose(command)).await;
+        answer.unwrap_or(Err(ProposeError::Timeout {
+            timeout_ms: client_write_timeout_ms,
+        }))
     }
 }
 

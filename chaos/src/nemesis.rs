@@ -336,22 +336,29 @@ impl Target<'_> {
         }
     }
 
-    /// Isolates `leader`; with `pause_actor`, first waits (briefly) for its actor to stop between
-    /// commit and send, and holds its envelopes, so what it sends after the isolation arrives late.
+    /// Isolates `leader`. With `pause_actor`, first holds its envelopes until it sent one more, then
+    /// waits (briefly) for its actor to stop between commit and send: what it sent before arrives
+    /// late, after the new leader's, and what it committed waits for a lease that has closed.
     async fn isolate(&self, leader: NodeId, pause_actor: bool) -> (Undo, String) {
         let mut what = format!("isolate {leader}");
         if pause_actor {
+            let from = self.history.now();
+            self.machines.hold(leader);
+            let within = Duration::from_millis(park_wait_ms);
+            let held = self
+                .history
+                .wait_for(from, within, |e| {
+                    matches!(e, Event::EnvelopeSent { replica, .. } if *replica == leader)
+                })
+                .await;
             let pause = self.pause_of(leader);
             pause.pause();
-            let parked = pause
-                .wait_parked(Duration::from_millis(park_wait_ms))
-                .await;
-            self.machines.hold(leader);
-            what.push_str(if parked {
-                ", its actor parked after a commit, its envelopes held"
-            } else {
-                ", its actor did not park (not leading?), its envelopes held"
-            });
+            let parked = pause.wait_parked(within).await;
+            what.push_str(&format!(
+                "; its envelopes held ({}), its actor paused ({})",
+                if held { "one sent since" } else { "none sent since" },
+                if parked { "parked after a commit" } else { "did not park" },
+            ));
         }
         self.router.isolate(leader);
         let undo = Undo::Rejoin {

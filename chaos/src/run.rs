@@ -30,7 +30,8 @@ use crate::sim::Machines;
 pub const seed_env: &str = "CHAOS_SEED";
 /// Replicas in a run's cluster.
 pub const replicas_n: u64 = 3;
-/// How long the healed cluster may take to ack a write and apply an envelope on every machine.
+/// How long the cluster may take to get its first lease, and the healed cluster to ack a write and
+/// apply an envelope on every machine.
 pub const progress_wait_ms: u64 = 20_000;
 /// How long the healed cluster may take to apply everything on every replica.
 pub const converge_wait_ms: u64 = 20_000;
@@ -329,6 +330,16 @@ async fn drive(spec: &RunSpec, schedule: &Schedule, history: &Recorder) -> Resul
         .collect();
     let (stop, stopped) = watch::channel(false);
     let mut tasks = spawn_tasks(spec, &cluster, &machines, &pauses, history, &stopped);
+    let first = history
+        .wait_for(0, Duration::from_millis(progress_wait_ms), |e| {
+            matches!(e, Event::LeaseAcquired { .. })
+        })
+        .await;
+    if !first {
+        return Err(RunError::Stuck(format!(
+            "no replica got a lease within {progress_wait_ms} ms of the start"
+        )));
+    }
     let target = Target {
         router: &cluster.router,
         machines: &machines,

@@ -144,6 +144,13 @@ impl Machines {
             let replay = faults.replay_per_mille.get(&from).copied().unwrap_or(0);
             (delay, replay)
         };
+        let delay = if delay.is_zero() {
+            delay
+        } else {
+            // Jitter, so that a later envelope may overtake an earlier one.
+            let ms = lock(&self.inner.rng).between(0, delay.as_millis() as u64);
+            Duration::from_millis(ms)
+        };
         if replay > 0 && lock(&self.inner.rng).chance(replay) {
             // A replayed envelope arrives again a little later, as a retransmission would.
             self.deliver_later(from, machine, wire.clone(), delay + Duration::from_millis(5));
@@ -254,7 +261,7 @@ impl Machines {
         }
     }
 
-    /// Delays every envelope from `from` by `by` (zero stops delaying); later ones may overtake.
+    /// Delays every envelope from `from` by up to `by` (zero stops delaying); later ones may overtake.
     pub fn delay(&self, from: NodeId, by: Duration) {
         let mut faults = lock(&self.inner.faults);
         if by.is_zero() {
