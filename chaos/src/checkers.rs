@@ -16,7 +16,7 @@ use mesh::core::envelope::Position;
 use mesh::core::report::{Account, Filed, Report, ReportPosition};
 use mesh_raft::NodeId;
 
-use crate::history::{Event, History, LogPosition, OpId, Tick};
+use crate::history::{Event, History, LogPosition, OpId, Tick, shown};
 
 /// One broken promise found in a history.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,7 +101,9 @@ fn collect_writes(history: &History, found: &mut Vec<Violation>) -> BTreeMap<OpI
                     found.push(violation(
                         writes_checker,
                         Some(tick),
-                        format!("ops {other} and {op} both write {key}={value}; values must be unique"),
+                        format!(
+                            "ops {other} and {op} both write {key}={value}; values must be unique"
+                        ),
                     ));
                 }
                 writes.insert(
@@ -349,10 +351,10 @@ pub fn no_stale_epoch_sent(history: &History) -> Vec<Violation> {
     let mut high: BTreeMap<&str, (Tick, Position)> = BTreeMap::new();
     for (tick, event) in history.ticked() {
         match event {
-            Event::LeaseAcquired { replica, term } => {
-                if newest_lease.is_none_or(|(_, _, t)| *term > t) {
-                    newest_lease = Some((tick, *replica, *term));
-                }
+            Event::LeaseAcquired { replica, term }
+                if newest_lease.is_none_or(|(_, _, t)| *term > t) =>
+            {
+                newest_lease = Some((tick, *replica, *term));
             }
             Event::EnvelopeSent {
                 replica,
@@ -416,7 +418,7 @@ pub fn accounts_never_regress(history: &History) -> Vec<Violation> {
                 accounts_checker,
                 Some(tick),
                 format!(
-                    "report {machine} {got} was {} but filing in arrival order {} it ({verdict:?})",
+                    "report {machine} {got} was {} but filing in arrival order {} it",
                     if *accepted { "filed" } else { "refused" },
                     if model_accepted { "files" } else { "refuses" },
                 ),
@@ -429,7 +431,8 @@ pub fn accounts_never_regress(history: &History) -> Vec<Violation> {
                 accounts_checker,
                 Some(tick),
                 format!(
-                    "account of {machine} went back from {before} (#{then:06}) to {account:?}"
+                    "account of {machine} went back from {before} (#{then:06}) to {}",
+                    shown(account)
                 ),
             ));
         }

@@ -145,7 +145,10 @@ impl fmt::Display for Event {
                 machine,
                 position,
                 at,
-            } => write!(f, "replica {replica} committed {machine} {position} at {at}"),
+            } => write!(
+                f,
+                "replica {replica} committed {machine} {position} at {at}"
+            ),
             Event::EnvelopeSent {
                 replica,
                 machine,
@@ -172,7 +175,8 @@ impl fmt::Display for Event {
                 reason,
             } => write!(
                 f,
-                "host {machine} refused {got:?} from link {link}: {reason}"
+                "host {machine} refused {} from link {link}: {reason}",
+                shown(got)
             ),
             Event::ReportFiled {
                 machine,
@@ -181,7 +185,11 @@ impl fmt::Display for Event {
                 account,
             } => {
                 let verdict = if *accepted { "filed" } else { "refused" };
-                write!(f, "report {machine} {got} {verdict}; account at {account:?}")
+                write!(
+                    f,
+                    "report {machine} {got} {verdict}; account at {}",
+                    shown(account)
+                )
             }
             Event::Nemesis { seed, step, what } => {
                 write!(f, "nemesis seed {seed} step {step}: {what}")
@@ -193,6 +201,14 @@ impl fmt::Display for Event {
             } => write!(f, "final replica {replica}: {key}={value:?}"),
             Event::Note { what } => write!(f, "note: {what}"),
         }
+    }
+}
+
+/// An optional position for humans: the position, or "none".
+pub fn shown<T: fmt::Display>(value: &Option<T>) -> String {
+    match value {
+        Some(v) => v.to_string(),
+        None => "none".to_string(),
     }
 }
 

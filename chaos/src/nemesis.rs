@@ -240,7 +240,11 @@ impl Target<'_> {
         for (i, step) in schedule.steps.iter().enumerate() {
             let started = self.history.now();
             let (undo, what) = self.start(step).await;
-            self.log(schedule.seed, i, format!("{} for {} ms: {what}", step.fault, step.for_ms));
+            self.log(
+                schedule.seed,
+                i,
+                format!("{} for {} ms: {what}", step.fault, step.for_ms),
+            );
             self.hold_fault(step, &undo, started).await;
             self.stop(undo);
             self.log(schedule.seed, i, format!("{} ended", step.fault));
@@ -262,9 +266,11 @@ impl Target<'_> {
             let isolated = *id;
             let deposed = self
                 .history
-                .wait_for(started, time * 2, |e| {
-                    matches!(e, Event::LeaseAcquired { replica, .. } if *replica != isolated)
-                })
+                .wait_for(
+                    started,
+                    time * 2,
+                    |e| matches!(e, Event::LeaseAcquired { replica, .. } if *replica != isolated),
+                )
                 .await;
             if !deposed {
                 self.history.record(Event::Note {
@@ -278,7 +284,9 @@ impl Target<'_> {
     async fn start(&self, step: &Step) -> (Undo, String) {
         let ids: Vec<NodeId> = self.replicas.keys().copied().collect();
         let mut rng = Rng::new(step.pick, 0);
-        let leader = self.leader().unwrap_or(ids[rng.below(ids.len() as u64) as usize]);
+        let leader = self
+            .leader()
+            .unwrap_or(ids[rng.below(ids.len() as u64) as usize]);
         let other = |rng: &mut Rng, not: NodeId| {
             let rest: Vec<NodeId> = ids.iter().copied().filter(|i| *i != not).collect();
             rest[rng.below(rest.len() as u64) as usize]
@@ -347,17 +355,27 @@ impl Target<'_> {
             let within = Duration::from_millis(park_wait_ms);
             let held = self
                 .history
-                .wait_for(from, within, |e| {
-                    matches!(e, Event::EnvelopeSent { replica, .. } if *replica == leader)
-                })
+                .wait_for(
+                    from,
+                    within,
+                    |e| matches!(e, Event::EnvelopeSent { replica, .. } if *replica == leader),
+                )
                 .await;
             let pause = self.pause_of(leader);
             pause.pause();
             let parked = pause.wait_parked(within).await;
             what.push_str(&format!(
                 "; its envelopes held ({}), its actor paused ({})",
-                if held { "one sent since" } else { "none sent since" },
-                if parked { "parked after a commit" } else { "did not park" },
+                if held {
+                    "one sent since"
+                } else {
+                    "none sent since"
+                },
+                if parked {
+                    "parked after a commit"
+                } else {
+                    "did not park"
+                },
             ));
         }
         self.router.isolate(leader);

@@ -117,8 +117,16 @@ pub struct RunFailure {
 
 impl fmt::Display for RunFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "chaos run with seed {} FAILED: {}", self.seed, self.error)?;
-        writeln!(f, "replay: {seed_env}={} cargo test -p mesh-chaos", self.seed)?;
+        writeln!(
+            f,
+            "chaos run with seed {} FAILED: {}",
+            self.seed, self.error
+        )?;
+        writeln!(
+            f,
+            "replay: {seed_env}={} cargo test -p mesh-chaos",
+            self.seed
+        )?;
         if let RunError::Violations(found) = &self.error {
             for v in found.iter().take(violations_shown_max) {
                 writeln!(f, "\n{v}")?;
@@ -132,7 +140,12 @@ impl fmt::Display for RunFailure {
         }
         let events = &self.history.events;
         let from = events.len().saturating_sub(tail_events_max);
-        writeln!(f, "\nlast {} of {} events:", events.len() - from, events.len())?;
+        writeln!(
+            f,
+            "\nlast {} of {} events:",
+            events.len() - from,
+            events.len()
+        )?;
         for (i, e) in events.iter().enumerate().skip(from) {
             writeln!(f, "#{i:06} {e}")?;
         }
@@ -171,7 +184,9 @@ impl Stats {
                 Event::EnvelopeApplied { .. } => s.envelopes_applied += 1,
                 Event::EnvelopeRefused { .. } => s.envelopes_refused += 1,
                 Event::ReportFiled { accepted: true, .. } => s.reports_filed += 1,
-                Event::ReportFiled { accepted: false, .. } => s.reports_refused += 1,
+                Event::ReportFiled {
+                    accepted: false, ..
+                } => s.reports_refused += 1,
                 Event::Nemesis { .. } => s.nemesis_steps += 1,
                 _ => {}
             }
@@ -213,7 +228,10 @@ pub struct Outcome {
 pub fn seed_or(default: u64) -> Result<u64, RunError> {
     match std::env::var(seed_env) {
         Err(_) => Ok(default),
-        Ok(value) => value.trim().parse().map_err(|_| RunError::BadSeed { value }),
+        Ok(value) => value
+            .trim()
+            .parse()
+            .map_err(|_| RunError::BadSeed { value }),
     }
 }
 
@@ -440,9 +458,11 @@ async fn wait_progress(spec: &RunSpec, history: &Recorder) -> Result<(), RunErro
     }
     for name in &spec.machines {
         let applied = history
-            .wait_for(healed, within, |e| {
-                matches!(e, Event::EnvelopeApplied { machine, .. } if machine == name)
-            })
+            .wait_for(
+                healed,
+                within,
+                |e| matches!(e, Event::EnvelopeApplied { machine, .. } if machine == name),
+            )
             .await;
         if !applied {
             return Err(RunError::Stuck(format!(

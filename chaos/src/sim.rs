@@ -153,7 +153,12 @@ impl Machines {
         };
         if replay > 0 && lock(&self.inner.rng).chance(replay) {
             // A replayed envelope arrives again a little later, as a retransmission would.
-            self.deliver_later(from, machine, wire.clone(), delay + Duration::from_millis(5));
+            self.deliver_later(
+                from,
+                machine,
+                wire.clone(),
+                delay + Duration::from_millis(5),
+            );
         }
         if delay.is_zero() {
             self.deliver(from, machine, &wire);
@@ -164,7 +169,9 @@ impl Machines {
 
     fn deliver_later(&self, from: NodeId, machine: &str, wire: Vec<u8>, after: Duration) {
         let Ok(permit) = self.inner.in_flight.clone().try_acquire_owned() else {
-            self.note(format!("envelope {from}→{machine} lost: too many in flight"));
+            self.note(format!(
+                "envelope {from}→{machine} lost: too many in flight"
+            ));
             return;
         };
         let this = self.clone();
@@ -222,7 +229,10 @@ impl Machines {
     fn send_report(&self, report: Report) {
         let after = Duration::from_millis(lock(&self.inner.rng).below(report_delay_max_ms + 1));
         let Ok(permit) = self.inner.in_flight.clone().try_acquire_owned() else {
-            self.note(format!("report {} lost: too many in flight", report.position()));
+            self.note(format!(
+                "report {} lost: too many in flight",
+                report.position()
+            ));
             return;
         };
         let this = self.clone();

@@ -11,7 +11,10 @@ async fn no_acknowledged_write_is_lost_under_partitions() {
     // delays and held messages never lose an acknowledged write or apply one out of log order.
     let outcome = run(RunSpec::new(0x5eed_0001, Mix::Partitions)).await;
     eprintln!("seed {}: {}", outcome.seed, outcome.stats);
-    assert!(outcome.stats.writes_acked > 0, "the run acknowledged writes");
+    assert!(
+        outcome.stats.writes_acked > 0,
+        "the run acknowledged writes"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -20,7 +23,10 @@ async fn no_host_applies_a_stale_epoch_under_leader_isolation() {
     // below what it accepted, nor an older epoch after a newer one.
     let outcome = run(RunSpec::new(0x5eed_0002, Mix::StaleLeaders)).await;
     eprintln!("seed {}: {}", outcome.seed, outcome.stats);
-    assert!(outcome.stats.envelopes_applied > 0, "hosts applied envelopes");
+    assert!(
+        outcome.stats.envelopes_applied > 0,
+        "hosts applied envelopes"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
