@@ -301,46 +301,55 @@ impl Target<'_> {
         tokio::time::sleep_until(until).await;
     }
 
+    /// Turns the step's fault on, aimed at the current leader (or a replica the step picks when
+    /// none leads) and a partner the step picks.
     async fn start(&self, step: &Step) -> (Undo, String) {
         let ids: Vec<NodeId> = self.replicas.keys().copied().collect();
         let mut rng = Rng::new(step.pick, 0);
         let leader = self
             .leader()
             .unwrap_or(ids[rng.below(ids.len() as u64) as usize]);
-        let other = |rng: &mut Rng, not: NodeId| {
-            let rest: Vec<NodeId> = ids.iter().copied().filter(|i| *i != not).collect();
-            rest[rng.below(rest.len() as u64) as usize]
-        };
+        let rest: Vec<NodeId> = ids.iter().copied().filter(|i| *i != leader).collect();
+        let partner = rest[rng.below(rest.len() as u64) as usize];
         match step.fault {
             Fault::IsolateLeader { pause_actor } => self.isolate(leader, pause_actor).await,
+            Fault::HoldEnvelopes
+            | Fault::DelayEnvelopes { .. }
+            | Fault::ReplayEnvelopes { .. }
+            | Fault::PauseLeader => self.start_at_hosts(step.fault, leader, &ids),
+            fault => self.start_in_router(fault, leader, partner, rng.chance(500)),
+        }
+    }
+
+    /// Faults between two replicas; `flip` turns a one-way cut around.
+    fn start_in_router(&self, fault: Fault, a: NodeId, b: NodeId, flip: bool) -> (Undo, String) {
+        match fault {
             Fault::CutOneWay => {
-                let follower = other(&mut rng, leader);
-                let (from, to) = if rng.chance(500) {
-                    (leader, follower)
-                } else {
-                    (follower, leader)
-                };
+                let (from, to) = if flip { (b, a) } else { (a, b) };
                 self.router.cut(from, to);
                 (Undo::Mend { from, to }, format!("cut {from}→{to}"))
             }
             Fault::DropMessages { per_mille } => {
-                let (a, b) = (leader, other(&mut rng, leader));
                 self.router.drop_messages(a, b, per_mille);
                 self.router.drop_messages(b, a, per_mille);
                 (Undo::StopDropping { a, b }, format!("between {a} and {b}"))
             }
             Fault::Delay { ms } => {
-                let (a, b) = (leader, other(&mut rng, leader));
                 let by = Duration::from_millis(ms);
                 self.router.delay(a, b, by);
                 self.router.delay(b, a, by);
                 (Undo::StopDelaying { a, b }, format!("between {a} and {b}"))
             }
-            Fault::HoldAndRelease => {
-                let (from, to) = (leader, other(&mut rng, leader));
-                self.router.hold(from, to);
-                (Undo::Release { from, to }, format!("hold {from}→{to}"))
+            _ => {
+                self.router.hold(a, b);
+                (Undo::Release { from: a, to: b }, format!("hold {a}→{b}"))
             }
+        }
+    }
+
+    /// Faults on the way from the leader to the hosts, or in the leader's actor.
+    fn start_at_hosts(&self, fault: Fault, leader: NodeId, ids: &[NodeId]) -> (Undo, String) {
+        match fault {
             Fault::HoldEnvelopes => {
                 self.machines.hold(leader);
                 let undo = Undo::ReleaseEnvelopes { from: leader };
@@ -352,12 +361,12 @@ impl Target<'_> {
                 (undo, format!("delay envelopes from {leader}"))
             }
             Fault::ReplayEnvelopes { per_mille } => {
-                for id in &ids {
+                for id in ids {
                     self.machines.replay(*id, per_mille);
                 }
                 (Undo::StopReplaying, "every replica's envelopes".to_string())
             }
-            Fault::PauseLeader => {
+            _ => {
                 self.pause_of(leader).pause();
                 (Undo::Resume { id: leader }, format!("pause {leader}"))
             }
