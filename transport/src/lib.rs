@@ -1,1 +1,20 @@
 //! QUIC with mutual TLS: the PKI, principals taken from certificates, framed messages, the writers table and fault hooks. Knows nothing of Raft or the domain.
+
+pub mod config;
+pub mod endpoint;
+pub mod faults;
+pub mod frame;
+pub mod pki;
+pub mod principal;
+pub mod serve;
+pub mod tls;
+pub mod writers;
+
+pub use config::{CheckedConfig, ConfigError, TransportConfig};
+pub use endpoint::{BindError, Endpoint, Peer, TransportError};
+pub use faults::Faults;
+pub use frame::{Header, Refused, Response};
+pub use pki::{Ca, Identity, IssuedCert, PkiError, Validity};
+pub use principal::{Principal, PrincipalError};
+pub use serve::{BoxFuture, Counts, Handler};
+pub use writers::{Denied, MessageKind, Permissions, permissions_for};

@@ -1,0 +1,689 @@
+//! One QUIC endpoint per process: it serves (see `serve.rs`) and dials. Dialling keeps one
+//! connection per peer address, re-dials with bounded exponential backoff, and never holds a
+//! lock shared between peers across a dial.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quinn::{Connection, ConnectionError};
+use tokio::time::Instant;
+
+use crate::config::CheckedConfig;
+use crate::faults::{Faults, Verdict};
+use crate::frame::{self, FrameError, Header};
+use crate::pki::{Identity, server_name};
+use crate::principal::Principal;
+use crate::serve::{Counters, Counts, Handler, ServeContext};
+use crate::tls::{self, ResetKey, RestartableCids, TlsError};
+use crate::writers::MessageKind;
+
+/// First wait after a failed dial, in milliseconds; doubles per failure up to the config's
+/// `dial_backoff_max_ms`.
+pub const dial_backoff_first_ms: u64 = 50;
+
+/// Most peer addresses remembered; slots without a live connection are pruned beyond this.
+pub const peers_max: usize = 16_384;
+
+/// How long `close` waits for connections to say goodbye, in milliseconds.
+pub const close_wait_ms_max: u64 = 1000;
+
+/// A peer to reach: an address and, optionally, the principal that must answer there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub expect: Option<Principal>,
+}
+
+impl Peer {
+    /// A peer that must present a certificate naming `principal`.
+    pub fn expecting(addr: SocketAddr, principal: Principal) -> Peer {
+        Peer {
+            addr,
+            expect: Some(principal),
+        }
+    }
+}
+
+impl From<SocketAddr> for Peer {
+    fn from(addr: SocketAddr) -> Peer {
+        Peer { addr, expect: None }
+    }
+}
+
+/// Why an endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("could not bind UDP {addr}: {source}; is another process using the port?")]
+    Socket {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+/// Why a request or one-way message did not get through.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    #[error("{addr} unreachable: {reason}")]
+    Unreachable { addr: SocketAddr, reason: String },
+    #[error("{addr}: no answer within {after_ms} ms")]
+    Timeout { addr: SocketAddr, after_ms: u128 },
+    #[error("{addr} refused the message: {reason}")]
+    Refused { addr: SocketAddr, reason: String },
+    #[error(
+        "frame of {len} bytes is over the limit of {max} bytes (frame_bytes_max); send less or raise the limit on both ends"
+    )]
+    FrameTooLarge { len: u64, max: usize },
+    #[error(
+        "TLS handshake with {addr} refused: {reason}; check that both certificates are issued by the same mesh CA, unexpired, and name a principal"
+    )]
+    HandshakeRefused { addr: SocketAddr, reason: String },
+    #[error("{addr} is {found}, not the expected {expected}; check the address in the config")]
+    WrongPeer {
+        addr: SocketAddr,
+        expected: Principal,
+        found: Principal,
+    },
+    #[error("{addr} answered with a bad frame: {reason}")]
+    BadAnswer { addr: SocketAddr, reason: String },
+    #[error(
+        "too many peers ({max}) with live connections; raise peers_max or dial fewer addresses"
+    )]
+    TooManyPeers { max: usize },
+}
+
+#[derive(Default)]
+struct PeerState {
+    conn: Option<(Connection, Principal)>,
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+/// One peer's connection, behind its own lock so a slow dial blocks only callers of that peer.
+#[derive(Default)]
+struct PeerSlot {
+    state: tokio::sync::Mutex<PeerState>,
+}
+
+struct Inner {
+    quinn: quinn::Endpoint,
+    client: quinn::ClientConfig,
+    config: CheckedConfig,
+    principal: Principal,
+    local_addr: SocketAddr,
+    peers: Mutex<HashMap<SocketAddr, Arc<PeerSlot>>>,
+    counters: Arc<Counters>,
+    faults: Arc<Faults>,
+    serving: Mutex<bool>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.quinn
+            .close(quinn::VarInt::from_u32(0), b"endpoint dropped");
+    }
+}
+
+/// A mesh QUIC endpoint: cheap to clone, all clones share connections, counters and faults.
+#[derive(Clone)]
+pub struct Endpoint {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("principal", &self.inner.principal)
+            .field("local_addr", &self.inner.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one outgoing message is, for the shared send path.
+enum Outgoing {
+    Request,
+    OneWay,
+}
+
+impl Endpoint {
+    /// Binds a UDP socket (port 0 for any) inside the current tokio runtime. Incoming
+    /// connections wait until [`Endpoint::serve`] is called.
+    pub fn bind(
+        addr: SocketAddr,
+        identity: &Identity,
+        config: CheckedConfig,
+    ) -> Result<Endpoint, BindError> {
+        let socket_err = |source| BindError::Socket { addr, source };
+        let server = tls::server_config(identity, &config)?;
+        let client = tls::client_config(identity, &config)?;
+        let mut endpoint_config = match ResetKey::from_identity(identity) {
+            Some(key) => quinn::EndpointConfig::new(Arc::new(key)),
+            None => quinn::EndpointConfig::default(),
+        };
+        endpoint_config.cid_generator(|| Box::new(RestartableCids::new()));
+        let socket = std::net::UdpSocket::bind(addr).map_err(socket_err)?;
+        let runtime = Arc::new(quinn::TokioRuntime);
+        let quinn = quinn::Endpoint::new(endpoint_config, Some(server), socket, runtime)
+            .map_err(socket_err)?;
+        let local_addr = quinn.local_addr().map_err(socket_err)?;
+        Ok(Endpoint {
+            inner: Arc::new(Inner {
+                quinn,
+                client,
+                config,
+                principal: identity.principal().clone(),
+                local_addr,
+                peers: Mutex::new(HashMap::new()),
+                counters: Arc::new(Counters::default()),
+                faults: Arc::new(Faults::default()),
+                serving: Mutex::new(false),
+            }),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr
+    }
+
+    /// The principal this endpoint's certificate names.
+    pub fn principal(&self) -> &Principal {
+        &self.inner.principal
+    }
+
+    pub fn config(&self) -> &CheckedConfig {
+        &self.inner.config
+    }
+
+    /// The fault hooks (all off until set).
+    pub fn faults(&self) -> &Faults {
+        &self.inner.faults
+    }
+
+    /// Counters since the endpoint started: refusals, bad frames, handshakes, dials.
+    pub fn counts(&self) -> Counts {
+        self.inner.counters.snapshot()
+    }
+
+    /// Starts accepting connections and hands every permitted message to `handler`.
+    /// Returns `false` (and changes nothing) if this endpoint already serves.
+    pub fn serve(&self, handler: Arc<dyn Handler>) -> bool {
+        let mut serving = self
+            .inner
+            .serving
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if *serving {
+            return false;
+        }
+        *serving = true;
+        let context = ServeContext {
+            config: self.inner.config.clone(),
+            counters: self.inner.counters.clone(),
+            faults: self.inner.faults.clone(),
+            handler,
+        };
+        tokio::spawn(crate::serve::accept_loop(self.inner.quinn.clone(), context));
+        true
+    }
+
+    /// Closes every connection and stops serving; peers see the connection closed at once.
+    pub async fn close(&self) {
+        self.inner
+            .quinn
+            .close(quinn::VarInt::from_u32(0), b"endpoint closed");
+        let wait = Duration::from_millis(close_wait_ms_max);
+        let _ = tokio::time::timeout(wait, self.inner.quinn.wait_idle()).await;
+    }
+
+    /// Sends a request and waits for its answer, all within `timeout`.
+    pub async fn request(
+        &self,
+        peer: impl Into<Peer>,
+        kind: MessageKind,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, TransportError> {
+        self.send(peer.into(), kind, body, timeout, Outgoing::Request)
+            .await
+    }
+
+    /// Sends a one-way message; `Ok` once the peer's QUIC stack has acknowledged all of it (not
+    /// that a handler ran).
+    pub async fn send_one_way(
+        &self,
+        peer: impl Into<Peer>,
+        kind: MessageKind,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
+        self.send(peer.into(), kind, body, timeout, Outgoing::OneWay)
+            .await
+            .map(|_| ())
+    }
+
+    /// Dials `peer` if needed and says which principal answers there.
+    pub async fn peer_principal(
+        &self,
+        peer: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Principal, TransportError> {
+        let deadline = Instant::now() + timeout;
+        match tokio::time::timeout_at(deadline, self.connection(peer, deadline)).await {
+            Ok(connected) => connected.map(|(_, principal, _)| principal),
+            Err(_) => Err(TransportError::Timeout {
+                addr: peer,
+                after_ms: timeout.as_millis(),
+            }),
+        }
+    }
+
+    async fn send(
+        &self,
+        peer: Peer,
+        kind: MessageKind,
+        body: Vec<u8>,
+        timeout: Duration,
+        what: Outgoing,
+    ) -> Result<Vec<u8>, TransportError> {
+        let max = self.inner.config.frame_bytes_max();
+        let too_large = |len: usize| TransportError::FrameTooLarge {
+            len: len as u64,
+            max,
+        };
+        // Refuse an oversized body before copying it into a frame.
+        if body.len() > max {
+            return Err(too_large(body.len()));
+        }
+        let body_len = body.len();
+        // Encoding bytes and a kind fails only past the codec's size limit.
+        let bytes =
+            frame::encode_header(&Header { kind, body }).map_err(|_| too_large(body_len))?;
+        frame::check_len(bytes.len(), max).map_err(|_| too_large(bytes.len()))?;
+        let deadline = Instant::now() + timeout;
+        let attempt = self.send_through_faults(&peer, &bytes, deadline, &what);
+        match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.forget_connection(peer.addr).await;
+                Err(TransportError::Timeout {
+                    addr: peer.addr,
+                    after_ms: timeout.as_millis(),
+                })
+            }
+        }
+    }
+
+    async fn send_through_faults(
+        &self,
+        peer: &Peer,
+        bytes: &[u8],
+        deadline: Instant,
+        what: &Outgoing,
+    ) -> Result<Vec<u8>, TransportError> {
+        // Held until here so release can tell when this message has finished.
+        let _done;
+        match self.inner.faults.outgoing(peer.addr) {
+            Verdict::Pass => {}
+            Verdict::Drop => match what {
+                // A lost request looks like a silent peer: the caller's deadline fires.
+                Outgoing::Request => std::future::pending::<()>().await,
+                Outgoing::OneWay => return Ok(Vec::new()),
+            },
+            Verdict::Delay(delay) => tokio::time::sleep(delay).await,
+            Verdict::Hold { go, done } => {
+                _done = done;
+                // An error means the hooks were dropped with the endpoint: send anyway.
+                let _ = go.await;
+            }
+        }
+        self.send_with_redial(peer, bytes, deadline, what).await
+    }
+
+    /// Sends once; if a reused connection turns out to be dead before the peer can have
+    /// processed anything (open failed, or the peer reset a connection it no longer knows),
+    /// dials again and sends once more.
+    async fn send_with_redial(
+        &self,
+        peer: &Peer,
+        bytes: &[u8],
+        deadline: Instant,
+        what: &Outgoing,
+    ) -> Result<Vec<u8>, TransportError> {
+        let (conn, principal, reused) = self.connection(peer.addr, deadline).await?;
+        check_expected(peer, &principal)?;
+        match self.exchange(&conn, peer.addr, bytes, deadline, what).await {
+            Err(Attempt::Stale(reason)) if reused => {
+                tracing::debug!(peer = %peer.addr, %reason, "connection was stale; dialling again");
+                self.forget_connection(peer.addr).await;
+                let (conn, principal, _) = self.connection(peer.addr, deadline).await?;
+                check_expected(peer, &principal)?;
+                let result = self.exchange(&conn, peer.addr, bytes, deadline, what).await;
+                result.map_err(|a| a.into_error(peer.addr))
+            }
+            result => result.map_err(|a| a.into_error(peer.addr)),
+        }
+    }
+
+    async fn exchange(
+        &self,
+        conn: &Connection,
+        addr: SocketAddr,
+        bytes: &[u8],
+        deadline: Instant,
+        what: &Outgoing,
+    ) -> Result<Vec<u8>, Attempt> {
+        match what {
+            Outgoing::Request => self.exchange_request(conn, addr, bytes, deadline).await,
+            Outgoing::OneWay => {
+                let max = self.inner.config.frame_bytes_max();
+                let left = deadline.saturating_duration_since(Instant::now());
+                let mut send = conn.open_uni().await.map_err(Attempt::Stale)?;
+                frame::write_frame(&mut send, bytes, max, left)
+                    .await
+                    .map_err(Attempt::from_frame)?;
+                match send.stopped().await {
+                    Ok(None) => Ok(Vec::new()),
+                    Ok(Some(code)) => Err(Attempt::Failed(TransportError::Refused {
+                        addr,
+                        reason: crate::serve::stop_reason(code),
+                    })),
+                    Err(quinn::StoppedError::ConnectionLost(source)) => {
+                        Err(Attempt::from_frame(FrameError::ConnectionLost {
+                            action: "waiting for the acknowledgement",
+                            source,
+                        }))
+                    }
+                    Err(e) => Err(Attempt::Failed(TransportError::Unreachable {
+                        addr,
+                        reason: e.to_string(),
+                    })),
+                }
+            }
+        }
+    }
+
+    async fn exchange_request(
+        &self,
+        conn: &Connection,
+        addr: SocketAddr,
+        bytes: &[u8],
+        deadline: Instant,
+    ) -> Result<Vec<u8>, Attempt> {
+        let max = self.inner.config.frame_bytes_max();
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (mut send, mut recv) = conn.open_bi().await.map_err(Attempt::Stale)?;
+        frame::write_frame(&mut send, bytes, max, left)
+            .await
+            .map_err(Attempt::from_frame)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let answer = frame::read_frame(&mut recv, max, left)
+            .await
+            .map_err(Attempt::from_frame)?;
+        match frame::decode_response(&answer) {
+            Ok(Ok(body)) => Ok(body),
+            Ok(Err(refused)) => Err(Attempt::Failed(TransportError::Refused {
+                addr,
+                reason: refused.reason,
+            })),
+            Err(e) => Err(Attempt::Failed(TransportError::BadAnswer {
+                addr,
+                reason: e.to_string(),
+            })),
+        }
+    }
+
+    fn slot(&self, addr: SocketAddr) -> Result<Arc<PeerSlot>, TransportError> {
+        let mut peers = self
+            .inner
+            .peers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(slot) = peers.get(&addr) {
+            return Ok(slot.clone());
+        }
+        if peers.len() >= peers_max {
+            // A slot in use (locked) or with a live connection stays; idle dead ones go.
+            peers.retain(|_, slot| match slot.state.try_lock() {
+                Ok(state) => state.conn.is_some(),
+                Err(_) => true,
+            });
+            if peers.len() >= peers_max {
+                return Err(TransportError::TooManyPeers { max: peers_max });
+            }
+        }
+        let slot = Arc::new(PeerSlot::default());
+        peers.insert(addr, slot.clone());
+        Ok(slot)
+    }
+
+    async fn forget_connection(&self, addr: SocketAddr) {
+        let Ok(slot) = self.slot(addr) else { return };
+        // Bounded: if a dial holds the slot, that dial will replace the connection anyway.
+        let wait = Duration::from_millis(close_wait_ms_max);
+        if let Ok(mut state) = tokio::time::timeout(wait, slot.state.lock()).await {
+            state.conn = None;
+        }
+    }
+
+    /// The live connection to `addr`, dialling if there is none. The bool says it was reused.
+    async fn connection(
+        &self,
+        addr: SocketAddr,
+        deadline: Instant,
+    ) -> Result<(Connection, Principal, bool), TransportError> {
+        let slot = self.slot(addr)?;
+        let mut state = slot.state.lock().await;
+        if let Some((conn, principal)) = &state.conn {
+            if conn.close_reason().is_none() {
+                return Ok((conn.clone(), principal.clone(), true));
+            }
+            state.conn = None;
+        }
+        match dial_gate(state.retry_at, Instant::now(), deadline) {
+            DialGate::Now => {}
+            // Waiting out the backoff (holding only this peer's lock) spaces dials to a dead
+            // peer without failing calls made just after it came back.
+            DialGate::After(retry_at) => tokio::time::sleep_until(retry_at).await,
+            DialGate::TooLate { wait } => {
+                return Err(TransportError::Unreachable {
+                    addr,
+                    reason: format!(
+                        "{} dial attempts failed; the next is allowed in {} ms, after this call's deadline",
+                        state.failures,
+                        wait.as_millis()
+                    ),
+                });
+            }
+        }
+        match self.dial(addr, deadline).await {
+            Ok((conn, principal)) => {
+                state.failures = 0;
+                state.retry_at = None;
+                state.conn = Some((conn.clone(), principal.clone()));
+                Ok((conn, principal, false))
+            }
+            Err(e) => {
+                state.failures = state.failures.saturating_add(1);
+                let max = self.inner.config.dial_backoff_max();
+                state.retry_at = Some(Instant::now() + backoff(state.failures, max));
+                Err(e)
+            }
+        }
+    }
+
+    async fn dial(
+        &self,
+        addr: SocketAddr,
+        deadline: Instant,
+    ) -> Result<(Connection, Principal), TransportError> {
+        let connecting = self
+            .inner
+            .quinn
+            .connect_with(self.inner.client.clone(), addr, server_name)
+            .map_err(|e| TransportError::Unreachable {
+                addr,
+                reason: e.to_string(),
+            })?;
+        let conn = match tokio::time::timeout_at(deadline, connecting).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return Err(connection_error(addr, e)),
+            Err(_) => {
+                return Err(TransportError::Unreachable {
+                    addr,
+                    reason: "no handshake before the deadline".to_string(),
+                });
+            }
+        };
+        self.inner.counters.dialled();
+        let principal = crate::serve::peer_principal(&conn)
+            .map_err(|reason| TransportError::HandshakeRefused { addr, reason })?;
+        tracing::debug!(peer = %addr, %principal, "connected");
+        Ok((conn, principal))
+    }
+}
+
+/// Whether a dial may start now, after a wait, or not before the caller's deadline.
+#[derive(Debug, PartialEq, Eq)]
+enum DialGate {
+    Now,
+    After(Instant),
+    TooLate { wait: Duration },
+}
+
+fn dial_gate(retry_at: Option<Instant>, now: Instant, deadline: Instant) -> DialGate {
+    match retry_at {
+        Some(at) if at >= deadline => DialGate::TooLate {
+            wait: at.saturating_duration_since(now),
+        },
+        Some(at) if at > now => DialGate::After(at),
+        _ => DialGate::Now,
+    }
+}
+
+/// Wait after the `failures`-th failed dial in a row: doubling from the first wait, capped.
+fn backoff(failures: u32, max: Duration) -> Duration {
+    let doublings = failures.saturating_sub(1).min(20);
+    let wait = Duration::from_millis(dial_backoff_first_ms.saturating_mul(1 << doublings));
+    wait.min(max)
+}
+
+fn check_expected(peer: &Peer, found: &Principal) -> Result<(), TransportError> {
+    match &peer.expect {
+        Some(expected) if expected != found => Err(TransportError::WrongPeer {
+            addr: peer.addr,
+            expected: expected.clone(),
+            found: found.clone(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// A failed attempt: either the connection was stale (safe to dial again and retry once) or a
+/// final error.
+enum Attempt {
+    Stale(ConnectionError),
+    Failed(TransportError),
+    Frame(FrameError),
+}
+
+impl Attempt {
+    fn from_frame(e: FrameError) -> Attempt {
+        match e {
+            FrameError::ConnectionLost {
+                source: ConnectionError::Reset,
+                ..
+            } => Attempt::Stale(ConnectionError::Reset),
+            other => Attempt::Frame(other),
+        }
+    }
+
+    fn into_error(self, addr: SocketAddr) -> TransportError {
+        match self {
+            Attempt::Stale(e) => connection_error(addr, e),
+            Attempt::Failed(e) => e,
+            Attempt::Frame(FrameError::TooLarge { len, max }) => {
+                TransportError::FrameTooLarge { len, max }
+            }
+            Attempt::Frame(FrameError::ConnectionLost { source, .. }) => {
+                connection_error(addr, source)
+            }
+            Attempt::Frame(FrameError::Timeout { after_ms }) => {
+                TransportError::Timeout { addr, after_ms }
+            }
+            Attempt::Frame(e @ (FrameError::CutShort { .. } | FrameError::Codec(_))) => {
+                TransportError::BadAnswer {
+                    addr,
+                    reason: e.to_string(),
+                }
+            }
+            Attempt::Frame(other) => TransportError::Unreachable {
+                addr,
+                reason: other.to_string(),
+            },
+        }
+    }
+}
+
+/// TLS alerts travel as QUIC CRYPTO_ERROR codes 0x100..=0x1ff.
+fn is_crypto_code(code: quinn::TransportErrorCode) -> bool {
+    (0x100..=0x1ff).contains(&u64::from(code))
+}
+
+fn connection_error(addr: SocketAddr, e: ConnectionError) -> TransportError {
+    match &e {
+        ConnectionError::TransportError(t) if is_crypto_code(t.code) => {
+            TransportError::HandshakeRefused {
+                addr,
+                reason: e.to_string(),
+            }
+        }
+        ConnectionError::ConnectionClosed(close) if is_crypto_code(close.error_code) => {
+            TransportError::HandshakeRefused {
+                addr,
+                reason: e.to_string(),
+            }
+        }
+        _ => TransportError::Unreachable {
+            addr,
+            reason: e.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_first_wait_and_stops_at_the_cap() {
+        // Dialling: bounded exponential backoff.
+        let max = Duration::from_millis(2000);
+        let waits: Vec<u128> = (1..=8).map(|n| backoff(n, max).as_millis()).collect();
+        assert_eq!(waits, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
+        assert_eq!(backoff(u32::MAX, max), max);
+    }
+
+    #[test]
+    fn dial_waits_out_the_backoff_only_if_the_deadline_allows() {
+        // Dialling: a call waits out the backoff only within its own deadline.
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(dial_gate(None, now, now + ms(10)), DialGate::Now);
+        assert_eq!(
+            dial_gate(Some(now - ms(1)), now, now + ms(10)),
+            DialGate::Now
+        );
+        assert_eq!(
+            dial_gate(Some(now + ms(5)), now, now + ms(10)),
+            DialGate::After(now + ms(5))
+        );
+        assert_eq!(
+            dial_gate(Some(now + ms(50)), now, now + ms(10)),
+            DialGate::TooLate { wait: ms(50) }
+        );
+    }
+}

@@ -1,0 +1,337 @@
+//! The serving half of an endpoint: accepts connections, reads frames, checks every frame
+//! against the writers table before the handler sees it, and keeps a connection serving its
+//! other streams whatever one stream sends.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use quinn::{Connection, RecvStream, SendStream, VarInt};
+use tokio::sync::Semaphore;
+
+use crate::config::CheckedConfig;
+use crate::faults::Faults;
+use crate::frame::{self, FrameError, Header, Refused, Response};
+use crate::principal::Principal;
+use crate::writers::{MessageKind, Permissions, permissions_for};
+
+/// A boxed future, so a handler can be a trait object without extra crates.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the application does with messages the writers table let through.
+pub trait Handler: Send + Sync + 'static {
+    /// Answers a request; `Err(reason)` goes back to the caller as a refusal.
+    fn request(
+        &self,
+        from: Principal,
+        kind: MessageKind,
+        body: Vec<u8>,
+    ) -> BoxFuture<'_, Result<Vec<u8>, String>>;
+
+    /// Takes a one-way message; nothing goes back.
+    fn one_way(&self, from: Principal, kind: MessageKind, body: Vec<u8>) -> BoxFuture<'_, ()>;
+}
+
+/// Stream stop code: the frame was over `frame_bytes_max`.
+pub const stop_frame_too_large: u32 = 1;
+/// Stream stop code: the frame could not be read or decoded.
+pub const stop_bad_frame: u32 = 2;
+/// Stream stop code: the writers table refused the message.
+pub const stop_denied: u32 = 3;
+
+/// Says what a stop code from a peer means.
+pub fn stop_reason(code: VarInt) -> String {
+    let code = code.into_inner();
+    let what = match code {
+        c if c == u64::from(stop_frame_too_large) => "frame over the peer's frame_bytes_max",
+        c if c == u64::from(stop_bad_frame) => "bad frame",
+        c if c == u64::from(stop_denied) => "denied by the writers table",
+        _ => "unknown reason",
+    };
+    format!("peer stopped the stream with code {code} ({what})")
+}
+
+#[derive(Default, Debug)]
+pub(crate) struct Counters {
+    denied: AtomicU64,
+    bad_frames: AtomicU64,
+    handshakes_refused: AtomicU64,
+    requests_served: AtomicU64,
+    one_ways_served: AtomicU64,
+    dials: AtomicU64,
+}
+
+/// A snapshot of an endpoint's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Messages refused by the writers table (G10).
+    pub denied: u64,
+    /// Streams whose frame was too large, cut short, late or undecodable.
+    pub bad_frames: u64,
+    /// Incoming handshakes that failed (bad or missing certificate, wrong CA, expired).
+    pub handshakes_refused: u64,
+    /// Requests handed to the handler.
+    pub requests_served: u64,
+    /// One-way messages handed to the handler.
+    pub one_ways_served: u64,
+    /// Outgoing connections established.
+    pub dials: u64,
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> Counts {
+        Counts {
+            denied: self.denied.load(Ordering::Relaxed),
+            bad_frames: self.bad_frames.load(Ordering::Relaxed),
+            handshakes_refused: self.handshakes_refused.load(Ordering::Relaxed),
+            requests_served: self.requests_served.load(Ordering::Relaxed),
+            one_ways_served: self.one_ways_served.load(Ordering::Relaxed),
+            dials: self.dials.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn dialled(&self) {
+        self.dials.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Everything the serving tasks share.
+#[derive(Clone)]
+pub(crate) struct ServeContext {
+    pub(crate) config: CheckedConfig,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) faults: Arc<Faults>,
+    pub(crate) handler: Arc<dyn Handler>,
+}
+
+/// The principal named by the certificate a connected peer presented.
+pub(crate) fn peer_principal(conn: &Connection) -> Result<Principal, String> {
+    let identity = conn
+        .peer_identity()
+        .ok_or_else(|| "peer presented no certificate".to_string())?;
+    let chain = identity
+        .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+        .map_err(|_| "peer identity is not an X.509 chain".to_string())?;
+    let leaf = chain
+        .first()
+        .ok_or_else(|| "peer presented an empty chain".to_string())?;
+    Principal::from_certificate(leaf).map_err(|e| e.to_string())
+}
+
+/// Most connections (including ones still in their handshake) served at once; more are refused.
+pub const connections_max: usize = 4096;
+
+pub(crate) async fn accept_loop(endpoint: quinn::Endpoint, context: ServeContext) {
+    let connections = Arc::new(Semaphore::new(connections_max));
+    while let Some(incoming) = endpoint.accept().await {
+        let addr = incoming.remote_address();
+        if context.faults.is_cut_off(addr) {
+            incoming.ignore();
+            continue;
+        }
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            tracing::warn!(peer = %addr, max = connections_max, "connection refused: too many connections");
+            incoming.refuse();
+            continue;
+        };
+        let job = handshake(incoming, addr, context.clone());
+        tokio::spawn(async move {
+            job.await;
+            drop(permit);
+        });
+    }
+}
+
+async fn handshake(incoming: quinn::Incoming, addr: SocketAddr, context: ServeContext) {
+    // The handshake itself is bounded by the QUIC idle timeout, and by the request timeout here.
+    let timeout = context.config.request_timeout();
+    let conn = match tokio::time::timeout(timeout, incoming).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => return handshake_refused(&context, addr, &e.to_string()),
+        Err(_) => return handshake_refused(&context, addr, "no handshake before the deadline"),
+    };
+    let principal = match peer_principal(&conn) {
+        Ok(p) => p,
+        Err(reason) => {
+            conn.close(VarInt::from_u32(stop_denied), b"no principal");
+            return handshake_refused(&context, addr, &reason);
+        }
+    };
+    tracing::debug!(peer = %addr, %principal, "accepted connection");
+    serve_connection(conn, addr, principal, context).await;
+}
+
+fn handshake_refused(context: &ServeContext, addr: SocketAddr, reason: &str) {
+    context
+        .counters
+        .handshakes_refused
+        .fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(peer = %addr, %reason, "TLS handshake refused");
+}
+
+async fn serve_connection(
+    conn: Connection,
+    addr: SocketAddr,
+    principal: Principal,
+    context: ServeContext,
+) {
+    let permissions = Arc::new(permissions_for(&principal));
+    // Bounds requests in flight on this connection, counting handlers still running after
+    // their stream's credit went back to the peer.
+    let in_flight = Arc::new(Semaphore::new(
+        context.config.streams_per_connection_max() as usize
+    ));
+    loop {
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        tokio::select! {
+            bi = conn.accept_bi() => match bi {
+                Ok((send, recv)) => {
+                    let job = serve_request(send, recv, addr, permissions.clone(), context.clone());
+                    tokio::spawn(async move { job.await; drop(permit) });
+                }
+                Err(e) => return closed(addr, &e),
+            },
+            uni = conn.accept_uni() => match uni {
+                Ok(recv) => {
+                    let job = serve_one_way(recv, addr, permissions.clone(), context.clone());
+                    tokio::spawn(async move { job.await; drop(permit) });
+                }
+                Err(e) => return closed(addr, &e),
+            },
+        }
+    }
+}
+
+fn closed(addr: SocketAddr, e: &quinn::ConnectionError) {
+    tracing::debug!(peer = %addr, reason = %e, "connection ended");
+}
+
+/// Reads and checks one frame: the header if the writers table allows it, else the refusal.
+async fn read_checked(
+    recv: &mut RecvStream,
+    addr: SocketAddr,
+    permissions: &Permissions,
+    context: &ServeContext,
+) -> Result<Header, (u32, String)> {
+    let max = context.config.frame_bytes_max();
+    let timeout = context.config.request_timeout();
+    let header = match frame::read_frame(recv, max, timeout).await {
+        Ok(bytes) => frame::decode_header(&bytes),
+        Err(e) => Err(e),
+    };
+    let header = match header {
+        Ok(header) => header,
+        Err(e) => {
+            context.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+            let code = match e {
+                FrameError::TooLarge { .. } => stop_frame_too_large,
+                _ => stop_bad_frame,
+            };
+            let principal = permissions.principal();
+            tracing::warn!(peer = %addr, %principal, reason = %e, "bad frame refused");
+            return Err((code, format!("bad frame from {principal}: {e}")));
+        }
+    };
+    if let Err(denied) = permissions.check(&header.kind) {
+        context.counters.denied.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(peer = %addr, reason = %denied, "message denied by the writers table");
+        return Err((stop_denied, denied.to_string()));
+    }
+    Ok(header)
+}
+
+async fn serve_request(
+    mut send: SendStream,
+    mut recv: RecvStream,
+    addr: SocketAddr,
+    permissions: Arc<Permissions>,
+    context: ServeContext,
+) {
+    let response: Response = match read_checked(&mut recv, addr, &permissions, &context).await {
+        Ok(_) if context.faults.is_cut_off(addr) => return stay_silent(&context).await,
+        Ok(header) => {
+            context
+                .counters
+                .requests_served
+                .fetch_add(1, Ordering::Relaxed);
+            let from = permissions.principal().clone();
+            let answer = context
+                .handler
+                .request(from, header.kind, header.body)
+                .await;
+            answer.map_err(|reason| Refused { reason })
+        }
+        Err((code, reason)) => {
+            // Tell the sender to stop writing (a large frame may still be arriving), then answer.
+            let _ = recv.stop(VarInt::from_u32(code));
+            Err(Refused { reason })
+        }
+    };
+    answer(&mut send, addr, &response, &context).await;
+}
+
+async fn answer(
+    send: &mut SendStream,
+    addr: SocketAddr,
+    response: &Response,
+    context: &ServeContext,
+) {
+    let max = context.config.frame_bytes_max();
+    let timeout = context.config.request_timeout();
+    let bytes = frame::encode_response(response).and_then(|bytes| {
+        frame::check_len(bytes.len(), max)?;
+        Ok(bytes)
+    });
+    let bytes = match bytes {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            tracing::warn!(peer = %addr, reason = %e, "answer could not be sent");
+            let refused: Response = Err(Refused {
+                reason: format!("the answer could not be sent: {e}"),
+            });
+            match frame::encode_response(&refused) {
+                Ok(bytes) => bytes,
+                Err(_) => return,
+            }
+        }
+    };
+    if let Err(e) = frame::write_frame(send, &bytes, max, timeout).await {
+        tracing::debug!(peer = %addr, reason = %e, "answer not delivered");
+    }
+}
+
+async fn serve_one_way(
+    mut recv: RecvStream,
+    addr: SocketAddr,
+    permissions: Arc<Permissions>,
+    context: ServeContext,
+) {
+    match read_checked(&mut recv, addr, &permissions, &context).await {
+        // Already read and acknowledged by QUIC; the cut can only keep it from the handler.
+        Ok(_) if context.faults.is_cut_off(addr) => {}
+        Ok(header) => {
+            context
+                .counters
+                .one_ways_served
+                .fetch_add(1, Ordering::Relaxed);
+            let from = permissions.principal().clone();
+            context
+                .handler
+                .one_way(from, header.kind, header.body)
+                .await;
+        }
+        Err((code, _)) => {
+            let _ = recv.stop(VarInt::from_u32(code));
+        }
+    }
+}
+
+/// A cut-off peer gets no answer at all: the stream stays open (not finished, not reset) until the
+/// request timeout, as if the packets had been lost.
+async fn stay_silent(context: &ServeContext) {
+    tokio::time::sleep(context.config.request_timeout()).await;
+}

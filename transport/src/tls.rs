@@ -1,0 +1,352 @@
+//! TLS for the mesh: rustls on the ring provider (always passed explicitly), mutual
+//! authentication against the mesh CA only, and the principal check inside the handshake so a
+//! certificate that names nobody never gets a connection.
+
+use std::fmt;
+use std::sync::Arc;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::crypto::tls13::OkmBlock;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+
+use crate::config::CheckedConfig;
+use crate::pki::Identity;
+use crate::principal::Principal;
+
+/// ALPN protocol id; a peer speaking another protocol (or another version) fails the handshake.
+pub const alpn_protocol: &[u8] = b"mesh/1";
+
+/// Why TLS or QUIC could not be configured from an identity.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("the mesh CA certificate cannot be used as a trust root: {reason}; check ca.crt")]
+    BadRoot { reason: String },
+    #[error("could not build the {side} TLS config: {reason}; check the certificate and key files")]
+    Config { side: &'static str, reason: String },
+}
+
+/// The crypto provider every mesh TLS config uses. Never the process default: another crate
+/// installing a different default must not change what mesh accepts.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn roots(ca: &CertificateDer<'static>) -> Result<Arc<RootCertStore>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    roots.add(ca.clone()).map_err(|e| TlsError::BadRoot {
+        reason: e.to_string(),
+    })?;
+    Ok(Arc::new(roots))
+}
+
+/// Rejects, inside the handshake, a chain-valid certificate that names no principal.
+fn principal_check(end_entity: &CertificateDer<'_>) -> Result<(), rustls::Error> {
+    Principal::from_certificate(end_entity)
+        .map(|_| ())
+        .map_err(|e| {
+            let e = Arc::new(NoPrincipal(e));
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
+                e,
+            )))
+        })
+}
+
+/// Carries a principal error through rustls, which logs `Debug`: show the readable message.
+struct NoPrincipal(crate::principal::PrincipalError);
+
+impl fmt::Debug for NoPrincipal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Display for NoPrincipal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::error::Error for NoPrincipal {}
+
+/// webpki client verification against the mesh CA, plus the principal check.
+struct MeshClientVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+}
+
+impl fmt::Debug for MeshClientVerifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MeshClientVerifier")
+    }
+}
+
+impl ClientCertVerifier for MeshClientVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        principal_check(end_entity)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// webpki server verification against the mesh CA for the fixed name [`crate::pki::server_name`],
+/// plus the principal check.
+struct MeshServerVerifier {
+    inner: Arc<WebPkiServerVerifier>,
+}
+
+impl fmt::Debug for MeshServerVerifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MeshServerVerifier")
+    }
+}
+
+impl ServerCertVerifier for MeshServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verified = self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )?;
+        principal_check(end_entity)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// QUIC transport parameters shared by both directions: stream credit is the per-connection
+/// stream limit, and timeouts come from the checked config.
+pub(crate) fn transport_config(config: &CheckedConfig) -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    let streams = quinn::VarInt::from_u32(config.streams_per_connection_max());
+    t.max_concurrent_bidi_streams(streams);
+    t.max_concurrent_uni_streams(streams);
+    // The idle timeout is checked to be at most an hour, far inside QUIC's 2^62 ms limit.
+    t.max_idle_timeout(quinn::IdleTimeout::try_from(config.idle_timeout()).ok());
+    t.keep_alive_interval(Some(config.keep_alive()));
+    Arc::new(t)
+}
+
+/// The server side: requires a client certificate chaining to the mesh CA and naming a principal.
+pub fn server_config(
+    identity: &Identity,
+    config: &CheckedConfig,
+) -> Result<quinn::ServerConfig, TlsError> {
+    let err = |reason: String| TlsError::Config {
+        side: "server",
+        reason,
+    };
+    let inner = WebPkiClientVerifier::builder_with_provider(roots(identity.ca())?, provider())
+        .build()
+        .map_err(|e| err(e.to_string()))?;
+    let verifier = Arc::new(MeshClientVerifier { inner });
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| err(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(identity.chain(), identity.key())
+        .map_err(|e| err(e.to_string()))?;
+    tls.alpn_protocols = vec![alpn_protocol.to_vec()];
+    let quic = QuicServerConfig::try_from(tls).map_err(|e| err(e.to_string()))?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
+    server.transport_config(transport_config(config));
+    Ok(server)
+}
+
+/// The dialling side of an identity.
+pub fn client_config(
+    identity: &Identity,
+    config: &CheckedConfig,
+) -> Result<quinn::ClientConfig, TlsError> {
+    client_config_from_parts(identity.ca(), identity.chain(), identity.key(), config)
+}
+
+/// The dialling side from raw parts, whatever the certificate names. Tools and tests use it to
+/// present a certificate the server must refuse, or to write raw bytes on a stream.
+pub fn client_config_from_parts(
+    ca: &CertificateDer<'static>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    config: &CheckedConfig,
+) -> Result<quinn::ClientConfig, TlsError> {
+    let err = |reason: String| TlsError::Config {
+        side: "client",
+        reason,
+    };
+    let inner = WebPkiServerVerifier::builder_with_provider(roots(ca)?, provider())
+        .build()
+        .map_err(|e| err(e.to_string()))?;
+    let verifier = Arc::new(MeshServerVerifier { inner });
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| err(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| err(e.to_string()))?;
+    tls.alpn_protocols = vec![alpn_protocol.to_vec()];
+    let quic = QuicClientConfig::try_from(tls).map_err(|e| err(e.to_string()))?;
+    let mut client = quinn::ClientConfig::new(Arc::new(quic));
+    client.transport_config(transport_config(config));
+    Ok(client)
+}
+
+/// Stateless-reset key derived from the identity's private key, so a process restarted with the
+/// same certificate can tell peers at once that their old connection is gone (instead of them
+/// waiting out the idle timeout before re-dialling).
+pub(crate) struct ResetKey {
+    hkdf: &'static dyn rustls::crypto::tls13::Hkdf,
+    secret: OkmBlock,
+}
+
+const reset_key_label: &[u8] = b"mesh quic stateless reset key v1";
+
+impl ResetKey {
+    /// `None` only if the ring provider lost its TLS 1.3 suite; the caller then falls back to a
+    /// random key, which costs peers an idle timeout after a restart and nothing else.
+    pub(crate) fn from_identity(identity: &Identity) -> Option<ResetKey> {
+        let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256.tls13()?;
+        let hkdf = suite.hkdf_provider;
+        let key = identity.key();
+        let derived = hkdf.hmac_sign(&OkmBlock::new(reset_key_label), key.secret_der());
+        Some(ResetKey {
+            hkdf,
+            secret: OkmBlock::new(derived.as_ref()),
+        })
+    }
+}
+
+impl quinn::crypto::HmacKey for ResetKey {
+    fn sign(&self, data: &[u8], signature_out: &mut [u8]) {
+        let tag = self.hkdf.hmac_sign(&self.secret, data);
+        let tag = tag.as_ref();
+        let n = signature_out.len().min(tag.len());
+        signature_out[..n].copy_from_slice(&tag[..n]);
+    }
+
+    fn signature_len(&self) -> usize {
+        32
+    }
+
+    fn verify(&self, data: &[u8], signature: &[u8]) -> Result<(), quinn::crypto::CryptoError> {
+        let tag = self.hkdf.hmac_sign(&self.secret, data);
+        let tag = tag.as_ref();
+        // Compare every byte so the time taken does not reveal where a forgery goes wrong.
+        let mut diff = u8::from(tag.len() != signature.len());
+        for (a, b) in tag.iter().zip(signature) {
+            diff |= a ^ b;
+        }
+        if diff == 0 {
+            Ok(())
+        } else {
+            Err(quinn::crypto::CryptoError)
+        }
+    }
+}
+
+/// Random 8-byte connection IDs that any restart of this endpoint accepts as possibly its own.
+/// quinn's default generator keys its CIDs per process, so a restarted process would silently
+/// drop packets of old connections instead of answering them with the stateless reset above.
+pub(crate) struct RestartableCids {
+    counter: u64,
+}
+
+/// Bytes in every connection ID this endpoint issues.
+pub const connection_id_bytes: usize = 8;
+
+impl RestartableCids {
+    pub(crate) fn new() -> RestartableCids {
+        RestartableCids { counter: 0 }
+    }
+}
+
+impl quinn::ConnectionIdGenerator for RestartableCids {
+    fn generate_cid(&mut self) -> quinn::ConnectionId {
+        let mut bytes = [0u8; connection_id_bytes];
+        if rustls::crypto::ring::default_provider()
+            .secure_random
+            .fill(&mut bytes)
+            .is_err()
+        {
+            // No system randomness: distinct IDs still matter more than unpredictable ones.
+            self.counter = self.counter.wrapping_add(1);
+            bytes = self.counter.to_le_bytes();
+        }
+        quinn::ConnectionId::new(&bytes)
+    }
+
+    fn cid_len(&self) -> usize {
+        connection_id_bytes
+    }
+
+    fn cid_lifetime(&self) -> Option<std::time::Duration> {
+        None
+    }
+}
