@@ -5,18 +5,7 @@
 mod host_common;
 
 use host_common::*;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Kills the agent process on drop, whatever the test did.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Applies one module that writes its pid, through the library, and writes host.toml; returns
 /// the config path and the pid file (removed, so the next start is seen).
@@ -31,20 +20,14 @@ async fn prepared(fx: &Fixture) -> (std::path::PathBuf, std::path::PathBuf) {
     agent.shutdown().await;
     let pid_file = fx.module_dir("web").join("pid");
     std::fs::remove_file(&pid_file).expect("remove pid file");
-    let config = fx.dir.path().join("host.toml");
-    std::fs::write(&config, fx.config_text()).expect("config");
+    // Nothing listens at the replica address: reports wait on disk, which these tests ignore.
+    let nowhere = "127.0.0.1:9".parse().expect("address");
+    let config = fx.write_process_config(&Pki::new(), &[nowhere]);
     (config, pid_file)
 }
 
-fn spawn_host(config: &std::path::Path) -> ChildGuard {
-    let child = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
-        .arg("--config")
-        .arg(config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn mesh-host");
-    ChildGuard(child)
+fn spawn_host(fx: &Fixture, config: &std::path::Path) -> HostProcess {
+    HostProcess::spawn(config, &fx.dir.path().join("mesh-host.log"))
 }
 
 async fn module_pid(pid_file: &std::path::Path) -> u32 {
@@ -61,7 +44,7 @@ async fn a_module_left_by_a_killed_mesh_host_is_stopped_before_the_next_start() 
     // the same root stops the leftover group before it starts the module again.
     let fx = Fixture::new();
     let (config, pid_file) = prepared(&fx).await;
-    let mut host = spawn_host(&config);
+    let mut host = spawn_host(&fx, &config);
     let leftover = module_pid(&pid_file).await;
     let _guard = GroupGuard(vec![leftover]);
     host.0.kill().expect("SIGKILL mesh-host");
@@ -86,7 +69,7 @@ async fn mesh_host_resumes_its_declaration_and_stops_every_module_on_sigterm() {
     // No orphans: the agent's modules end with it; a restart runs the last applied declaration.
     let fx = Fixture::new();
     let (config, pid_file) = prepared(&fx).await;
-    let mut agent = spawn_host(&config);
+    let mut agent = spawn_host(&fx, &config);
     let module = module_pid(&pid_file).await;
     let _guard = GroupGuard(vec![module]);
     assert!(alive(module));

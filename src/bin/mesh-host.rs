@@ -1,15 +1,16 @@
 //! `mesh-host --config host.toml`: one machine's agent. Loads its config and state, resumes the last
-//! applied declaration, reports on its reconcile interval, and on SIGTERM or SIGINT stops every
-//! module before exiting, so no module outlives it.
+//! applied declaration, takes envelopes from replicas over QUIC (mTLS with the `[tls]` identity),
+//! files reports with the replicas, and on SIGTERM or SIGINT stops listening and then every module
+//! before exiting, so no module outlives it.
 
 use anyhow::Context;
 use clap::Parser;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
 
-use mesh::core::report::Report;
-use mesh::host::{Agent, HostConfig, ReportSink, SinkError, SinkFuture};
+use mesh::host::{Agent, HostConfig, HostError, QuicSink, listener};
 
 #[derive(Parser)]
 #[command(
@@ -22,15 +23,6 @@ struct Args {
     config: PathBuf,
 }
 
-/// Until the QUIC transport is wired in, reports have nowhere to go: they wait in the on-disk queue.
-struct NoTransport;
-
-impl ReportSink for NoTransport {
-    fn deliver<'a>(&'a self, _report: &'a Report) -> SinkFuture<'a> {
-        Box::pin(async { Err(SinkError::Unavailable("no transport wired in yet".into())) })
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -41,30 +33,56 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     let config = HostConfig::load(&args.config)?;
-    let agent = Arc::new(Agent::open(config, Arc::new(NoTransport)).context("opening host state")?);
+    if config.replicas().is_empty() {
+        anyhow::bail!(
+            "{}: `replicas` is empty, so reports could never leave this host; list the controller replicas as host:port",
+            args.config.display()
+        );
+    }
+    let endpoint = listener::bind(&config)?;
+    let sink = QuicSink::new(endpoint.clone(), config.name(), config.replicas().to_vec());
+    let agent = Arc::new(Agent::open(config, Arc::new(sink)).context("opening host state")?);
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let started = agent.start().await;
-    tracing::warn!(listen = %agent.config().listen(), "no listener yet: the transport is not wired in, so no envelope can arrive");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let reconcile = {
-        let agent = Arc::clone(&agent);
-        tokio::spawn(async move { agent.reconcile(stop_rx).await })
-    };
     let outcome = match started {
         Err(e) => Err(e).context("resuming the last declaration"),
-        Ok(_) => tokio::select! {
-            _ = terminate.recv() => { tracing::info!("SIGTERM: stopping every module"); Ok(()) }
-            _ = interrupt.recv() => { tracing::info!("SIGINT: stopping every module"); Ok(()) }
-            r = reconcile => match r {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(e).context("reporting"),
-                Err(e) => Err(e).context("the reconcile task ended"),
-            },
-        },
+        Ok(_) => {
+            let fatal = listener::serve(&endpoint, Arc::clone(&agent))
+                .context("the endpoint was already serving")?;
+            tracing::info!(machine = %agent.config().name(), listen = %endpoint.local_addr(),
+                "listening for envelopes");
+            let reconcile = {
+                let agent = Arc::clone(&agent);
+                tokio::spawn(async move { agent.reconcile(stop_rx).await })
+            };
+            run(&mut terminate, &mut interrupt, reconcile, fatal).await
+        }
     };
     let _ = stop_tx.send(true);
+    // Stop taking envelopes first, so nothing starts a module after the shutdown stopped them.
+    endpoint.close().await;
     agent.shutdown().await;
     tracing::info!("every module stopped; exiting");
     outcome
+}
+
+/// Waits for a signal, the end of the reconcile loop, or a fatal error from the listener.
+async fn run(
+    terminate: &mut tokio::signal::unix::Signal,
+    interrupt: &mut tokio::signal::unix::Signal,
+    reconcile: tokio::task::JoinHandle<Result<(), HostError>>,
+    mut fatal: mpsc::Receiver<HostError>,
+) -> anyhow::Result<()> {
+    tokio::select! {
+        _ = terminate.recv() => { tracing::info!("SIGTERM: stopping every module"); Ok(()) }
+        _ = interrupt.recv() => { tracing::info!("SIGINT: stopping every module"); Ok(()) }
+        r = reconcile => match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e).context("reporting"),
+            Err(e) => Err(e).context("the reconcile task ended"),
+        },
+        Some(e) = fatal.recv() => Err(e).context("applying an envelope"),
+    }
 }

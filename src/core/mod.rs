@@ -10,3 +10,4 @@ pub mod plan;
 pub mod report;
 pub mod settings;
 pub mod summary;
+pub mod wire;

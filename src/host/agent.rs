@@ -34,12 +34,19 @@ pub enum HostError {
     Report(#[from] ReportError),
     #[error("cannot digest the applied declaration: {0}")]
     Digest(#[from] mesh_codec::CodecError),
+    #[error(
+        "mesh-host is stopping its modules and applies nothing more; send again once it is back"
+    )]
+    ShuttingDown,
 }
 
 impl HostError {
     /// True when the host can no longer keep its promises and must stop.
     pub fn is_fatal(&self) -> bool {
-        !matches!(self, HostError::Refused(_) | HostError::Declaration { .. })
+        !matches!(
+            self,
+            HostError::Refused(_) | HostError::Declaration { .. } | HostError::ShuttingDown
+        )
     }
 }
 
@@ -56,6 +63,8 @@ struct Inner {
     applied: Option<AppliedRecord>,
     refusals: RefusalCounts,
     runtime: Runtime,
+    /// Set by [`Agent::shutdown`]: nothing may start a module after the runtime stopped them all.
+    closing: bool,
 }
 
 /// One machine's agent over its state directory.
@@ -99,6 +108,7 @@ impl Agent {
                 applied,
                 refusals,
                 runtime,
+                closing: false,
             }),
             config,
         })
@@ -111,8 +121,9 @@ impl Agent {
         let mut inner = self.inner.lock().await;
         leftovers::reap(&leftovers::run_dir(self.config.root())).await;
         let Some(record) = inner.applied.clone() else {
+            self.enqueue_report(&inner).await?;
             drop(inner);
-            self.report_now().await?;
+            self.flush_in_background();
             return Ok(None);
         };
         check_declaration(&record.declaration, self.config.name()).map_err(|refusal| {
@@ -124,8 +135,10 @@ impl Agent {
         tracing::info!(machine = %self.config.name(), epoch = record.position.epoch,
             sequence = record.position.sequence, "resuming the last applied declaration");
         let outcome = inner.runtime.apply(&record.declaration).await;
+        self.enqueue_report(&inner).await?;
         drop(inner);
-        self.report_now().await?;
+        // The listener starts after this returns; it must not wait on the controllers.
+        self.flush_in_background();
         Ok(Some(outcome))
     }
 
@@ -134,6 +147,9 @@ impl Agent {
     #[tracing::instrument(skip_all, fields(machine = %self.config.name(), bytes = wire.len()))]
     pub async fn receive(&self, wire: &[u8]) -> Result<Applied, HostError> {
         let mut inner = self.inner.lock().await;
+        if inner.closing {
+            return Err(HostError::ShuttingDown);
+        }
         let trusted = self.config.trusted();
         let envelope = match open(wire, trusted, self.config.name(), inner.high_water) {
             Ok(envelope) => envelope,
@@ -201,9 +217,12 @@ impl Agent {
         }
     }
 
-    /// Stops every module. The state on disk stays, so the next start resumes the same declaration.
+    /// Stops every module and refuses every later envelope. The state on disk stays, so the next
+    /// start resumes the same declaration.
     pub async fn shutdown(&self) {
-        self.inner.lock().await.runtime.shutdown().await;
+        let mut inner = self.inner.lock().await;
+        inner.closing = true;
+        inner.runtime.shutdown().await;
     }
 
     pub async fn status(&self) -> Vec<ModuleStatus> {

@@ -4,6 +4,7 @@
 //! state directory can move together.
 
 use ed25519_dalek::VerifyingKey;
+use mesh_transport::{CheckedConfig, TransportConfig};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -18,6 +19,8 @@ pub const reconcile_interval_ms_max: u64 = 3_600_000;
 pub const reconcile_interval_ms_default: u64 = 10_000;
 /// Longest machine name accepted, in bytes.
 pub const machine_name_bytes_max: usize = 64;
+/// Most replica addresses a host may list: each is tried in turn when reports cannot be filed.
+pub const replicas_max: usize = 16;
 
 /// Why `host.toml` could not be used. Each names the file, the key and what to do.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +40,8 @@ pub enum ConfigError {
     },
 }
 
-/// Paths of the host's TLS identity; unused until the transport is wired in.
+/// Paths of the host's TLS identity: the mesh CA, this host's certificate (naming `host:<name>`)
+/// and its private key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsPaths {
     pub ca: PathBuf,
@@ -60,6 +64,8 @@ pub struct HostConfig {
     replicas: Vec<String>,
     reconcile_interval: Duration,
     tls: Option<TlsPaths>,
+    /// QUIC limits and timeouts, checked.
+    transport: CheckedConfig,
     /// Replica id → the key its envelopes must verify against.
     trusted: BTreeMap<u64, VerifyingKey>,
 }
@@ -75,6 +81,7 @@ struct RawConfig {
     replicas: Vec<String>,
     reconcile_interval_ms: Option<u64>,
     tls: Option<RawTls>,
+    transport: Option<TransportConfig>,
     #[serde(default)]
     trusted_keys: BTreeMap<String, String>,
 }
@@ -116,6 +123,15 @@ impl HostConfig {
                 format!("`{}` is not an ip:port address ({e})", raw.listen),
             )
         })?;
+        if raw.replicas.len() > replicas_max {
+            return Err(invalid(
+                "replicas",
+                format!(
+                    "{} addresses listed, at most {replicas_max} are tried; list the controller replicas only",
+                    raw.replicas.len()
+                ),
+            ));
+        }
         for (i, replica) in raw.replicas.iter().enumerate() {
             check_host_port(replica).map_err(|p| invalid(&format!("replicas[{i}]"), p))?;
         }
@@ -131,6 +147,11 @@ impl HostConfig {
             ));
         }
         let trusted = parse_trusted(&raw.trusted_keys).map_err(|(k, p)| invalid(&k, p))?;
+        let transport = raw
+            .transport
+            .unwrap_or_default()
+            .check()
+            .map_err(|e| invalid("transport", e.to_string()))?;
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         Ok(HostConfig {
             name: raw.name,
@@ -144,6 +165,7 @@ impl HostConfig {
                 cert: resolve(t.cert),
                 key: resolve(t.key),
             }),
+            transport,
             trusted,
         })
     }
@@ -180,6 +202,11 @@ impl HostConfig {
 
     pub fn tls(&self) -> Option<&TlsPaths> {
         self.tls.as_ref()
+    }
+
+    /// QUIC limits and timeouts (`[transport]`, defaults when absent).
+    pub fn transport(&self) -> &CheckedConfig {
+        &self.transport
     }
 
     /// Replica id → the key its envelopes must verify against.
@@ -297,6 +324,9 @@ mod tests {
         let bad_key = text("").replace(&key_hex(), "zz");
         let e = HostConfig::parse(&bad_key, f, Path::new(".")).expect_err("refused");
         assert!(e.to_string().contains("trusted_keys.1"), "{e}");
+        let bad_transport = text("[transport]\nframe_bytes_max = 1");
+        let e = HostConfig::parse(&bad_transport, f, Path::new(".")).expect_err("refused");
+        assert!(e.to_string().contains("frame_bytes_max"), "{e}");
         let bad_name = text("").replace("\"ace\"", "\"a/b\"");
         let e = HostConfig::parse(&bad_name, f, Path::new(".")).expect_err("refused");
         assert!(e.to_string().contains("`name`"), "{e}");

@@ -1,7 +1,8 @@
 //! The mesh-host agent: envelope validator, supervised process runtime and reporter.
 //!
-//! Two seams face the transport: [`Agent::receive`] takes the exact envelope bytes a replica sent,
-//! and [`ReportSink`] carries reports back to the controllers.
+//! Two seams face the transport: [`Agent::receive`] takes the exact envelope bytes a replica sent
+//! (served over QUIC by [`listener`]), and [`ReportSink`] carries reports back to the controllers
+//! ([`QuicSink`] over QUIC).
 
 pub mod agent;
 pub mod board;
@@ -9,10 +10,12 @@ pub mod config;
 pub mod durable;
 pub mod layout;
 pub mod leftovers;
+pub mod listener;
 pub mod logs;
 pub mod probe;
 pub mod reporter;
 pub mod runtime;
+pub mod sink;
 pub mod state;
 pub mod supervise;
 pub mod validate;
@@ -21,3 +24,4 @@ pub use agent::{Agent, Applied, HostError};
 pub use config::{ConfigError, HostConfig};
 pub use reporter::{ReportSink, SinkError, SinkFuture, declaration_digest};
 pub use runtime::ApplyOutcome;
+pub use sink::QuicSink;

@@ -1,11 +1,14 @@
 //! Shared fixtures for the host tests: a temp state directory, a signing replica, sealed envelopes,
-//! a report sink that can be switched off, and condition waits with deadlines.
+//! a report sink that can be switched off, a mesh PKI on disk, a mesh-host process that is stopped
+//! on drop, and condition waits with deadlines.
 #![allow(dead_code)]
 
 use ed25519_dalek::SigningKey;
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,6 +18,7 @@ use mesh::core::envelope::{Envelope, seal};
 use mesh::core::report::{ModuleState, ModuleStatus, Report};
 use mesh::host::config::encode_hex;
 use mesh::host::{Agent, HostConfig, ReportSink, SinkError, SinkFuture};
+use mesh_transport::{Ca, Identity, Principal, Validity};
 
 pub const machine: &str = "ace";
 /// Longest any condition in these tests may take to come true.
@@ -50,12 +54,34 @@ impl Fixture {
     }
 
     pub fn config_text(&self) -> String {
+        self.config_text_with("", "")
+    }
+
+    /// The config with `top` among the top-level keys and `tables` after `[trusted_keys]`.
+    pub fn config_text_with(&self, top: &str, tables: &str) -> String {
         format!(
-            "name = \"{machine}\"\nroot = \"{}\"\nmounts_root = \"{}\"\nlisten = \"127.0.0.1:0\"\nreconcile_interval_ms = 100\n[trusted_keys]\n1 = \"{}\"\n",
+            "name = \"{machine}\"\nroot = \"{}\"\nmounts_root = \"{}\"\nlisten = \"127.0.0.1:0\"\nreconcile_interval_ms = 100\n{top}\n[trusted_keys]\n1 = \"{}\"\n{tables}\n",
             self.root().display(),
             self.mounts().display(),
             encode_hex(self.key.verifying_key().as_bytes())
         )
+    }
+
+    /// Writes host.toml for the mesh-host process: this host's certificate from `pki` and
+    /// `replicas` to report to. Returns its path.
+    pub fn write_process_config(&self, pki: &Pki, replicas: &[SocketAddr]) -> PathBuf {
+        let list: Vec<String> = replicas.iter().map(|a| format!("\"{a}\"")).collect();
+        let top = format!("replicas = [{}]", list.join(", "));
+        let tls = pki.write_tls(&self.dir.path().join("pki"), &host_principal());
+        let path = self.dir.path().join("host.toml");
+        std::fs::write(&path, self.config_text_with(&top, &tls)).expect("write host.toml");
+        path
+    }
+
+    /// The config of [`Fixture::write_process_config`], for an in-process agent and listener.
+    pub fn process_config(&self, pki: &Pki, replicas: &[SocketAddr]) -> HostConfig {
+        let path = self.write_process_config(pki, replicas);
+        HostConfig::load(&path).expect("config")
     }
 
     pub fn config(&self) -> HostConfig {
@@ -223,4 +249,120 @@ impl Drop for GroupGuard {
 
 pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// This host's principal.
+pub fn host_principal() -> Principal {
+    Principal::Host(machine.to_string())
+}
+
+/// A mesh CA in memory, issuing identities and certificate files.
+pub struct Pki {
+    pub ca: Ca,
+}
+
+impl Pki {
+    pub fn new() -> Pki {
+        Pki {
+            ca: Ca::create(Validity::days_from_now(1)).expect("create CA"),
+        }
+    }
+
+    pub fn identity(&self, principal: &Principal) -> Identity {
+        let issued = self
+            .ca
+            .issue(principal, Validity::days_from_now(1))
+            .expect("issue");
+        Identity::from_pem(self.ca.cert_pem(), issued.cert_pem(), issued.key_pem())
+            .expect("identity")
+    }
+
+    /// Writes the CA and a certificate for `principal` under `dir`; returns host.toml's `[tls]`.
+    pub fn write_tls(&self, dir: &Path, principal: &Principal) -> String {
+        std::fs::create_dir_all(dir).expect("pki dir");
+        let (ca, ca_key) = (dir.join("ca.crt"), dir.join("ca.key"));
+        let (cert, key) = (dir.join("self.crt"), dir.join("self.key"));
+        self.ca.write(&ca, &ca_key).expect("write CA");
+        let issued = self
+            .ca
+            .issue(principal, Validity::days_from_now(1))
+            .expect("issue");
+        issued.write(&cert, &key).expect("write certificate");
+        format!(
+            "[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+            ca.display(),
+            cert.display(),
+            key.display()
+        )
+    }
+}
+
+/// A mesh-host process. On drop it gets SIGTERM (so it stops its modules) and, if it has not
+/// exited by the deadline, SIGKILL.
+pub struct HostProcess(pub Child);
+
+impl HostProcess {
+    /// Starts mesh-host on `config`, its output going to `log`.
+    pub fn spawn(config: &Path, log: &Path) -> HostProcess {
+        let out = std::fs::File::create(log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("spawn mesh-host");
+        HostProcess(child)
+    }
+
+    /// Waits for the process to exit on its own; panics after [`wait_s`].
+    pub async fn exited(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(wait_s);
+        loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "mesh-host did not exit");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits for the process to write the address it listens on under `root`.
+    pub async fn listening(&mut self, root: &Path) -> SocketAddr {
+        let file = mesh::host::listener::listen_path(root);
+        let deadline = Instant::now() + Duration::from_secs(wait_s);
+        loop {
+            if let Ok(addr) = read(&file).trim().parse::<SocketAddr>() {
+                return addr;
+            }
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                panic!("mesh-host exited with {status} before listening");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "mesh-host did not start listening"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for HostProcess {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.0.try_wait() {
+            return;
+        }
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(wait_s);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
