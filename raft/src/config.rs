@@ -81,7 +81,7 @@ pub enum ConfigError {
         rule: String,
     },
     #[error("openraft refused the raft settings: {0}")]
-    Openraft(#[from] openraft::ConfigError),
+    Openraft(Box<openraft::ConfigError>),
 }
 
 /// Validated Raft settings. The only way to make one is [`RaftSettings::validate`] (or
@@ -143,7 +143,10 @@ impl RaftSettings {
             ));
         }
         s.validate_limits()?;
-        let openraft = s.openraft_config().validate()?;
+        let openraft = s
+            .openraft_config()
+            .validate()
+            .map_err(|e| ConfigError::Openraft(Box::new(e)))?;
         Ok(RaftConfig {
             settings: self,
             openraft: Arc::new(openraft),

@@ -8,6 +8,7 @@ pub mod config;
 pub mod gate;
 pub mod kv;
 mod log_store;
+pub mod network;
 mod replica;
 pub mod router;
 mod state_machine;
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 pub use config::{ConfigError, RaftConfig, RaftSettings};
 pub use gate::{Clock, Gate, GateError, Lease, MonotonicClock, TestClock};
 pub use log_store::LogStore;
+pub use network::{QuicNetwork, answer as answer_raft_rpc};
 pub use replica::{
     ProposeError, Proposed, Replica, ReplicaSpec, RestoreError, Restored, ShutdownError,
     StartError, restore, store_file_name,

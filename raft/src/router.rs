@@ -203,10 +203,10 @@ impl Router {
         if !faults.reachable(from, to) {
             return Fate::Unreachable("cannot reach its target (isolated or cut)");
         }
-        if let Some(&rate) = faults.drop_per_mille.get(&(from, to)) {
-            if faults.next_per_mille() < rate {
-                return Fate::Dropped;
-            }
+        if let Some(&rate) = faults.drop_per_mille.get(&(from, to))
+            && faults.next_per_mille() < rate
+        {
+            return Fate::Dropped;
         }
         let delay = faults.delay.get(&(from, to)).copied().unwrap_or_default();
         let held = faults.held.contains(&(from, to));

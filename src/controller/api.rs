@@ -3,7 +3,6 @@
 //! or `MessageKind::Forward` frames when a follower relays a request to the leader (G13).
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
 
 use crate::core::declaration::Digest;
 use crate::core::model::Mesh;

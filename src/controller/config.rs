@@ -1,0 +1,427 @@
+//! `replica.toml`: the file `meshctl init` writes ([`ReplicaConfigFile`]) and the validated
+//! [`ReplicaConfig`] `meshd` runs with. Relative paths are relative to the config file's directory.
+
+use ed25519_dalek::SigningKey;
+use mesh_raft::{RaftConfig, RaftSettings};
+use mesh_transport::{CheckedConfig, TransportConfig};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use crate::host::config::{decode_hex_32, encode_hex};
+
+/// Most replicas a cluster may list in `[peers]` (three in production, one for dev).
+pub const peers_max: usize = 9;
+/// Most machines a replica config may list in `[hosts]`.
+pub const hosts_max: usize = 100_000;
+/// Longest machine name accepted in `[hosts]`, in bytes (as mesh-host accepts).
+pub const machine_name_bytes_max: usize = 64;
+/// Mode the signing key file must have: readable by its owner only.
+pub const signing_key_file_mode: u32 = 0o600;
+/// Largest signing key file read, in bytes (64 hex characters and a newline fit easily).
+pub const signing_key_file_bytes_max: u64 = 1024;
+
+/// Why `replica.toml` (or the signing key it names) cannot be used. Each names the file, the key
+/// and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read replica config {file}: {source}; check the path given to --config")]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("replica config {file} is not valid TOML for meshd: {reason}")]
+    Parse { file: PathBuf, reason: String },
+    #[error("replica config {file}, key `{key}`: {problem}")]
+    Invalid {
+        file: PathBuf,
+        key: String,
+        problem: String,
+    },
+    #[error("signing key {file}: {problem}")]
+    SigningKey { file: PathBuf, problem: String },
+    #[error("cannot write {file}: {source}")]
+    Write {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// `replica.toml` as written on disk. `meshctl init` fills one and writes it with
+/// [`ReplicaConfigFile::to_toml`]; `meshd` reads it through [`ReplicaConfig::load`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaConfigFile {
+    /// This replica's id; must be a key of `peers`.
+    pub id: u64,
+    /// QUIC listen address (`ip:port`): Raft, operator API and host reports.
+    pub listen: String,
+    /// Store directory.
+    pub data_dir: PathBuf,
+    /// ed25519 secret key, 64 hex characters, file mode 0600.
+    pub signing_key: PathBuf,
+    pub tls: TlsFile,
+    /// Every replica including this one: `"<id>" = "ip:port"`.
+    pub peers: BTreeMap<String, String>,
+    /// Machine name → mesh-host address (`ip:port`).
+    #[serde(default)]
+    pub hosts: BTreeMap<String, String>,
+    /// Overrides of [`RaftSettings`] fields; absent fields keep their defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raft: Option<RaftSettings>,
+    /// Overrides of [`TransportConfig`] fields; absent fields keep their defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<TransportConfig>,
+}
+
+/// `[tls]`: the mesh CA and this replica's certificate (naming `replica:<id>`) and key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFile {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl ReplicaConfigFile {
+    /// The TOML text of this config.
+    pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string(self)
+    }
+}
+
+/// A validated replica configuration: every address parsed, this replica among its peers, Raft
+/// and transport settings checked, paths absolute. Only [`ReplicaConfig::load`] and
+/// [`ReplicaConfig::parse`] make one.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    file: PathBuf,
+    id: u64,
+    listen: SocketAddr,
+    data_dir: PathBuf,
+    signing_key: PathBuf,
+    tls: TlsFile,
+    peers: BTreeMap<u64, SocketAddr>,
+    hosts: BTreeMap<String, SocketAddr>,
+    raft: RaftConfig,
+    transport: CheckedConfig,
+}
+
+impl ReplicaConfig {
+    /// Reads and validates the config at `file`; relative paths resolve against its directory.
+    pub fn load(file: &Path) -> Result<ReplicaConfig, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+            file: file.to_path_buf(),
+            source,
+        })?;
+        let base = match file.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        ReplicaConfig::parse(&text, file, &base)
+    }
+
+    /// Validates config `text`, naming `file` in errors and resolving relative paths against `base`.
+    pub fn parse(text: &str, file: &Path, base: &Path) -> Result<ReplicaConfig, ConfigError> {
+        let raw: ReplicaConfigFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: file.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        ReplicaConfig::from_file(raw, file, base)
+    }
+
+    /// Validates an already-parsed config (what `meshctl init` is about to write, say).
+    pub fn from_file(
+        raw: ReplicaConfigFile,
+        file: &Path,
+        base: &Path,
+    ) -> Result<ReplicaConfig, ConfigError> {
+        let invalid = |key: &str, problem: String| ConfigError::Invalid {
+            file: file.to_path_buf(),
+            key: key.to_string(),
+            problem,
+        };
+        let listen = parse_addr(&raw.listen).map_err(|p| invalid("listen", p))?;
+        let peers = parse_peers(&raw.peers).map_err(|(k, p)| invalid(&k, p))?;
+        if !peers.contains_key(&raw.id) {
+            return Err(invalid(
+                "id",
+                format!(
+                    "replica {} is not listed in [peers]; add `{} = \"<its address>\"` there",
+                    raw.id, raw.id
+                ),
+            ));
+        }
+        let hosts = parse_hosts(&raw.hosts).map_err(|(k, p)| invalid(&k, p))?;
+        let raft = raw
+            .raft
+            .unwrap_or_default()
+            .validate()
+            .map_err(|e| invalid("raft", e.to_string()))?;
+        let transport = raw
+            .transport
+            .unwrap_or_default()
+            .check()
+            .map_err(|e| invalid("transport", e.to_string()))?;
+        let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
+        Ok(ReplicaConfig {
+            file: file.to_path_buf(),
+            id: raw.id,
+            listen,
+            data_dir: resolve(raw.data_dir),
+            signing_key: resolve(raw.signing_key),
+            tls: TlsFile {
+                ca: resolve(raw.tls.ca),
+                cert: resolve(raw.tls.cert),
+                key: resolve(raw.tls.key),
+            },
+            peers,
+            hosts,
+            raft,
+            transport,
+        })
+    }
+
+    /// The file this config came from (for messages).
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn listen(&self) -> SocketAddr {
+        self.listen
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// Path of the ed25519 signing key; read it with [`read_signing_key`].
+    pub fn signing_key_path(&self) -> &Path {
+        &self.signing_key
+    }
+
+    /// Paths of the CA, this replica's certificate and key, absolute.
+    pub fn tls(&self) -> &TlsFile {
+        &self.tls
+    }
+
+    /// Every replica including this one.
+    pub fn peers(&self) -> &BTreeMap<u64, SocketAddr> {
+        &self.peers
+    }
+
+    /// Machine name → mesh-host address.
+    pub fn hosts(&self) -> &BTreeMap<String, SocketAddr> {
+        &self.hosts
+    }
+
+    pub fn raft(&self) -> &RaftConfig {
+        &self.raft
+    }
+
+    pub fn transport(&self) -> &CheckedConfig {
+        &self.transport
+    }
+
+    /// Reads this replica's signing key, checking its mode.
+    pub fn read_signing_key(&self) -> Result<SigningKey, ConfigError> {
+        read_signing_key(&self.signing_key)
+    }
+}
+
+fn parse_addr(text: &str) -> Result<SocketAddr, String> {
+    text.parse::<SocketAddr>().map_err(|e| {
+        format!("`{text}` is not an ip:port address ({e}); write it like `127.0.0.1:7101`")
+    })
+}
+
+fn parse_peers(
+    raw: &BTreeMap<String, String>,
+) -> Result<BTreeMap<u64, SocketAddr>, (String, String)> {
+    if raw.is_empty() || raw.len() > peers_max {
+        return Err((
+            "peers".into(),
+            format!(
+                "{} replicas listed; list every replica of the cluster (1 to {peers_max}), this one included",
+                raw.len()
+            ),
+        ));
+    }
+    let mut peers = BTreeMap::new();
+    for (id, addr) in raw {
+        let key = format!("peers.{id}");
+        let id: u64 = id
+            .parse()
+            .map_err(|_| (key.clone(), "a replica id must be a number".to_string()))?;
+        let addr = parse_addr(addr).map_err(|p| (key.clone(), p))?;
+        peers.insert(id, addr);
+    }
+    Ok(peers)
+}
+
+fn parse_hosts(
+    raw: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, SocketAddr>, (String, String)> {
+    if raw.len() > hosts_max {
+        return Err((
+            "hosts".into(),
+            format!("{} machines listed, at most {hosts_max}", raw.len()),
+        ));
+    }
+    let mut hosts = BTreeMap::new();
+    for (name, addr) in raw {
+        let key = format!("hosts.{name}");
+        let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        if name.is_empty() || name.len() > machine_name_bytes_max || !name.chars().all(ok_char) {
+            return Err((
+                key,
+                format!(
+                    "not a machine name; use 1 to {machine_name_bytes_max} letters, digits, `-`, `_` or `.`"
+                ),
+            ));
+        }
+        let addr = parse_addr(addr).map_err(|p| (key.clone(), p))?;
+        hosts.insert(name.clone(), addr);
+    }
+    Ok(hosts)
+}
+
+/// Reads an ed25519 signing key: 64 hex characters in a file only its owner may read (0600).
+pub fn read_signing_key(file: &Path) -> Result<SigningKey, ConfigError> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let bad = |problem: String| ConfigError::SigningKey {
+        file: file.to_path_buf(),
+        problem,
+    };
+    let f = std::fs::File::open(file).map_err(|e| bad(format!("cannot open it ({e})")))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| bad(format!("cannot stat it ({e})")))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(bad(format!(
+            "mode is {mode:o}, others may read it; run `chmod 600 {}`",
+            file.display()
+        )));
+    }
+    let mut text = String::new();
+    f.take(signing_key_file_bytes_max)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(format!("cannot read it ({e})")))?;
+    let bytes = decode_hex_32(&text)
+        .ok_or_else(|| bad("expected 64 hex characters (an ed25519 secret key)".into()))?;
+    Ok(SigningKey::from_bytes(&bytes))
+}
+
+/// Writes an ed25519 signing key as 64 hex characters with mode 0600 (what `meshctl init` does).
+pub fn write_signing_key(file: &Path, key: &SigningKey) -> Result<(), ConfigError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |source| ConfigError::Write {
+        file: file.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(signing_key_file_mode)
+        .open(file)
+        .map_err(fail)?;
+    f.write_all(format!("{}\n", encode_hex(key.as_bytes())).as_bytes())
+        .map_err(fail)?;
+    f.sync_all().map_err(fail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const example: &str = r#"
+id = 1
+listen = "127.0.0.1:7101"
+data_dir = "replica-1"
+signing_key = "replica-1/signing.key"
+[tls]
+ca = "ca.pem"
+cert = "replica-1/cert.pem"
+key = "replica-1/key.pem"
+[peers]
+1 = "127.0.0.1:7101"
+2 = "127.0.0.1:7102"
+3 = "127.0.0.1:7103"
+[hosts]
+ace = "127.0.0.1:7201"
+[raft]
+heartbeat_ms = 100
+"#;
+
+    #[test]
+    fn the_documented_example_parses_and_resolves_paths() {
+        // Config: the shape meshctl init writes is what meshd reads.
+        let c =
+            ReplicaConfig::parse(example, Path::new("/m/r.toml"), Path::new("/m")).expect("valid");
+        assert_eq!(c.id(), 1);
+        assert_eq!(c.peers().len(), 3);
+        assert_eq!(c.data_dir(), Path::new("/m/replica-1"));
+        assert_eq!(c.tls().ca, PathBuf::from("/m/ca.pem"));
+        assert_eq!(c.hosts()["ace"].port(), 7201);
+        assert_eq!(c.raft().settings().heartbeat_ms, 100);
+    }
+
+    #[test]
+    fn a_written_file_reads_back_the_same() {
+        // Config: ReplicaConfigFile round-trips through TOML, so meshctl and meshd agree.
+        let raw: ReplicaConfigFile = toml::from_str(example).expect("parses");
+        let text = raw.to_toml().expect("serialises");
+        let back: ReplicaConfigFile = toml::from_str(&text).expect("parses again");
+        assert_eq!(raw, back);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        // Config: every refusal names the key at fault.
+        let f = Path::new("r.toml");
+        let b = Path::new(".");
+        let cases = [
+            (example.replace("id = 1", "id = 4"), "`id`"),
+            (
+                example.replace("\"127.0.0.1:7102\"", "\"nowhere\""),
+                "peers.2",
+            ),
+            (example.replace("ace =", "\"a/b\" ="), "hosts.a/b"),
+            (
+                example.replace("heartbeat_ms = 100", "heartbeat_ms = 900"),
+                "raft",
+            ),
+            (
+                example.replace("listen = \"127.0.0.1:7101\"", "listen = \"x\""),
+                "listen",
+            ),
+        ];
+        for (text, key) in cases {
+            let e = ReplicaConfig::parse(&text, f, b).expect_err("refused");
+            assert!(e.to_string().contains(key), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn signing_key_readable_by_others_is_refused() {
+        // Config: the signing key file is secret (mode 0600).
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("signing.key");
+        let key = SigningKey::from_bytes(&[9; 32]);
+        write_signing_key(&path, &key).expect("written");
+        assert_eq!(read_signing_key(&path).expect("read").to_bytes(), [9; 32]);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let e = read_signing_key(&path).expect_err("refused");
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+    }
+}
