@@ -5,6 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use mesh::controller::config::ReplicaConfig;
 use mesh::core::compose::{World, compose, digest};
 use mesh::core::declaration::Declaration;
 use mesh::core::meshfile::parse_mesh;
@@ -69,13 +70,15 @@ fn init_writes_every_key_0600_and_configs_each_process_accepts() {
     let context = mesh::cli::context::load(&dir.join("context.toml"), "--context")
         .expect("meshctl accepts the context");
     assert_eq!(context.replicas.len(), 3);
-    let replica: toml::Table = std::fs::read_to_string(dir.join("replica-2.toml"))
-        .expect("read")
-        .parse()
-        .expect("toml");
-    assert_eq!(replica["id"].as_integer(), Some(2));
-    assert_eq!(replica["peers"].as_table().map(|t| t.len()), Some(3));
-    assert_eq!(replica["hosts"].as_table().map(|t| t.len()), Some(2));
+    let replica = ReplicaConfig::load(&dir.join("replica-2.toml")).expect("meshd accepts it");
+    assert_eq!(replica.id(), 2);
+    assert_eq!(replica.peers().len(), 3);
+    assert_eq!(replica.hosts().len(), 2);
+    let key = replica
+        .read_signing_key()
+        .expect("signing key readable, 0600");
+    // G2: hosts trust exactly the replicas' signing keys.
+    assert_eq!(host.trusted().get(&2), Some(&key.verifying_key()));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("MESH_CONTEXT="), "{stdout}");
 }

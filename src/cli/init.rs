@@ -13,6 +13,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::context::{ContextFile, ContextTls};
+use crate::controller::config::{ReplicaConfig, ReplicaConfigFile, TlsFile};
 use crate::core::compose::{World, compose, declaration_bytes, digest};
 use crate::core::declaration::Digest;
 use crate::core::model::Mesh;
@@ -262,18 +263,6 @@ pub fn genesis_all(layout: &Layout) -> Result<BTreeMap<String, (Vec<u8>, Digest)
     Ok(out)
 }
 
-/// `replica.toml` as meshd reads it.
-#[derive(Serialize)]
-struct ReplicaToml {
-    id: u64,
-    listen: String,
-    data_dir: String,
-    signing_key: String,
-    tls: TlsToml,
-    peers: BTreeMap<String, String>,
-    hosts: BTreeMap<String, String>,
-}
-
 #[derive(Serialize)]
 struct TlsToml {
     ca: String,
@@ -325,12 +314,16 @@ fn write_replica(
         secret_hex.as_bytes(),
         secret_file_mode,
     )?;
-    let config = ReplicaToml {
+    let config = ReplicaConfigFile {
         id,
         listen: addr.to_string(),
-        data_dir: sub.clone(),
-        signing_key: format!("{sub}/signing.key"),
-        tls: tls_for(&sub),
+        data_dir: PathBuf::from(&sub),
+        signing_key: PathBuf::from(format!("{sub}/signing.key")),
+        tls: TlsFile {
+            ca: "ca.pem".into(),
+            cert: format!("{sub}/cert.pem").into(),
+            key: format!("{sub}/key.pem").into(),
+        },
         peers: layout
             .replicas
             .iter()
@@ -341,8 +334,17 @@ fn write_replica(
             .iter()
             .map(|(m, a)| (m.clone(), a.to_string()))
             .collect(),
+        raft: None,
+        transport: None,
     };
     let path = layout.dir.join(format!("{sub}.toml"));
+    // Validate with meshd's own checks before writing, so init never writes a config meshd refuses.
+    ReplicaConfig::from_file(config.clone(), &path, &layout.dir).map_err(|e| {
+        InitError::Render {
+            what: path.display().to_string(),
+            reason: e.to_string(),
+        }
+    })?;
     write_toml(&path, &config)?;
     Ok((path, encode_hex(key.verifying_key().as_bytes())))
 }
