@@ -152,9 +152,14 @@ impl Bed {
 
     /// Runs meshctl with the bed's context.
     pub fn meshctl(&self, args: &[&str]) -> anyhow::Result<Run> {
+        self.meshctl_in(&self.context, args)
+    }
+
+    /// Runs meshctl with another context file (one replica only, another certificate).
+    pub fn meshctl_in(&self, context: &Path, args: &[&str]) -> anyhow::Result<Run> {
         let out = Command::new(&self.bins.meshctl)
             .arg("--context")
-            .arg(&self.context)
+            .arg(context)
             .args(args)
             .env_remove("MESH_CONTEXT")
             .output()
