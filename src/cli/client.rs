@@ -46,6 +46,14 @@ pub enum ClientError {
         reason: String,
     },
     #[error(
+        "replica {id} ({addr}) took the request but gave no answer ({reason}); it may have taken effect: check `meshctl history` before running it again"
+    )]
+    NoAnswer {
+        id: u64,
+        addr: SocketAddr,
+        reason: String,
+    },
+    #[error(
         "replica {id} ({addr}) answered with bytes meshctl cannot read ({reason}); are meshctl and meshd the same version?"
     )]
     BadAnswer {
@@ -108,7 +116,7 @@ pub async fn ask_async(context: &Context, request: &Request) -> Result<Answer, C
                 ep
             }
         };
-        match ask_one(&ep, id, addr, body.clone()).await {
+        match ask_one(&ep, id, addr, body.clone(), is_read(request)).await {
             Ok(answer) => {
                 ep.close().await;
                 return Ok(answer);
@@ -135,11 +143,25 @@ enum Attempt {
     Final(ClientError),
 }
 
+/// Whether a request only reads, so it may be asked again of another replica after one took it
+/// and gave no answer.
+fn is_read(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Status
+            | Request::Plan { .. }
+            | Request::SettingsShow { .. }
+            | Request::History
+            | Request::SnapshotSave
+    )
+}
+
 async fn ask_one(
     ep: &Endpoint,
     id: u64,
     addr: SocketAddr,
     body: Vec<u8>,
+    read: bool,
 ) -> Result<Answer, Attempt> {
     // A short handshake first, so a dead replica costs seconds, not the whole request timeout.
     let dial = Duration::from_millis(dial_timeout_ms);
@@ -153,7 +175,15 @@ async fn ask_one(
         Err(TransportError::Refused { reason, .. }) => {
             return Err(Attempt::Final(ClientError::Refused { id, addr, reason }));
         }
-        Err(e) => return Err(Attempt::Next(e.to_string())),
+        Err(e) if read => return Err(Attempt::Next(e.to_string())),
+        // A change that reached a replica must not be repeated on another one unseen.
+        Err(e) => {
+            return Err(Attempt::Final(ClientError::NoAnswer {
+                id,
+                addr,
+                reason: e.to_string(),
+            }));
+        }
     };
     mesh_codec::decode::<Answer>(answer_what, &bytes).map_err(|e| {
         Attempt::Final(ClientError::BadAnswer {
