@@ -3,6 +3,7 @@
 //! or `MessageKind::Forward` frames when a follower relays a request to the leader (G13).
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 
 use crate::core::declaration::Digest;
 use crate::core::model::Mesh;
@@ -31,9 +32,11 @@ pub enum Request {
         scope: Option<Scope>,
         history: bool,
     },
+    /// Set the keys of `layer` and remove the keys of `remove` (a removal needs `replace`, G6).
     SettingsSet {
         scope: Scope,
         layer: Layer,
+        remove: BTreeSet<String>,
         replace: bool,
         why: String,
     },
@@ -80,6 +83,8 @@ pub enum Body {
     Applied {
         revision: u64,
         changes: Vec<String>,
+        /// Settings scopes where the file differs from the store; not written (use `settings set`).
+        settings_ignored: Vec<String>,
     },
     Plan(PlanView),
     Push(PushView),

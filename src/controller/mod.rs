@@ -1,3 +1,10 @@
 //! The replica service: leader loop, lease gate use, push orchestration, forwarding and API handlers.
 pub mod api;
 pub mod config;
+pub mod floor;
+mod ops;
+mod push;
+pub mod restore;
+pub mod service;
+
+pub use service::{Running, Service, ServiceError, bind, start, start_on};

@@ -1,0 +1,85 @@
+//! The epoch floor beside the store (G9): `<data_dir>/epoch-floor`, a decimal number rewritten
+//! atomically (fsync'd) each time the store's floor rises, so a store that was reset or restored from
+//! an old disk is noticed at start and the next term still goes above every epoch ever used.
+
+use std::path::{Path, PathBuf};
+
+use crate::host::durable::{StorageError, write_atomic};
+
+/// The file name inside the data directory.
+pub const floor_file_name: &str = "epoch-floor";
+/// Largest epoch-floor file read, in bytes.
+pub const floor_file_bytes_max: u64 = 64;
+
+/// Why the floor file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum FloorError {
+    #[error("cannot read the epoch floor {file}: {source}")]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the epoch floor {file} holds `{text}`, not a number; restore it from a backup or write the highest epoch this cluster used"
+    )]
+    Malformed { file: PathBuf, text: String },
+    #[error(transparent)]
+    Write(#[from] StorageError),
+}
+
+/// The floor file's path in `data_dir`.
+pub fn floor_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(floor_file_name)
+}
+
+/// The floor kept beside the store; 0 when the file does not exist yet.
+pub fn read_floor(data_dir: &Path) -> Result<u64, FloorError> {
+    use std::io::Read;
+    let file = floor_path(data_dir);
+    let read_err = |source| FloorError::Read {
+        file: file.clone(),
+        source,
+    };
+    let f = match std::fs::File::open(&file) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(read_err(e)),
+    };
+    let mut text = String::new();
+    f.take(floor_file_bytes_max)
+        .read_to_string(&mut text)
+        .map_err(read_err)?;
+    text.trim().parse().map_err(|_| FloorError::Malformed {
+        file: file.clone(),
+        text: text.trim().to_string(),
+    })
+}
+
+/// Writes `floor` durably (temp file, fsync, rename, directory fsync).
+pub fn write_floor(data_dir: &Path, floor: u64) -> Result<(), FloorError> {
+    write_atomic(
+        &floor_path(data_dir),
+        format!("{floor}\n").as_bytes(),
+        0o600,
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn g9_floor_file_round_trips_and_a_missing_one_reads_zero() {
+        // G9: the floor beside the store survives restarts; a new directory starts at 0.
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(read_floor(dir.path()).expect("read"), 0);
+        write_floor(dir.path(), 42).expect("write");
+        assert_eq!(read_floor(dir.path()).expect("read"), 42);
+        std::fs::write(floor_path(dir.path()), "x").expect("garble");
+        assert!(matches!(
+            read_floor(dir.path()),
+            Err(FloorError::Malformed { .. })
+        ));
+    }
+}

@@ -1,0 +1,320 @@
+//! The operator requests other than push and plan: apply a model, settings (G6), status, history and
+//! snapshots. Each validates before it proposes, so a refused request writes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::api::{ApiError, Body, HistoryItem, MachineView, ReplicaView, SettingsView, StatusView};
+use super::push::known_of;
+use super::service::Service;
+use crate::core::compose::{World, compose};
+use crate::core::model::Mesh;
+use crate::core::settings::{Edit, Layer, Scope, clear_layer, edit_layer};
+use crate::store::app::MeshApp;
+use crate::store::command::{Applied, Command};
+use crate::store::state::DomainState;
+
+/// How long `status` waits for a replica that is not replicating from this one.
+pub const status_ping_ms: u64 = 300;
+
+impl Service {
+    /// `Request::Apply`: every machine must compose with the new model; then one CAS write.
+    pub(crate) async fn apply(
+        &self,
+        actor: &str,
+        mesh: Mesh,
+        why: String,
+    ) -> Result<Body, ApiError> {
+        let mut work = self.work.lock().await;
+        let lease = self.lease().await?;
+        let state = self.state()?;
+        work.refresh(&state)?;
+        check_composes(&state, &mesh)?;
+        let old: BTreeMap<String, _> = work.cache.iter().map(|(m, d)| (m.clone(), *d)).collect();
+        let applied = self
+            .propose(
+                lease.term(),
+                Some(state.revision),
+                actor,
+                Command::ApplyModel { mesh, why },
+            )
+            .await?;
+        let Applied::Model {
+            revision,
+            settings_ignored,
+        } = applied
+        else {
+            return Err(ApiError::Failed(format!(
+                "the store answered apply with {applied:?}"
+            )));
+        };
+        work.refresh(&self.state()?)?;
+        let mut changes: BTreeSet<String> = BTreeSet::new();
+        for (m, d) in work.cache.iter() {
+            if old.get(m) != Some(d) {
+                changes.insert(m.clone());
+            }
+        }
+        changes.extend(old.keys().filter(|m| work.cache.get(m).is_none()).cloned());
+        Ok(Body::Applied {
+            revision,
+            changes: changes.into_iter().collect(),
+            settings_ignored,
+        })
+    }
+
+    pub(crate) fn settings_show(
+        &self,
+        scope: Option<Scope>,
+        history: bool,
+    ) -> Result<Body, ApiError> {
+        let state = self.state()?;
+        if let Some(s) = &scope {
+            check_scope(&state, s)?;
+        }
+        let layers = state
+            .mesh
+            .settings
+            .layers
+            .iter()
+            .filter(|(s, _)| scope.as_ref().is_none_or(|want| want == *s))
+            .map(|(s, l)| (s.clone(), l.clone()))
+            .collect();
+        let history = if history {
+            MeshApp::settings_history(self.replica.database())
+                .map_err(|e| ApiError::Failed(format!("cannot read settings history: {e}")))?
+                .into_iter()
+                .filter(|c| scope.as_ref().is_none_or(|want| *want == c.scope))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Body::Settings(SettingsView { layers, history }))
+    }
+
+    /// `Request::SettingsSet` (G6): the outcome is computed first, so a refused edit writes nothing.
+    pub(crate) async fn settings_set(
+        &self,
+        actor: &str,
+        scope: Scope,
+        layer: Layer,
+        remove: BTreeSet<String>,
+        replace: bool,
+        why: String,
+    ) -> Result<Body, ApiError> {
+        let _work = self.work.lock().await;
+        let lease = self.lease().await?;
+        let state = self.state()?;
+        check_scope(&state, &scope)?;
+        let edit = Edit {
+            set: layer.clone(),
+            remove: remove.clone(),
+        };
+        edit_layer(state.mesh.settings.layers.get(&scope), edit, replace)
+            .map_err(|e| ApiError::Invalid(format!("settings {scope}: {e}")))?;
+        let command = Command::SetSettings {
+            scope: scope.clone(),
+            set: layer,
+            remove,
+            replace,
+            why,
+        };
+        let applied = self
+            .propose(lease.term(), Some(state.revision), actor, command)
+            .await?;
+        settings_answer(scope, applied)
+    }
+
+    pub(crate) async fn settings_clear(
+        &self,
+        actor: &str,
+        scope: Scope,
+        why: String,
+    ) -> Result<Body, ApiError> {
+        let _work = self.work.lock().await;
+        let lease = self.lease().await?;
+        let state = self.state()?;
+        check_scope(&state, &scope)?;
+        clear_layer(state.mesh.settings.layers.get(&scope))
+            .map_err(|e| ApiError::Invalid(format!("settings {scope}: {e}")))?;
+        let command = Command::ClearSettings {
+            scope: scope.clone(),
+            why,
+        };
+        let applied = self
+            .propose(lease.term(), Some(state.revision), actor, command)
+            .await?;
+        settings_answer(scope, applied)
+    }
+
+    /// `Request::Status`: replicas, machines, revision, floor and any store reset.
+    pub(crate) async fn status(&self) -> Result<Body, ApiError> {
+        let state = self.state()?;
+        let behind = {
+            let mut work = self.work.lock().await;
+            work.refresh(&state)?;
+            let known = known_of(&state);
+            let mut behind = BTreeSet::new();
+            for m in state.mesh.machines.keys() {
+                let k = known.get(m);
+                let is_behind = match k {
+                    None => true,
+                    Some(k) => !k.confirmed || k.last_sent != work.cache.get(m),
+                };
+                if is_behind {
+                    behind.insert(m.clone());
+                }
+            }
+            behind
+        };
+        let machines = state
+            .mesh
+            .machines
+            .keys()
+            .map(|m| machine_view(&state, m, behind.contains(m)))
+            .collect();
+        Ok(Body::Status(StatusView {
+            replicas: self.replica_views().await,
+            machines,
+            revision: state.revision,
+            epoch_floor: state.epoch_floor,
+            store_reset: self.store_reset.clone(),
+        }))
+    }
+
+    async fn replica_views(&self) -> Vec<ReplicaView> {
+        let m = self.replica.metrics().borrow().clone();
+        let mut out = Vec::new();
+        for (id, addr) in self.config.peers() {
+            let replicated = m
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(id))
+                .is_some_and(|matched| matched.is_some());
+            let reachable = if *id == self.id || replicated {
+                true
+            } else {
+                let wait = Duration::from_millis(status_ping_ms);
+                self.endpoint.peer_principal(*addr, wait).await.is_ok()
+            };
+            out.push(ReplicaView {
+                id: *id,
+                addr: addr.to_string(),
+                leader: m.current_leader == Some(*id),
+                epoch: m.current_term,
+                reachable,
+            });
+        }
+        out
+    }
+
+    /// `Request::History`: every send and settings change, oldest first.
+    pub(crate) fn history(&self) -> Result<Body, ApiError> {
+        let db = self.replica.database();
+        let sends = MeshApp::sends(db, None)
+            .map_err(|e| ApiError::Failed(format!("cannot read send records: {e}")))?;
+        let changes = MeshApp::settings_history(db)
+            .map_err(|e| ApiError::Failed(format!("cannot read settings history: {e}")))?;
+        let mut items: Vec<(u64, HistoryItem)> = Vec::new();
+        for s in sends {
+            items.push((s.time_ms, HistoryItem::Send(s)));
+        }
+        for c in changes {
+            items.push((c.time_ms, HistoryItem::Settings(c)));
+        }
+        items.sort_by_key(|(t, _)| *t);
+        Ok(Body::History(items.into_iter().map(|(_, i)| i).collect()))
+    }
+
+    /// `Request::SnapshotSave`: a consistent backup `meshd restore` takes.
+    pub(crate) async fn snapshot(&self) -> Result<Body, ApiError> {
+        let bytes = self
+            .replica
+            .backup()
+            .await
+            .map_err(|e| ApiError::Failed(format!("cannot build the backup: {e}")))?;
+        let epoch_floor = self.state()?.epoch_floor;
+        Ok(Body::Snapshot { bytes, epoch_floor })
+    }
+}
+
+fn settings_answer(scope: Scope, applied: Applied) -> Result<Body, ApiError> {
+    match applied {
+        Applied::Settings {
+            added,
+            changed,
+            removed,
+            ..
+        } => Ok(Body::SettingsSet {
+            scope,
+            added,
+            changed,
+            removed,
+        }),
+        other => Err(ApiError::Failed(format!(
+            "the store answered a settings write with {other:?}"
+        ))),
+    }
+}
+
+/// Every machine composes with `mesh` (the store keeps its own settings after the first apply).
+fn check_composes(state: &DomainState, mesh: &Mesh) -> Result<(), ApiError> {
+    let first = state.revision == 0 && state.mesh.machines.is_empty();
+    let settings = if first {
+        mesh.settings.clone()
+    } else {
+        state.mesh.settings.clone()
+    };
+    let checked = Mesh {
+        settings,
+        ..mesh.clone()
+    };
+    let world = World::new(checked, state.provisions.values().cloned());
+    for machine in mesh.machines.keys() {
+        compose(&world, machine).map_err(|e| {
+            ApiError::Invalid(format!(
+                "machine {machine} does not compose with this mesh: {e}; nothing was stored"
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// A scope must name a machine or module of the model.
+fn check_scope(state: &DomainState, scope: &Scope) -> Result<(), ApiError> {
+    let machines = &state.mesh.machines;
+    let modules = &state.mesh.modules;
+    let unknown = |what: &str, name: &str| {
+        Err(ApiError::Invalid(format!(
+            "settings scope {scope}: there is no {what} {name} in the mesh"
+        )))
+    };
+    match scope {
+        Scope::Mesh => Ok(()),
+        Scope::Machine(m) if !machines.contains_key(m) => unknown("machine", m),
+        Scope::Module(m) if !modules.contains_key(m) => unknown("module", m),
+        Scope::Placement { module, .. } if !modules.contains_key(module) => {
+            unknown("module", module)
+        }
+        Scope::Placement { machine, .. } if !machines.contains_key(machine) => {
+            unknown("machine", machine)
+        }
+        _ => Ok(()),
+    }
+}
+
+fn machine_view(state: &DomainState, machine: &str, behind: bool) -> MachineView {
+    let account = state.accounts.get(machine);
+    let report = account.and_then(|a| a.report.as_ref());
+    MachineView {
+        name: machine.to_string(),
+        last_send: state
+            .last_sends
+            .get(machine)
+            .map(|s| (s.epoch, s.sequence, s.digest)),
+        last_report: report.map(|r| (r.epoch, r.sequence, r.report_sequence, r.applied)),
+        behind,
+        holds: state.holds.get(machine).cloned().unwrap_or_default(),
+        refused_reports: account.map_or(0, |a| a.refused_older),
+    }
+}

@@ -1,0 +1,445 @@
+//! A push as the leader runs it (G1, G3, G4, G7, G8): gate → plan at revision R → commit mints (CAS
+//! on R) → holds → one committed record of every send → sealed envelopes to hosts, each only while
+//! the lease is open and this replica still leads. Also `plan` (the same planning as a dry run).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use mesh_raft::Lease;
+use mesh_transport::{MessageKind, Peer, Principal};
+
+use super::api::{ApiError, Body, PlanView, PushLine, PushOutcome, PushTarget, PushView};
+use super::service::{Service, now_ms};
+use crate::core::compose::{MintRequest, Pending, compose_with};
+use crate::core::envelope::{Envelope, seal};
+use crate::core::plan::{Known, PlanError, PlanInput, PlannedSend, PushPlan, Target, plan};
+use crate::core::report::ModuleState;
+use crate::core::summary::{diff, summarize};
+use crate::core::wire::{EnvelopeReply, envelope_reply_what};
+use crate::store::command::{Applied, Command, HeldMount, SendRecord};
+use crate::store::state::DomainState;
+
+/// Envelopes in flight at once during one push.
+pub const sends_in_flight_max: usize = 64;
+/// Bytes of randomness in a minted secret (hex-encoded, so twice as many characters).
+pub const secret_bytes: usize = 32;
+/// What `plan` shows instead of a secret: nothing is minted by a dry run.
+pub const placeholder_secret: &str = "<minted at push>";
+
+/// What the controller knows of each machine, for planning (G1, G8).
+pub(crate) fn known_of(state: &DomainState) -> BTreeMap<String, Known> {
+    let mut known = BTreeMap::new();
+    for (machine, send) in &state.last_sends {
+        let report = state.accounts.get(machine).and_then(|a| a.report.as_ref());
+        let confirmed = report.is_some_and(|r| {
+            r.epoch == send.epoch && r.sequence == send.sequence && r.applied == Some(send.digest)
+        });
+        let mut running_mounts = BTreeMap::new();
+        for (module, summary) in &send.summary.modules {
+            let stopped = report.is_some_and(|r| {
+                r.modules.iter().any(|m| {
+                    m.name == *module
+                        && matches!(m.state, ModuleState::Failed { .. } | ModuleState::Stopped)
+                })
+            });
+            if stopped {
+                continue;
+            }
+            let mounts: BTreeMap<String, String> = summary
+                .mounts
+                .iter()
+                .map(|(name, (host_dir, _))| (name.clone(), host_dir.clone()))
+                .collect();
+            running_mounts.insert(module.clone(), mounts);
+        }
+        known.insert(
+            machine.clone(),
+            Known {
+                last_sent: Some(send.digest),
+                confirmed,
+                running_mounts,
+            },
+        );
+    }
+    known
+}
+
+fn plan_error(e: PlanError) -> ApiError {
+    match e {
+        PlanError::Compose(c) => ApiError::Invalid(c.to_string()),
+        PlanError::MoveNotApplicable { .. } => ApiError::Invalid(e.to_string()),
+        other => ApiError::Failed(other.to_string()),
+    }
+}
+
+/// 32 random bytes, hex. `None` only if the OS random source fails.
+fn random_secret() -> Option<String> {
+    let mut bytes = [0u8; secret_bytes];
+    getrandom::getrandom(&mut bytes).ok()?;
+    Some(crate::host::config::encode_hex(&bytes))
+}
+
+fn held_view(h: &crate::core::plan::Hold) -> HeldMount {
+    HeldMount {
+        module: h.module.clone(),
+        mount: h.mount.clone(),
+        old_dir: h.old_dir.clone(),
+        new_dir: h.new_dir.clone(),
+    }
+}
+
+/// Holds grouped by machine.
+fn holds_by_machine(plan: &PushPlan) -> BTreeMap<String, Vec<HeldMount>> {
+    let mut out: BTreeMap<String, Vec<HeldMount>> = BTreeMap::new();
+    for h in &plan.holds {
+        out.entry(h.machine.clone()).or_default().push(held_view(h));
+    }
+    out
+}
+
+impl Service {
+    /// `Request::Plan`: what a push of `machine` would do, and the diff of its would-send against
+    /// its last send (G7). Nothing is minted or written.
+    pub(crate) async fn plan(&self, machine: &str) -> Result<Body, ApiError> {
+        let state = self.state()?;
+        if !state.mesh.machines.contains_key(machine) {
+            return Err(ApiError::Invalid(format!(
+                "there is no machine {machine} in the mesh; `meshctl status` lists them"
+            )));
+        }
+        let mut work = self.work.lock().await;
+        work.refresh(&state)?;
+        let known = known_of(&state);
+        let mut secret = |_: &MintRequest| placeholder_secret.to_string();
+        let planned = plan(PlanInput {
+            world: &work.world,
+            cache: &work.cache,
+            known: &known,
+            target: &Target::Machine(machine.to_string()),
+            moves: &BTreeSet::new(),
+            secret: &mut secret,
+        })
+        .map_err(plan_error)?;
+        let mut pending = Pending::default();
+        for p in &planned.mints {
+            pending.insert(p.clone());
+        }
+        let composed = compose_with(&work.world, &pending, machine)
+            .map_err(|e| ApiError::Invalid(e.to_string()))?;
+        let last = state.last_sends.get(machine).map(|s| &s.summary);
+        let changes = diff(last, &summarize(&composed.declaration));
+        Ok(Body::Plan(PlanView {
+            machine: machine.to_string(),
+            diff: changes.changes.iter().map(|c| c.to_string()).collect(),
+            sends: planned
+                .sends
+                .iter()
+                .map(|s| (s.machine.clone(), s.reason.to_string()))
+                .collect(),
+            holds: planned
+                .holds
+                .iter()
+                .map(|h| (h.machine.clone(), held_view(h)))
+                .collect(),
+            mints: planned.mints.iter().map(|p| p.id.clone()).collect(),
+        }))
+    }
+
+    /// `Request::Push`.
+    pub(crate) async fn push(
+        &self,
+        actor: &str,
+        target: PushTarget,
+        why: String,
+        moves: Vec<String>,
+    ) -> Result<Body, ApiError> {
+        if why.trim().is_empty() {
+            return Err(ApiError::Invalid(
+                "a push needs a reason: add `--why \"...\"`; it is kept with the send record"
+                    .into(),
+            ));
+        }
+        let mut work = self.work.lock().await;
+        let lease = self.lease().await?;
+        let epoch = lease.term();
+        let state = self.state()?;
+        let target = match target {
+            PushTarget::Machine(m) if !state.mesh.machines.contains_key(&m) => {
+                return Err(ApiError::Invalid(format!(
+                    "there is no machine {m} in the mesh; `meshctl status` lists them"
+                )));
+            }
+            PushTarget::Machine(m) => Target::Machine(m),
+            PushTarget::Behind => Target::Behind,
+            PushTarget::All => Target::All,
+        };
+        work.refresh(&state)?;
+        let known = known_of(&state);
+        let moves_set: BTreeSet<String> = moves.iter().cloned().collect();
+        let mut random_failed = false;
+        let mut secret = |_: &MintRequest| {
+            random_secret().unwrap_or_else(|| {
+                random_failed = true;
+                String::new()
+            })
+        };
+        let planned = plan(PlanInput {
+            world: &work.world,
+            cache: &work.cache,
+            known: &known,
+            target: &target,
+            moves: &moves_set,
+            secret: &mut secret,
+        })
+        .map_err(plan_error)?;
+        if random_failed {
+            return Err(ApiError::Failed(
+                "the OS random source failed while minting secrets; nothing was written".into(),
+            ));
+        }
+        let everyone = || {
+            let mut all: Vec<String> = planned.sends.iter().map(|s| s.machine.clone()).collect();
+            all.extend(holds_by_machine(&planned).into_keys());
+            all
+        };
+        let stopped = |reason: String| {
+            tracing::warn!(epoch, %reason, "leader stopped acting");
+            stopped_view(epoch, &everyone(), &reason)
+        };
+        // Mints are committed before any send carries them (G4).
+        if let Err(reason) = self.acting(&lease) {
+            return Ok(stopped(reason));
+        }
+        let mut revision = state.revision;
+        if !planned.mints.is_empty() {
+            let provisions = planned.mints.clone();
+            match self
+                .propose(epoch, Some(revision), actor, Command::Mint { provisions })
+                .await
+            {
+                Ok(Applied::Minted { revision: r, .. }) => revision = r,
+                Ok(other) => {
+                    return Err(ApiError::Failed(format!(
+                        "the store answered the mints with {other:?}"
+                    )));
+                }
+                Err(ApiError::Refused(r)) => {
+                    return Err(ApiError::Refused(format!(
+                        "the store refused this push's mints: {r}; nothing was sent"
+                    )));
+                }
+                Err(e) => return Ok(stopped(e.to_string())),
+            }
+            for p in &planned.mints {
+                work.world.insert_provision(p.clone());
+            }
+        }
+        work.cache.apply(&planned);
+        work.revision = Some(revision);
+        if let Err(reason) = self.record_holds(&lease, actor, &state, &planned).await {
+            return Ok(stopped(reason));
+        }
+        let records = self.send_records(epoch, actor, &why, &moves, &state, &planned);
+        if !records.is_empty() {
+            if let Err(reason) = self.acting(&lease) {
+                return Ok(stopped(reason));
+            }
+            let sends = records.clone();
+            match self
+                .propose(epoch, Some(revision), actor, Command::RecordSends { sends })
+                .await
+            {
+                Ok(_) => {}
+                Err(ApiError::Refused(r)) => {
+                    return Err(ApiError::Refused(format!(
+                        "the store refused this push's send records: {r}; nothing was sent"
+                    )));
+                }
+                Err(e) => return Ok(stopped(e.to_string())),
+            }
+        }
+        let mut lines = self.deliver(&lease, &planned.sends, &records).await;
+        for (machine, holds) in holds_by_machine(&planned) {
+            lines.push(PushLine {
+                machine,
+                outcome: PushOutcome::Held {
+                    reason: "held".into(),
+                    holds,
+                },
+            });
+        }
+        Ok(Body::Push(PushView { epoch, lines }))
+    }
+
+    /// Records the holds of held machines and releases the holds of machines now sent (G8).
+    async fn record_holds(
+        &self,
+        lease: &Lease,
+        actor: &str,
+        state: &DomainState,
+        planned: &PushPlan,
+    ) -> Result<(), String> {
+        let mut commands = Vec::new();
+        for (machine, holds) in holds_by_machine(planned) {
+            commands.push(Command::SetHolds { machine, holds });
+        }
+        for send in &planned.sends {
+            if state.holds.contains_key(&send.machine) {
+                commands.push(Command::ReleaseHolds {
+                    machine: send.machine.clone(),
+                });
+            }
+        }
+        for command in commands {
+            self.acting(lease)?;
+            self.propose(lease.term(), None, actor, command)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn send_records(
+        &self,
+        epoch: u64,
+        actor: &str,
+        why: &str,
+        moves: &[String],
+        state: &DomainState,
+        planned: &PushPlan,
+    ) -> Vec<SendRecord> {
+        let time_ms = now_ms();
+        planned
+            .sends
+            .iter()
+            .map(|s| {
+                let on_machine: Vec<String> = moves
+                    .iter()
+                    .filter(|m| s.declaration.modules.iter().any(|d| d.name == **m))
+                    .cloned()
+                    .collect();
+                SendRecord {
+                    machine: s.machine.clone(),
+                    epoch,
+                    sequence: state.next_sequence(&s.machine),
+                    digest: s.digest,
+                    summary: summarize(&s.declaration),
+                    why: why.to_string(),
+                    actor: actor.to_string(),
+                    time_ms,
+                    moves: on_machine,
+                }
+            })
+            .collect()
+    }
+
+    /// Sends every recorded envelope, at most [`sends_in_flight_max`] at once, each only while this
+    /// replica may still act (G3).
+    async fn deliver(
+        &self,
+        lease: &Lease,
+        sends: &[PlannedSend],
+        records: &[SendRecord],
+    ) -> Vec<PushLine> {
+        let stopped = AtomicBool::new(false);
+        let stopped = &stopped;
+        // Owned items: a stream of borrowed ones trips the compiler's higher-ranked lifetime check
+        // inside the transport handler's boxed future.
+        let jobs: Vec<(PlannedSend, SendRecord)> =
+            sends.iter().cloned().zip(records.iter().cloned()).collect();
+        futures::stream::iter(jobs)
+            .map(move |(send, record)| async move {
+                self.deliver_one(lease, &send, &record, stopped).await
+            })
+            .buffer_unordered(sends_in_flight_max)
+            .collect()
+            .await
+    }
+
+    async fn deliver_one(
+        &self,
+        lease: &Lease,
+        send: &PlannedSend,
+        record: &SendRecord,
+        stopped: &AtomicBool,
+    ) -> PushLine {
+        let reason = send.reason.to_string();
+        let line = |outcome| PushLine {
+            machine: send.machine.clone(),
+            outcome,
+        };
+        if let Err(why) = self.acting(lease) {
+            if !stopped.swap(true, Ordering::SeqCst) {
+                tracing::warn!(epoch = lease.term(), reason = %why, "leader stopped acting");
+            }
+            return line(PushOutcome::Failed {
+                reason,
+                error: format!("stopped: {why}"),
+            });
+        }
+        let envelope = Envelope {
+            machine: send.machine.clone(),
+            epoch: record.epoch,
+            sequence: record.sequence,
+            signer: self.id,
+            moves: record.moves.clone(),
+            declaration: send.declaration.clone(),
+        };
+        let sent = |error: String| PushOutcome::Sent {
+            reason: reason.clone(),
+            sequence: record.sequence,
+            digest: record.digest,
+            error,
+        };
+        let Some(addr) = self.config.hosts().get(&send.machine).copied() else {
+            return line(sent(format!(
+                "no address for machine {} in [hosts] of {}; add it and push again",
+                send.machine,
+                self.config.file().display()
+            )));
+        };
+        let bytes = match seal(&envelope, &self.key) {
+            Ok(b) => b,
+            Err(e) => return line(sent(format!("could not seal the envelope: {e}"))),
+        };
+        tracing::info!(machine = %send.machine, epoch = record.epoch, sequence = record.sequence, "sending envelope");
+        let peer = Peer::expecting(addr, Principal::Host(send.machine.clone()));
+        let timeout: Duration = self.endpoint.config().request_timeout();
+        let answer = self
+            .endpoint
+            .request(peer, MessageKind::Envelope, bytes, timeout)
+            .await;
+        let answer = match answer {
+            Ok(a) => a,
+            Err(e) => return line(sent(e.to_string())),
+        };
+        match mesh_codec::decode::<EnvelopeReply>(envelope_reply_what, &answer) {
+            Ok(EnvelopeReply::Applied { .. }) => line(PushOutcome::Applied {
+                reason,
+                sequence: record.sequence,
+                digest: record.digest,
+            }),
+            Ok(EnvelopeReply::Refused { refusal, .. }) => {
+                line(PushOutcome::Refused { reason, refusal })
+            }
+            Err(e) => line(sent(format!("the host's answer is unreadable: {e}"))),
+        }
+    }
+}
+
+/// A push that stopped before anything left: every machine failed with the reason.
+fn stopped_view(epoch: u64, machines: &[String], reason: &str) -> Body {
+    let lines = machines
+        .iter()
+        .map(|m| PushLine {
+            machine: m.clone(),
+            outcome: PushOutcome::Failed {
+                reason: "stopped".into(),
+                error: format!("stopped: {reason}"),
+            },
+        })
+        .collect();
+    Body::Push(PushView { epoch, lines })
+}

@@ -1,0 +1,98 @@
+//! `meshd restore`: a fresh store from a snapshot file (`meshctl snapshot save`), with the term floor
+//! above every epoch the snapshot, the floor file and the snapshot's log have seen (G9).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use mesh_raft::SnapshotFile;
+
+use super::config::ReplicaConfig;
+use super::floor::{FloorError, read_floor, write_floor};
+use crate::store::app::{DomainSnapshot, MeshApp};
+
+/// Largest snapshot file read, in bytes.
+pub const snapshot_file_bytes_max: u64 = 1 << 30;
+
+/// Why a restore did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error("cannot read the snapshot {file}: {source}")]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the snapshot {file} is {bytes} bytes, over the limit of {snapshot_file_bytes_max}; is it a snapshot?"
+    )]
+    TooLarge { file: PathBuf, bytes: u64 },
+    #[error("{file} is not a mesh snapshot: {reason}")]
+    Malformed { file: PathBuf, reason: String },
+    #[error(transparent)]
+    Floor(#[from] FloorError),
+    #[error(transparent)]
+    Raft(#[from] mesh_raft::RestoreError),
+}
+
+/// What a restore did, to be said loudly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restored {
+    pub replica: u64,
+    pub data_dir: PathBuf,
+    /// The snapshot's last applied log index.
+    pub last_index: Option<u64>,
+    /// The epoch floor inside the snapshot.
+    pub snapshot_floor: u64,
+    /// The next election is above this term.
+    pub term_floor: u64,
+}
+
+/// Makes a fresh store for `config`'s replica from the snapshot file `from`.
+pub async fn restore(config: &ReplicaConfig, from: &Path) -> Result<Restored, RestoreError> {
+    let bytes = read_snapshot(from)?;
+    let malformed = |reason: String| RestoreError::Malformed {
+        file: from.to_path_buf(),
+        reason,
+    };
+    let file = SnapshotFile::decode(&bytes).map_err(|e| malformed(e.to_string()))?;
+    let domain: DomainSnapshot =
+        mesh_codec::decode("domain snapshot", &file.app).map_err(|e| malformed(e.to_string()))?;
+    let snapshot_floor = domain.state.epoch_floor;
+    let log_term = file.last_applied.map_or(0, |l| l.leader_id.term);
+    let dir = config.data_dir();
+    let term_floor = snapshot_floor.max(log_term).max(read_floor(dir)?);
+    let app = Arc::new(MeshApp::default());
+    let restored = mesh_raft::restore(config.id(), dir, app, &bytes, term_floor).await?;
+    write_floor(dir, term_floor)?;
+    let last_index = restored.last_applied.map(|l| l.index);
+    tracing::warn!(
+        replica = config.id(),
+        data_dir = %dir.display(),
+        last_index,
+        snapshot_floor,
+        term_floor,
+        "STORE RESTORED from {}: state as of the snapshot, everything after it is gone; the next term will be above {term_floor}",
+        from.display()
+    );
+    Ok(Restored {
+        replica: config.id(),
+        data_dir: dir.to_path_buf(),
+        last_index,
+        snapshot_floor,
+        term_floor,
+    })
+}
+
+fn read_snapshot(from: &Path) -> Result<Vec<u8>, RestoreError> {
+    let read = |source| RestoreError::Read {
+        file: from.to_path_buf(),
+        source,
+    };
+    let len = std::fs::metadata(from).map_err(read)?.len();
+    if len > snapshot_file_bytes_max {
+        return Err(RestoreError::TooLarge {
+            file: from.to_path_buf(),
+            bytes: len,
+        });
+    }
+    std::fs::read(from).map_err(read)
+}

@@ -1,0 +1,598 @@
+//! One replica as a service: the store and Raft node over QUIC, the transport handler (Raft RPCs,
+//! operator commands with follower forwarding (G13), host reports), the epoch-floor file (G9), and
+//! the shared helpers every operation uses: the lease gate (G3), proposals (G4) and the compose cache.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ed25519_dalek::SigningKey;
+use mesh_raft::{
+    BasicNode, Clock, Gate, GateError, Lease, MonotonicClock, ProposeError, QuicNetwork, Replica,
+    ReplicaSpec,
+};
+use mesh_transport::{
+    BoxFuture, Endpoint, Handler, Identity, MessageKind, Peer, Principal, TransportError,
+};
+use openraft::ServerState;
+use tokio::task::JoinHandle;
+
+use super::api::{Answer, ApiError, Body, Forwarded, Request};
+use super::config::{ConfigError, ReplicaConfig};
+use super::floor::{FloorError, read_floor, write_floor};
+use crate::core::compose::World;
+use crate::core::plan::DigestCache;
+use crate::core::report::Report;
+use crate::core::wire::{ReportReply, check_report_machine, report_reply_what, report_what};
+use crate::store::app::{MeshApp, decode_outcome};
+use crate::store::command::{Applied, Command, Outcome, Proposal};
+use crate::store::state::DomainState;
+
+/// Codec label of an operator request body.
+pub const request_what: &str = "request";
+/// Codec label of an answer body.
+pub const answer_what: &str = "answer";
+/// Codec label of a forwarded request body.
+pub const forwarded_what: &str = "forwarded request";
+/// How long a follower waits for the leader's answer to a forwarded request (a push to many hosts).
+pub const forward_timeout_ms: u64 = 120_000;
+/// How long shutdown waits for in-flight requests to finish.
+pub const shutdown_drain_ms: u64 = 5_000;
+
+/// Why a replica could not start or stop.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("TLS identity of replica {id}: {source}")]
+    Identity {
+        id: u64,
+        source: mesh_transport::PkiError,
+    },
+    #[error(
+        "the certificate {cert} names {found}, not replica:{id}; point [tls] at this replica's certificate"
+    )]
+    WrongPrincipal {
+        id: u64,
+        cert: std::path::PathBuf,
+        found: Principal,
+    },
+    #[error(transparent)]
+    Bind(#[from] mesh_transport::BindError),
+    #[error("cannot open the store in {dir}: {reason}")]
+    Store {
+        dir: std::path::PathBuf,
+        reason: String,
+    },
+    #[error(transparent)]
+    Floor(#[from] FloorError),
+    #[error(transparent)]
+    Start(#[from] mesh_raft::StartError),
+    #[error(transparent)]
+    Shutdown(#[from] mesh_raft::ShutdownError),
+    #[error("requests still running after {ms} ms; the store closes when they end")]
+    Busy { ms: u64 },
+}
+
+/// The compose cache of the leader: the world and every machine's should-be digest at `revision`.
+/// The mutex around it also serialises this replica's writes, so one push's CAS is not raced by its
+/// own replica.
+pub(crate) struct Work {
+    pub(crate) revision: Option<u64>,
+    pub(crate) world: World,
+    pub(crate) cache: DigestCache,
+}
+
+impl Work {
+    /// Makes the world and digests current for `state`, rebuilding only when the revision moved.
+    pub(crate) fn refresh(&mut self, state: &DomainState) -> Result<(), ApiError> {
+        if self.revision == Some(state.revision) {
+            return Ok(());
+        }
+        let world = World::new(state.mesh.clone(), state.provisions.values().cloned());
+        let cache = DigestCache::build(&world).map_err(|e| {
+            ApiError::Failed(format!(
+                "the stored model does not compose at revision {}: {e}",
+                state.revision
+            ))
+        })?;
+        self.world = world;
+        self.cache = cache;
+        self.revision = Some(state.revision);
+        Ok(())
+    }
+}
+
+/// A running replica service.
+pub struct Service {
+    pub(crate) id: u64,
+    pub(crate) config: ReplicaConfig,
+    pub(crate) replica: Replica<MeshApp>,
+    pub(crate) app: Arc<MeshApp>,
+    pub(crate) endpoint: Endpoint,
+    pub(crate) key: SigningKey,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) store_reset: Option<String>,
+    pub(crate) work: tokio::sync::Mutex<Work>,
+}
+
+/// A started replica: the service and the tasks around it. Call [`Running::shutdown`] to stop it.
+pub struct Running {
+    service: Arc<Service>,
+    floor_task: JoinHandle<()>,
+}
+
+/// Loads this replica's TLS identity and binds its endpoint on `listen`.
+pub fn bind(config: &ReplicaConfig) -> Result<Endpoint, ServiceError> {
+    let tls = config.tls();
+    let identity =
+        Identity::load(&tls.ca, &tls.cert, &tls.key).map_err(|source| ServiceError::Identity {
+            id: config.id(),
+            source,
+        })?;
+    if identity.principal() != &Principal::Replica(config.id()) {
+        return Err(ServiceError::WrongPrincipal {
+            id: config.id(),
+            cert: tls.cert.clone(),
+            found: identity.principal().clone(),
+        });
+    }
+    Ok(Endpoint::bind(
+        config.listen(),
+        &identity,
+        config.transport().clone(),
+    )?)
+}
+
+/// Starts the replica of `config` on its own endpoint.
+pub async fn start(config: ReplicaConfig) -> Result<Running, ServiceError> {
+    let endpoint = bind(&config)?;
+    start_on(config, endpoint, Arc::new(MonotonicClock)).await
+}
+
+/// Starts the replica of `config` on an endpoint already bound (tests bind first to learn ports),
+/// reading time from `clock`.
+pub async fn start_on(
+    config: ReplicaConfig,
+    endpoint: Endpoint,
+    clock: Arc<dyn Clock>,
+) -> Result<Running, ServiceError> {
+    let key = config.read_signing_key()?;
+    let dir = config.data_dir().to_path_buf();
+    let app = {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || MeshApp::open(&dir))
+            .await
+            .map_err(|e| ServiceError::Store {
+                dir: config.data_dir().to_path_buf(),
+                reason: e.to_string(),
+            })?
+            .map_err(|e| ServiceError::Store {
+                dir: config.data_dir().to_path_buf(),
+                reason: e.to_string(),
+            })?
+    };
+    let store_floor = app
+        .state()
+        .map_err(|e| ServiceError::Store {
+            dir: dir.clone(),
+            reason: e.to_string(),
+        })?
+        .epoch_floor;
+    let file_floor = read_floor(&dir)?;
+    let store_reset = check_reset(config.id(), store_floor, file_floor);
+    let term_floor = store_floor.max(file_floor);
+    let bootstrap: BTreeMap<u64, BasicNode> = config
+        .peers()
+        .iter()
+        .map(|(id, addr)| (*id, BasicNode::new(addr.to_string())))
+        .collect();
+    let spec = ReplicaSpec {
+        id: config.id(),
+        dir: dir.clone(),
+        config: config.raft().clone(),
+        term_floor,
+        bootstrap: Some(bootstrap),
+    };
+    let replica = Replica::start(spec, QuicNetwork::new(endpoint.clone()), app.clone()).await?;
+    if term_floor > file_floor {
+        write_floor(&dir, term_floor)?;
+    }
+    tracing::info!(replica = config.id(), listen = %endpoint.local_addr(), term_floor, "replica started");
+    let service = Arc::new(Service {
+        id: config.id(),
+        config,
+        replica,
+        app,
+        endpoint: endpoint.clone(),
+        key,
+        clock,
+        store_reset,
+        work: tokio::sync::Mutex::new(Work {
+            revision: None,
+            world: World::default(),
+            cache: DigestCache::default(),
+        }),
+    });
+    endpoint.serve(Arc::new(Serving(Arc::downgrade(&service))));
+    let floor_task = tokio::spawn(keep_floor(Arc::downgrade(&service), dir, term_floor));
+    Ok(Running {
+        service,
+        floor_task,
+    })
+}
+
+/// Says loudly when the store's floor is below the one kept beside it (G9).
+fn check_reset(id: u64, store_floor: u64, file_floor: u64) -> Option<String> {
+    if store_floor >= file_floor {
+        return None;
+    }
+    let message = format!(
+        "STORE RESET: replica {id}'s store has epoch floor {store_floor} but {file_floor} was used before (epoch-floor file); the store was reset or restored from an old disk, so the next term starts above {file_floor}"
+    );
+    tracing::error!(replica = id, store_floor, file_floor, "{message}");
+    Some(message)
+}
+
+/// Rewrites the floor file whenever the store's floor rises (checked on every metrics change).
+async fn keep_floor(service: Weak<Service>, dir: std::path::PathBuf, mut written: u64) {
+    let Some(mut metrics) = service.upgrade().map(|s| s.replica.metrics()) else {
+        return;
+    };
+    while metrics.changed().await.is_ok() {
+        let Some(s) = service.upgrade() else { return };
+        let floor = match s.app.state() {
+            Ok(state) => state.epoch_floor,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the epoch floor from the store");
+                continue;
+            }
+        };
+        if floor > written {
+            match write_floor(&dir, floor) {
+                Ok(()) => written = floor,
+                Err(e) => tracing::error!(error = %e, floor, "cannot write the epoch floor file"),
+            }
+        }
+    }
+}
+
+impl Running {
+    /// The service, for tests and the binary.
+    pub fn service(&self) -> &Arc<Service> {
+        &self.service
+    }
+
+    /// Stops serving, waits for in-flight requests, shuts Raft down and closes the store.
+    pub async fn shutdown(self) -> Result<(), ServiceError> {
+        self.service.endpoint.close().await;
+        self.floor_task.abort();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(shutdown_drain_ms);
+        let mut service = self.service;
+        loop {
+            match Arc::try_unwrap(service) {
+                Ok(s) => {
+                    s.replica.shutdown().await?;
+                    tracing::info!(replica = s.id, "replica stopped");
+                    return Ok(());
+                }
+                Err(shared) => service = shared,
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ServiceError::Busy {
+                    ms: shutdown_drain_ms,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Service {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    pub fn replica(&self) -> &Replica<MeshApp> {
+        &self.replica
+    }
+
+    pub fn app(&self) -> &Arc<MeshApp> {
+        &self.app
+    }
+
+    pub fn config(&self) -> &ReplicaConfig {
+        &self.config
+    }
+
+    /// The store-reset message found at start (G9), if any.
+    pub fn store_reset(&self) -> Option<&str> {
+        self.store_reset.as_deref()
+    }
+
+    /// Whether this replica leads right now (by its metrics).
+    pub fn is_leader(&self) -> bool {
+        let m = self.replica.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader && m.current_leader == Some(self.id)
+    }
+
+    /// The leader this replica knows of, if any.
+    pub fn leader(&self) -> Option<u64> {
+        self.replica.metrics().borrow().current_leader
+    }
+
+    /// A copy of the domain state.
+    pub(crate) fn state(&self) -> Result<DomainState, ApiError> {
+        self.app
+            .state()
+            .map(|s| s.clone())
+            .map_err(|e| ApiError::Failed(format!("cannot read the domain state: {e}")))
+    }
+
+    /// A lease from the gate (G3): leadership confirmed by a quorum round.
+    pub(crate) async fn lease(&self) -> Result<Lease, ApiError> {
+        Gate::acquire(
+            self.replica.raft(),
+            self.clock.as_ref(),
+            self.replica.config(),
+        )
+        .await
+        .map_err(|e| match e {
+            GateError::NotLeader { leader } => ApiError::Unavailable(format!(
+                "replica {} is not the leader (leader: {leader:?}); ask again",
+                self.id
+            )),
+            other => ApiError::Unavailable(other.to_string()),
+        })
+    }
+
+    /// `Ok` while this replica may still act under `lease`: the lease is open and the metrics show
+    /// it still leads in the lease's term. `Err(reason)` otherwise.
+    pub(crate) fn acting(&self, lease: &Lease) -> Result<(), String> {
+        lease
+            .check(self.clock.now())
+            .map_err(|e| format!("lease closed: {e}"))?;
+        let m = self.replica.metrics();
+        let m = m.borrow();
+        if m.current_term != lease.term() || m.state != ServerState::Leader {
+            return Err(format!(
+                "leadership lost: term {} is now {} and this replica is {:?}",
+                lease.term(),
+                m.current_term,
+                m.state
+            ));
+        }
+        Ok(())
+    }
+
+    /// Proposes `command` decided under `epoch` (and revision `expect`) and waits for its outcome.
+    pub(crate) async fn propose(
+        &self,
+        epoch: u64,
+        expect: Option<u64>,
+        actor: &str,
+        command: Command,
+    ) -> Result<Applied, ApiError> {
+        let proposal = Proposal {
+            epoch,
+            expect_revision: expect,
+            actor: actor.to_string(),
+            time_ms: now_ms(),
+            command,
+        };
+        let bytes = mesh_codec::encode("proposal", &proposal)
+            .map_err(|e| ApiError::Failed(format!("cannot encode the proposal: {e}")))?;
+        let done = self.replica.propose(bytes).await.map_err(|e| match e {
+            ProposeError::NotLeader { .. } | ProposeError::Stopped => {
+                ApiError::Unavailable(e.to_string())
+            }
+            other => ApiError::Failed(other.to_string()),
+        })?;
+        match decode_outcome(&done.response)
+            .map_err(|e| ApiError::Failed(format!("cannot decode the store's answer: {e}")))?
+        {
+            Outcome::Applied(applied) => Ok(applied),
+            Outcome::Refused(refusal) => Err(ApiError::Refused(refusal.to_string())),
+        }
+    }
+
+    /// Answers an operator's request on this replica (which must lead) for `actor`.
+    pub async fn handle(&self, actor: &str, request: Request) -> Result<Body, ApiError> {
+        match request {
+            Request::Status => self.status().await,
+            Request::Apply { mesh, why } => self.apply(actor, mesh, why).await,
+            Request::Plan { machine } => self.plan(&machine).await,
+            Request::Push { target, why, moves } => self.push(actor, target, why, moves).await,
+            Request::SettingsShow { scope, history } => self.settings_show(scope, history),
+            Request::SettingsSet {
+                scope,
+                layer,
+                remove,
+                replace,
+                why,
+            } => {
+                self.settings_set(actor, scope, layer, remove, replace, why)
+                    .await
+            }
+            Request::SettingsClear { scope, why } => self.settings_clear(actor, scope, why).await,
+            Request::History => self.history(),
+            Request::SnapshotSave => self.snapshot().await,
+        }
+    }
+
+    /// An operator's command: handled here when leading, else forwarded to the leader (G13).
+    async fn command(&self, operator: &str, body: &[u8]) -> Answer {
+        let request: Request = match mesh_codec::decode(request_what, body) {
+            Ok(r) => r,
+            Err(e) => return self.answer(Err(ApiError::Invalid(format!("bad request: {e}")))),
+        };
+        let actor = format!("operator:{operator}");
+        if self.is_leader() {
+            return self.answer(self.handle(&actor, request).await);
+        }
+        let Some(leader) = self.leader().filter(|l| *l != self.id) else {
+            // Status still helps an operator find out why there is no leader.
+            if request == Request::Status {
+                return self.answer(self.status().await);
+            }
+            return self.answer(Err(ApiError::Unavailable(format!(
+                "replica {} knows no leader right now (an election may be running); retry in a few seconds",
+                self.id
+            ))));
+        };
+        let forwarded = Forwarded {
+            actor,
+            via: self.id,
+            request,
+        };
+        match self.forward(leader, &forwarded).await {
+            Ok(mut answer) => {
+                answer.forwarded_by = Some(self.id);
+                answer
+            }
+            Err(e) => self.answer(Err(e)),
+        }
+    }
+
+    async fn forward(&self, leader: u64, forwarded: &Forwarded) -> Result<Answer, ApiError> {
+        let addr = self.config.peers().get(&leader).copied().ok_or_else(|| {
+            ApiError::Unavailable(format!(
+                "leader {leader} is not in [peers] of {}; fix the config",
+                self.config.file().display()
+            ))
+        })?;
+        let body = mesh_codec::encode(forwarded_what, forwarded)
+            .map_err(|e| ApiError::Failed(format!("cannot encode the forwarded request: {e}")))?;
+        let peer = Peer::expecting(addr, Principal::Replica(leader));
+        let timeout = Duration::from_millis(forward_timeout_ms);
+        let bytes = self
+            .endpoint
+            .request(peer, MessageKind::Forward, body, timeout)
+            .await
+            .map_err(|e: TransportError| {
+                ApiError::Unavailable(format!(
+                    "replica {} could not reach the leader {leader}: {e}",
+                    self.id
+                ))
+            })?;
+        mesh_codec::decode(answer_what, &bytes)
+            .map_err(|e| ApiError::Failed(format!("the leader's answer is unreadable: {e}")))
+    }
+
+    /// A request another replica forwarded: handled only when this replica leads (no second hop).
+    async fn forwarded(&self, from: u64, body: &[u8]) -> Answer {
+        let forwarded: Forwarded = match mesh_codec::decode(forwarded_what, body) {
+            Ok(f) => f,
+            Err(e) => return self.answer(Err(ApiError::Invalid(format!("bad forward: {e}")))),
+        };
+        if forwarded.via != from {
+            return self.answer(Err(ApiError::Invalid(format!(
+                "replica {from} forwarded a request claiming to come via {}",
+                forwarded.via
+            ))));
+        }
+        if !self.is_leader() {
+            return self.answer(Err(ApiError::Unavailable(format!(
+                "replica {} is no longer the leader; ask again",
+                self.id
+            ))));
+        }
+        self.answer(self.handle(&forwarded.actor, forwarded.request).await)
+    }
+
+    fn answer(&self, body: Result<Body, ApiError>) -> Answer {
+        Answer {
+            replica: self.id,
+            forwarded_by: None,
+            body,
+        }
+    }
+
+    /// A host's report (G5, G10): the leader files it; a follower names the leader.
+    async fn report(&self, frame_machine: &str, body: &[u8]) -> Result<ReportReply, String> {
+        let report: Report = mesh_codec::decode(report_what, body).map_err(|e| e.to_string())?;
+        check_report_machine(frame_machine, &report).map_err(|e| e.to_string())?;
+        if !self.is_leader() {
+            return Ok(self.not_leader());
+        }
+        let term = self.replica.metrics().borrow().current_term;
+        let actor = format!("host:{frame_machine}");
+        match self
+            .propose(term, None, &actor, Command::RecordReport { report })
+            .await
+        {
+            Ok(Applied::Report { accepted, .. }) => Ok(ReportReply::Filed { accepted }),
+            Ok(other) => Err(format!("the store answered a report with {other:?}")),
+            Err(e) => {
+                tracing::warn!(machine = frame_machine, error = %e, "report not filed");
+                Ok(self.not_leader())
+            }
+        }
+    }
+
+    fn not_leader(&self) -> ReportReply {
+        let leader = self
+            .leader()
+            .filter(|l| *l != self.id)
+            .and_then(|l| self.config.peers().get(&l))
+            .map(|a| a.to_string());
+        ReportReply::NotLeader { leader }
+    }
+}
+
+/// Wall-clock milliseconds since the Unix epoch (history only; never used to decide anything).
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The transport handler; holds the service weakly so shutdown can take it back.
+struct Serving(Weak<Service>);
+
+impl Handler for Serving {
+    fn request(
+        &self,
+        from: Principal,
+        kind: MessageKind,
+        body: Vec<u8>,
+    ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
+        Box::pin(async move {
+            let Some(service) = self.0.upgrade() else {
+                return Err("the replica is stopping".to_string());
+            };
+            match (kind, from) {
+                (MessageKind::Raft, _) => {
+                    mesh_raft::answer_raft_rpc(service.replica.raft(), &body).await
+                }
+                (MessageKind::Command, Principal::Operator(name)) => {
+                    encode_answer(&service.command(&name, &body).await)
+                }
+                (MessageKind::Forward, Principal::Replica(id)) => {
+                    encode_answer(&service.forwarded(id, &body).await)
+                }
+                (MessageKind::Report { machine }, Principal::Host(_)) => {
+                    let reply = service.report(&machine, &body).await?;
+                    mesh_codec::encode(report_reply_what, &reply).map_err(|e| e.to_string())
+                }
+                (kind, from) => Err(format!("replica does not serve {kind} from {from}")),
+            }
+        })
+    }
+
+    fn one_way(&self, from: Principal, kind: MessageKind, _body: Vec<u8>) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            tracing::warn!(%from, %kind, "one-way message ignored: replicas answer requests only");
+        })
+    }
+}
+
+fn encode_answer(answer: &Answer) -> Result<Vec<u8>, String> {
+    mesh_codec::encode(answer_what, answer).map_err(|e| e.to_string())
+}
