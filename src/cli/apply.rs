@@ -25,14 +25,23 @@ pub fn run(ctx: Option<&Path>, args: &ApplyArgs) -> Result<Output, CliError> {
     let why = super::require_why("apply", args.why.as_deref())?;
     let mesh = read_mesh(&args.file)?;
     let (via, body) = render::ask(ctx, &Request::Apply { mesh, why })?;
-    let Body::Applied { revision, changes } = &body else {
+    let Body::Applied {
+        revision,
+        changes,
+        settings_ignored,
+    } = &body
+    else {
         return Err(render::unexpected(via, "apply", &body));
     };
     if args.json {
-        let doc = serde_json::json!({ "revision": revision, "changes": changes });
-        return render::json(via, &doc, super::exit_done);
+        return render::json(via, &body, super::exit_done);
     }
-    Ok(Output::done(render_text(via, *revision, changes)))
+    Ok(Output::done(render_text(
+        via,
+        *revision,
+        changes,
+        settings_ignored,
+    )))
 }
 
 /// Reads and parses a mesh file; every problem is reported at once with its position.
@@ -46,7 +55,7 @@ pub fn read_mesh(path: &Path) -> Result<Mesh, CliError> {
 }
 
 /// The lines `apply` prints.
-pub fn render_text(via: Via, revision: u64, changes: &[String]) -> String {
+pub fn render_text(via: Via, revision: u64, changes: &[String], ignored: &[String]) -> String {
     let mut out = format!("stored model revision {revision}\n");
     if changes.is_empty() {
         out.push_str("no machine's declaration changes\n");
@@ -54,6 +63,11 @@ pub fn render_text(via: Via, revision: u64, changes: &[String]) -> String {
         out.push_str(&format!(
             "declarations change on: {} (nothing sent; `meshctl plan <machine> --diff` shows how, `meshctl push` sends)\n",
             render::list(changes)
+        ));
+    }
+    for scope in ignored {
+        out.push_str(&format!(
+            "settings [{scope}] in the file differ from the store and were NOT applied; settings change only with `meshctl settings set {scope} ...`\n"
         ));
     }
     out.push_str(&via.note());

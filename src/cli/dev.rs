@@ -95,6 +95,11 @@ pub fn run(args: &DevArgs) -> Result<String, super::CliError> {
     );
     runtime.block_on(wait_for_signal())?;
     println!("stopping {} processes", children.len());
+    let mut children = children;
+    // Hosts first, while the replicas still take their last reports; then the replicas.
+    let split = dev_replicas as usize;
+    super::procs::stop_all(&mut children[split..]);
+    super::procs::stop_all(&mut children[..split]);
     drop(children);
     Ok(format!("stopped; the mesh stays in {}\n", dir.display()))
 }

@@ -117,6 +117,29 @@ impl Guarded {
     }
 }
 
+/// Stops every child at once: SIGTERM to each group, one shared grace period, then SIGKILL for
+/// whatever is left. Stopping one by one would add their grace periods up.
+pub fn stop_all(children: &mut [Guarded]) {
+    let grace = children
+        .iter()
+        .map(|c| c.grace)
+        .max()
+        .unwrap_or(Duration::ZERO);
+    for child in children.iter_mut() {
+        if child.exited().is_none() {
+            let _ = child.signal(Signal::SIGCONT);
+            let _ = child.signal(Signal::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline && children.iter_mut().any(|c| c.exited().is_none()) {
+        std::thread::sleep(Duration::from_millis(stop_poll_ms));
+    }
+    for child in children.iter_mut() {
+        child.stop();
+    }
+}
+
 impl Drop for Guarded {
     fn drop(&mut self) {
         self.stop();

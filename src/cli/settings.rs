@@ -80,6 +80,7 @@ pub fn request(cmd: &SettingsCommand) -> Result<Request, CliError> {
             Ok(Request::SettingsSet {
                 scope,
                 layer: edit.set,
+                remove: edit.remove,
                 replace: *replace,
                 why,
             })
