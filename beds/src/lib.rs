@@ -242,10 +242,17 @@ impl Bed {
         Ok(())
     }
 
-    /// SIGKILLs replica `id` and forgets it.
+    /// SIGKILLs replica `id` and forgets it, in the bed and in its context (a dead replica first in
+    /// the context would cost every later poll a dial timeout).
     pub fn kill_replica(&mut self, id: u64) -> anyhow::Result<()> {
         self.signal_replica(id, Signal::SIGKILL)?;
         self.replicas.remove(&id);
+        let text = std::fs::read_to_string(&self.context).context("read bed context")?;
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with(&format!("{id} = ")))
+            .collect();
+        std::fs::write(&self.context, kept.join("\n")).context("rewrite bed context")?;
         Ok(())
     }
 
