@@ -77,6 +77,7 @@ pub fn run(args: &DevArgs) -> Result<String, super::CliError> {
         operator: super::init::operator_default.into(),
     };
     let written = write(&layout)?;
+    build_siblings()?;
     let children = start(&layout)?;
     println!(
         "started {} processes; logs in {}",
@@ -115,6 +116,47 @@ fn fresh_temp_dir() -> Result<PathBuf, DevError> {
         source,
     })?;
     Ok(dir)
+}
+
+/// Under `cargo run`, `cargo build` only built meshctl: build `meshd` and `mesh-host` into the same
+/// profile directory too, so the binaries beside this one are current. Outside cargo, use what is
+/// installed beside meshctl as it is.
+fn build_siblings() -> Result<(), DevError> {
+    let Some(cargo) = std::env::var_os("CARGO") else {
+        return Ok(());
+    };
+    let exe = std::env::current_exe().map_err(|e| DevError::Step(e.to_string()))?;
+    let release = exe
+        .parent()
+        .and_then(|d| d.file_name())
+        .is_some_and(|n| n == "release");
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.args([
+        "build",
+        "--bin",
+        "meshd",
+        "--bin",
+        "mesh-host",
+        "--manifest-path",
+        manifest,
+    ]);
+    if release {
+        cmd.arg("--release");
+    }
+    println!(
+        "building meshd and mesh-host beside meshctl (cargo build{})",
+        if release { " --release" } else { "" }
+    );
+    let status = cmd
+        .status()
+        .map_err(|e| DevError::Step(format!("cannot run cargo: {e}")))?;
+    if !status.success() {
+        return Err(DevError::Step(format!(
+            "`cargo build --bin meshd --bin mesh-host` failed ({status}); fix the build and run meshctl dev again"
+        )));
+    }
+    Ok(())
 }
 
 /// Starts every replica and machine of the layout, logs under `<dir>/logs`.
