@@ -167,15 +167,11 @@ pub fn render_show(via: Via, v: &SettingsView) -> String {
     if !v.history.is_empty() {
         out.push_str("history:\n");
         for c in &v.history {
-            let before = c
-                .before
-                .as_ref()
-                .map(|l| format!("{l:?}"))
-                .unwrap_or("(none)".into());
+            let before = c.before.as_ref().map(layer_line).unwrap_or("(none)".into());
             let after = c
                 .after
                 .as_ref()
-                .map(|l| format!("{l:?}"))
+                .map(layer_line)
                 .unwrap_or("(cleared)".into());
             out.push_str(&format!(
                 "  #{} {}  epoch {}  {}  by {}: {}\n    before: {before}\n    after:  {after}\n",
@@ -190,6 +186,12 @@ pub fn render_show(via: Via, v: &SettingsView) -> String {
     }
     out.push_str(&via.note());
     out
+}
+
+/// A layer on one line: `k=v, k=v`.
+fn layer_line(layer: &crate::core::settings::Layer) -> String {
+    let pairs: Vec<String> = layer.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    render::list(&pairs)
 }
 
 /// The lines `settings set` and `clear` print: every key added, changed and removed (G6).
