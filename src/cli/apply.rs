@@ -17,6 +17,7 @@ pub struct ApplyArgs {
     /// Why the model changes; kept with the revision.
     #[arg(long)]
     pub why: Option<String>,
+    /// Print the answer as JSON.
     #[arg(long)]
     pub json: bool,
 }

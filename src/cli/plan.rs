@@ -14,6 +14,7 @@ pub struct PlanArgs {
     /// Show the diff lines (the default output; kept for the documented spelling).
     #[arg(long)]
     pub diff: bool,
+    /// Print the answer as JSON.
     #[arg(long)]
     pub json: bool,
 }

@@ -24,6 +24,7 @@ pub struct PushArgs {
     /// Release a held mount move of this module (repeat for several).
     #[arg(long = "move", value_name = "MODULE")]
     pub moves: Vec<String>,
+    /// Print the answer as JSON.
     #[arg(long)]
     pub json: bool,
 }

@@ -16,6 +16,7 @@ pub enum SettingsCommand {
         scope: Option<String>,
         #[arg(long)]
         history: bool,
+        /// Print the answer as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -25,19 +26,23 @@ pub enum SettingsCommand {
         /// `key=value` to set, `-key` to remove.
         #[arg(required = true, allow_hyphen_values = true, value_name = "k=v|-k")]
         assignments: Vec<String>,
+        /// Why; kept in the settings history.
         #[arg(long)]
         why: Option<String>,
         /// The given keys become the whole layer; keys not given are removed (and listed).
         #[arg(long)]
         replace: bool,
+        /// Print the answer as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Remove a scope's whole layer (kept in the history).
     Clear {
         scope: String,
+        /// Why; kept in the settings history.
         #[arg(long)]
         why: Option<String>,
+        /// Print the answer as JSON.
         #[arg(long)]
         json: bool,
     },
