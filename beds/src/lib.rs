@@ -17,7 +17,7 @@ use mesh::cli::procs::{Guarded, free_ports};
 use mesh::core::meshfile::parse_mesh;
 
 /// How long a bed waits for a condition by default.
-pub const wait_ms_default: u64 = 20_000;
+pub const wait_ms_default: u64 = 30_000;
 /// Pause between two polls of a condition.
 pub const poll_ms: u64 = 100;
 /// How long a stopped mesh-host gets to stop its modules before its group is killed.
