@@ -141,6 +141,21 @@ fn build_siblings() -> Result<(), DevError> {
         "--manifest-path",
         manifest,
     ]);
+    // `cargo run` gave this process the variables cargo sets for a crate; build scripts (ring's)
+    // watch some of them, so passing them on would rebuild those crates on every run.
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        let set_by_cargo_run = key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_MANIFEST_")
+            || key.starts_with("CARGO_CFG_")
+            || matches!(
+                key,
+                "CARGO_CRATE_NAME" | "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE" | "OUT_DIR"
+            );
+        if set_by_cargo_run {
+            cmd.env_remove(key);
+        }
+    }
     if release {
         cmd.arg("--release");
     }
