@@ -91,8 +91,11 @@ pub fn run(args: &DevArgs) -> Result<String, super::CliError> {
         .map_err(DevError::Runtime)?;
     runtime.block_on(drive(&context, &dir, mesh))?;
     println!(
-        "\ntry, in another shell:\n  export MESH_CONTEXT={}\n  meshctl status\n  meshctl plan g14 --diff\n  meshctl settings set module/broker@g14 max_connections=256 --why \"more clients\"\n  meshctl push g14 --why \"raise broker limit\"\n  meshctl history\n\nCtrl-C stops every process.",
-        written.context.display()
+        "\ntry, in another shell:\n  export MESH_CONTEXT={}\n  alias meshctl={}\n  meshctl status\n  meshctl plan g14 --diff\n  meshctl settings set module/broker@g14 max_connections=256 --why \"more clients\"\n  meshctl push g14 --why \"raise broker limit\"\n  meshctl history\n\nCtrl-C stops every process.",
+        written.context.display(),
+        std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "meshctl".into())
     );
     runtime.block_on(wait_for_signal())?;
     println!("stopping {} processes", children.len());
