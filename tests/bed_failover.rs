@@ -84,7 +84,8 @@ fn g2_g3_paused_old_leader_never_gets_a_host_to_apply_its_epoch_after_resuming()
             let status = bed.status()?;
             let ace = last_report(&status, "ace");
             let g14 = last_report(&status, "g14");
-            Ok(ace.zip(g14).map(|(a, g)| (a, g)))
+            let newer = |r: Option<(u64, u64)>| r.filter(|(e, _)| *e > old_epoch);
+            Ok(newer(ace).zip(newer(g14)))
         },
     )?;
     let log_before = bed.replica_log(old).len();

@@ -118,6 +118,8 @@ pub enum CliError {
     Init(#[from] init::InitError),
     #[error(transparent)]
     Dev(#[from] dev::DevError),
+    #[error("cannot render the answer: {0}; this is a bug in meshctl, report it")]
+    Render(String),
 }
 
 impl CliError {
@@ -131,7 +133,10 @@ impl CliError {
                 _ => exit_failed,
             },
             CliError::Init(e) => e.exit_code(),
-            CliError::Write { .. } | CliError::Plan { .. } | CliError::Dev(_) => exit_failed,
+            CliError::Write { .. }
+            | CliError::Plan { .. }
+            | CliError::Dev(_)
+            | CliError::Render(_) => exit_failed,
         }
     }
 }

@@ -68,8 +68,8 @@ pub fn json<T: Serialize>(via: Via, value: &T, code: u8) -> Result<Output, CliEr
         forwarded_by: via.forwarded_by,
         answer: value,
     };
-    let text = serde_json::to_string(&doc)
-        .map_err(|e| CliError::Usage(format!("cannot render the answer as JSON: {e}")))?;
+    let text =
+        serde_json::to_string(&doc).map_err(|e| CliError::Render(format!("as JSON: {e}")))?;
     Ok(Output {
         text: format!("{text}\n"),
         code,
