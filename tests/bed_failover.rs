@@ -1,8 +1,6 @@
 //! Beds for leadership changes with real processes: failover after SIGKILL, and G2/G3 with two
 //! controllers (the old leader paused with SIGSTOP while a new one is elected and pushes).
 
-use nix::sys::signal::Signal;
-
 use mesh::host::state::StateFiles;
 use mesh_beds::{Bed, binaries, wait_ms_default};
 
@@ -66,7 +64,7 @@ fn g2_g3_paused_old_leader_never_gets_a_host_to_apply_its_epoch_after_resuming()
     bed.meshctl_ok(&["push", "--all", "--why", "first send"])?;
     let (old_epoch, _) =
         last_send(&bed.status()?, "ace").ok_or_else(|| anyhow::anyhow!("no first send"))?;
-    bed.signal_replica(old, Signal::SIGSTOP)?;
+    bed.pause_replica(old)?;
     let new = bed.leader_other_than(Some(old))?;
     bed.meshctl_ok(&[
         "settings",
@@ -89,17 +87,9 @@ fn g2_g3_paused_old_leader_never_gets_a_host_to_apply_its_epoch_after_resuming()
         },
     )?;
     let log_before = bed.replica_log(old).len();
-    bed.signal_replica(old, Signal::SIGCONT)?;
+    bed.resume_replica(old)?;
     // Ask the old leader itself to push: it must forward or refuse, never send at its old epoch.
-    let only_old = bed.dir.join("old-only.toml");
-    let context = std::fs::read_to_string(&bed.context)?;
-    let kept: Vec<&str> = context
-        .lines()
-        .filter(|l| {
-            !l.starts_with(|c: char| c.is_ascii_digit()) || l.starts_with(&format!("{old} "))
-        })
-        .collect();
-    std::fs::write(&only_old, kept.join("\n"))?;
+    let only_old = bed.context_for(old)?;
     let _ = bed.meshctl_in(
         &only_old,
         &["push", "--all", "--why", "through the old leader"],

@@ -47,17 +47,7 @@ fn g13_push_to_a_follower_is_forwarded_and_says_so() -> anyhow::Result<()> {
         .find(|(id, _)| *id != leader)
         .map(|(id, addr)| (*id, *addr))
         .ok_or_else(|| anyhow::anyhow!("no follower"))?;
-    let ctx = bed.dir.join("follower.toml");
-    let text = std::fs::read_to_string(&bed.context)?;
-    let only_follower = text
-        .lines()
-        .filter(|l| {
-            !l.starts_with(|c: char| c.is_ascii_digit())
-                || l.starts_with(&format!("{} ", follower.0))
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    std::fs::write(&ctx, only_follower)?;
+    let ctx = bed.context_for(follower.0)?;
     let run = bed.meshctl_in(&ctx, &["push", "ace", "--why", "through a follower"])?;
     assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
     assert!(

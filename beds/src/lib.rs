@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use mesh::cli::context::{ContextFile, ContextTls};
 use mesh::cli::init::{Layout, write};
 use mesh::cli::procs::{Guarded, free_ports};
 use mesh::core::meshfile::parse_mesh;
@@ -247,13 +248,50 @@ impl Bed {
     pub fn kill_replica(&mut self, id: u64) -> anyhow::Result<()> {
         self.signal_replica(id, Signal::SIGKILL)?;
         self.replicas.remove(&id);
-        let text = std::fs::read_to_string(&self.context).context("read bed context")?;
-        let kept: Vec<&str> = text
-            .lines()
-            .filter(|l| !l.starts_with(&format!("{id} = ")))
-            .collect();
-        std::fs::write(&self.context, kept.join("\n")).context("rewrite bed context")?;
-        Ok(())
+        self.write_context_without(Some(id))
+    }
+
+    /// SIGSTOPs replica `id` and leaves it out of the bed's context until [`Bed::resume_replica`].
+    pub fn pause_replica(&self, id: u64) -> anyhow::Result<()> {
+        self.signal_replica(id, Signal::SIGSTOP)?;
+        self.write_context_without(Some(id))
+    }
+
+    /// SIGCONTs replica `id` and puts every live replica back in the bed's context.
+    pub fn resume_replica(&self, id: u64) -> anyhow::Result<()> {
+        self.signal_replica(id, Signal::SIGCONT)?;
+        self.write_context_without(None)
+    }
+
+    /// A context file with one replica only.
+    pub fn context_for(&self, id: u64) -> anyhow::Result<PathBuf> {
+        let path = self.dir.join(format!("context-{id}.toml"));
+        self.write_context(&path, |r| r == id)?;
+        Ok(path)
+    }
+
+    fn write_context_without(&self, gone: Option<u64>) -> anyhow::Result<()> {
+        let live: Vec<u64> = self.replicas.keys().copied().collect();
+        self.write_context(&self.context, |r| Some(r) != gone && live.contains(&r))
+    }
+
+    fn write_context(&self, path: &Path, keep: impl Fn(u64) -> bool) -> anyhow::Result<()> {
+        let file = ContextFile {
+            replicas: self
+                .layout
+                .replicas
+                .iter()
+                .filter(|(id, _)| keep(*id))
+                .map(|(id, addr)| (id.to_string(), addr.to_string()))
+                .collect(),
+            tls: ContextTls {
+                ca: "ca.pem".into(),
+                cert: "operator/cert.pem".into(),
+                key: "operator/key.pem".into(),
+            },
+        };
+        let text = toml::to_string(&file).context("render bed context")?;
+        std::fs::write(path, text).context("write bed context")
     }
 
     /// Replica `id`'s log so far.
