@@ -7,12 +7,13 @@
 mod host_common;
 
 use host_common::*;
+use mesh::core::compose::digest as declaration_digest;
 use mesh::core::report::Report;
 use mesh::core::wire::{
     EnvelopeReply, ReportReply, check_report_machine, envelope_reply_what, report_reply_what,
     report_what,
 };
-use mesh::host::{Agent, QuicSink, ReportSink, SinkError, declaration_digest, listener};
+use mesh::host::{Agent, QuicSink, ReportSink, SinkError, listener};
 use mesh_transport::{
     BoxFuture, Endpoint, Handler, MessageKind, Principal, TransportConfig, TransportError,
 };
@@ -144,7 +145,7 @@ async fn g2_envelope_from_a_replica_certificate_is_applied_by_mesh_host_and_answ
     let reply = send_envelope(&replica, addr, &wire)
         .await
         .expect("answered");
-    let digest = declaration_digest(&declared).expect("digest");
+    let digest = declaration_digest(&declared);
     let position = mesh::core::envelope::Position {
         epoch: 1,
         sequence: 1,
@@ -331,13 +332,20 @@ async fn g2_mesh_host_that_cannot_store_its_mark_applies_nothing_answers_an_erro
     let err = send_envelope(&replica, addr, &wire)
         .await
         .expect_err("not applied");
-    let TransportError::Refused { reason, .. } = &err else {
-        panic!("expected an error answer, got {err:?}");
-    };
-    assert!(reason.contains("high_water"), "{reason}");
+    // The reason usually comes back; the connection may also close first, as the process stops.
+    assert!(
+        matches!(&err, TransportError::Refused { reason, .. } if reason.contains("high_water"))
+            || matches!(&err, TransportError::Unreachable { .. }),
+        "{err:?}"
+    );
     let status = host.exited().await;
     assert!(!status.success(), "mesh-host exited with {status}");
     assert!(!fx.module_dir("web").exists(), "a module was prepared");
+    let log = read(&log_of(&fx));
+    assert!(
+        log.contains("high_water"),
+        "the log does not say why: {log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -192,3 +192,21 @@ async fn g2_a_torn_mark_write_leaves_the_old_mark_and_a_corrupt_one_stops_the_ho
     assert!(err.is_fatal());
     assert!(err.to_string().contains("high_water"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g2_after_the_mark_cannot_be_stored_the_agent_applies_nothing_more() {
+    // G2: a host whose disk failed part-way must not carry on applying on a state it could not
+    // keep; the error is fatal and every later envelope is refused until a restart.
+    let fx = Fixture::new();
+    let agent = fx.agent();
+    let blocker = mesh::host::durable::temp_path(&fx.root().join("high_water"));
+    std::fs::create_dir_all(blocker.join("x")).expect("blocker");
+    let first = agent.receive(&fx.seal(1, 1, vec![sleeper("web")])).await;
+    let err = first.expect_err("mark not stored");
+    assert!(err.is_fatal(), "{err}");
+    std::fs::remove_dir_all(&blocker).expect("unblock");
+    let second = agent.receive(&fx.seal(1, 2, vec![sleeper("web")])).await;
+    assert!(matches!(second, Err(HostError::ShuttingDown)), "{second:?}");
+    assert_eq!(agent.high_water().await, None);
+    assert!(agent.status().await.is_empty(), "a module started");
+}

@@ -5,9 +5,10 @@
 mod host_common;
 
 use host_common::*;
+use mesh::core::compose::digest as declaration_digest;
 use mesh::core::declaration::Declaration;
 use mesh::core::report::Report;
-use mesh::host::{ReportSink, SinkFuture, declaration_digest};
+use mesh::host::{ReportSink, SinkFuture};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -120,7 +121,7 @@ async fn g5_the_report_after_an_apply_names_the_envelope_and_its_digest() {
     };
     assert_eq!(report.machine, machine);
     assert_eq!((report.epoch, report.sequence), (4, 2));
-    let digest = declaration_digest(&declaration).expect("digest");
+    let digest = declaration_digest(&declaration);
     assert_eq!(report.applied, Some(digest));
     assert!(report.modules.iter().any(|m| m.name == "web"));
     agent.shutdown().await;

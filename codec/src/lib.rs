@@ -35,10 +35,16 @@ fn config() -> impl bincode::config::Config {
 
 /// Encodes `value` canonically: the same value always gives the same bytes (maps must be ordered).
 pub fn encode<T: Serialize + ?Sized>(what: &'static str, value: &T) -> Result<Vec<u8>, CodecError> {
-    bincode::serde::encode_to_vec(value, config()).map_err(|e| CodecError::Encode {
-        what,
-        reason: e.to_string(),
-    })
+    // One pass straight into the vector: `encode_to_vec` walks the value twice (size, then write),
+    // which is most of a digest's cost on large declarations.
+    let mut out = Vec::new();
+    bincode::serde::encode_into_std_write(value, &mut out, config()).map_err(|e| {
+        CodecError::Encode {
+            what,
+            reason: e.to_string(),
+        }
+    })?;
+    Ok(out)
 }
 
 /// Decodes exactly one value from `bytes`; trailing bytes are an error, never ignored.

@@ -26,7 +26,7 @@ pub use replica::{
     ProposeError, Proposed, Replica, ReplicaSpec, RestoreError, Restored, ShutdownError,
     StartError, restore, store_file_name,
 };
-pub use state_machine::{App, AppError, EntryAt, SnapshotFile, StateMachine};
+pub use state_machine::{App, AppError, EntryAt, SnapshotBuilder, SnapshotFile, StateMachine};
 pub use store::StoreError;
 
 /// A replica's id in the cluster.

@@ -7,10 +7,14 @@ use anyhow::Context;
 use clap::Parser;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use mesh::host::{Agent, HostConfig, HostError, QuicSink, listener};
+
+/// After a fatal error, how long answers already on their way get before the endpoint closes.
+const fatal_answer_grace_ms: u64 = 200;
 
 #[derive(Parser)]
 #[command(
@@ -61,9 +65,18 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     let _ = stop_tx.send(true);
+    if outcome.is_err() {
+        // The agent already refuses every envelope; let the answer that says why reach the
+        // replica before the connections close under it.
+        tokio::time::sleep(Duration::from_millis(fatal_answer_grace_ms)).await;
+    }
     // Stop taking envelopes first, so nothing starts a module after the shutdown stopped them.
     endpoint.close().await;
     agent.shutdown().await;
+    let listening = listener::listen_path(agent.config().root());
+    if let Err(e) = mesh::host::durable::remove_if_present(&listening) {
+        tracing::warn!(error = %e, "cannot remove the listen address file; it names a closed port");
+    }
     tracing::info!("every module stopped; exiting");
     outcome
 }

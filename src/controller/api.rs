@@ -215,6 +215,9 @@ pub enum PushOutcome {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SettingsView {
     pub layers: Vec<(Scope, Layer)>,
+    /// The effective settings of the placement the scope names (a module, or module@machine):
+    /// every layer merged, later scope wins. `None` for the mesh and machine scopes.
+    pub effective: Option<Layer>,
     pub history: Vec<SettingsChange>,
 }
 

@@ -9,7 +9,8 @@ use super::push::known_of;
 use super::service::Service;
 use crate::core::compose::{World, compose};
 use crate::core::model::Mesh;
-use crate::core::settings::{Edit, Layer, Scope, clear_layer, edit_layer};
+use crate::core::plan::DigestCache;
+use crate::core::settings::{Edit, Layer, Scope, clear_layer, edit_layer, effective};
 use crate::store::app::MeshApp;
 use crate::store::command::{Applied, Command};
 use crate::store::state::DomainState;
@@ -48,7 +49,7 @@ impl Service {
                 "the store answered apply with {applied:?}"
             )));
         };
-        work.refresh(&self.state()?)?;
+        work.advance(&state, &self.state()?)?;
         let mut changes: BTreeSet<String> = BTreeSet::new();
         for (m, d) in work.cache.iter() {
             if old.get(m) != Some(d) {
@@ -89,7 +90,15 @@ impl Service {
         } else {
             Vec::new()
         };
-        Ok(Body::Settings(SettingsView { layers, history }))
+        let effective = scope
+            .as_ref()
+            .and_then(|s| placement_of(&state, s))
+            .map(|(module, machine)| effective(&state.mesh.settings, &module, &machine));
+        Ok(Body::Settings(SettingsView {
+            layers,
+            effective,
+            history,
+        }))
     }
 
     /// `Request::SettingsSet` (G6): the outcome is computed first, so a refused edit writes nothing.
@@ -102,7 +111,7 @@ impl Service {
         replace: bool,
         why: String,
     ) -> Result<Body, ApiError> {
-        let _work = self.work.lock().await;
+        let mut work = self.work.lock().await;
         let lease = self.lease().await?;
         let state = self.state()?;
         check_scope(&state, &scope)?;
@@ -122,6 +131,7 @@ impl Service {
         let applied = self
             .propose(lease.term(), Some(state.revision), actor, command)
             .await?;
+        self.advance_after_write(&mut work, &state);
         settings_answer(scope, applied)
     }
 
@@ -131,7 +141,7 @@ impl Service {
         scope: Scope,
         why: String,
     ) -> Result<Body, ApiError> {
-        let _work = self.work.lock().await;
+        let mut work = self.work.lock().await;
         let lease = self.lease().await?;
         let state = self.state()?;
         check_scope(&state, &scope)?;
@@ -144,28 +154,26 @@ impl Service {
         let applied = self
             .propose(lease.term(), Some(state.revision), actor, command)
             .await?;
+        self.advance_after_write(&mut work, &state);
         settings_answer(scope, applied)
     }
 
     /// `Request::Status`: replicas, machines, revision, floor and any store reset.
     pub(crate) async fn status(&self) -> Result<Body, ApiError> {
         let state = self.state()?;
-        let behind = {
-            let mut work = self.work.lock().await;
-            work.refresh(&state)?;
-            let known = known_of(&state);
-            let mut behind = BTreeSet::new();
-            for m in state.mesh.machines.keys() {
-                let k = known.get(m);
-                let is_behind = match k {
-                    None => true,
-                    Some(k) => !k.confirmed || k.last_sent != work.cache.get(m),
-                };
-                if is_behind {
-                    behind.insert(m.clone());
-                }
+        // A running push holds the cache; status then composes its own rather than wait.
+        let behind = match self.work.try_lock() {
+            Ok(mut work) => {
+                work.refresh(&state)?;
+                behind_of(&state, &work.cache)
             }
-            behind
+            Err(_) => {
+                let world = World::new(state.mesh.clone(), state.provisions.values().cloned());
+                let cache = DigestCache::build(&world).map_err(|e| {
+                    ApiError::Failed(format!("the stored model does not compose: {e}"))
+                })?;
+                behind_of(&state, &cache)
+            }
         };
         let machines = state
             .mesh
@@ -238,6 +246,18 @@ impl Service {
     }
 }
 
+impl Service {
+    /// Keeps the compose cache current after a settings write; on failure the next request
+    /// rebuilds it (the write itself already succeeded).
+    fn advance_after_write(&self, work: &mut super::service::Work, before: &DomainState) {
+        let advanced = self.state().and_then(|after| work.advance(before, &after));
+        if let Err(e) = advanced {
+            tracing::warn!(error = %e, "compose cache not advanced; it will be rebuilt");
+            work.revision = None;
+        }
+    }
+}
+
 fn settings_answer(scope: Scope, applied: Applied) -> Result<Body, ApiError> {
     match applied {
         Applied::Settings {
@@ -300,6 +320,35 @@ fn check_scope(state: &DomainState, scope: &Scope) -> Result<(), ApiError> {
             unknown("machine", machine)
         }
         _ => Ok(()),
+    }
+}
+
+/// Machines whose should-be digest is not the last sent, or whose last send is unconfirmed.
+fn behind_of(state: &DomainState, cache: &DigestCache) -> BTreeSet<String> {
+    let known = known_of(state);
+    let mut behind = BTreeSet::new();
+    for m in state.mesh.machines.keys() {
+        let is_behind = match known.get(m) {
+            None => true,
+            Some(k) => !k.confirmed || k.last_sent != cache.get(m),
+        };
+        if is_behind {
+            behind.insert(m.clone());
+        }
+    }
+    behind
+}
+
+/// The (module, machine) placement a module or placement scope names.
+fn placement_of(state: &DomainState, scope: &Scope) -> Option<(String, String)> {
+    match scope {
+        Scope::Module(m) => state
+            .mesh
+            .modules
+            .get(m)
+            .map(|module| (m.clone(), module.machine.clone())),
+        Scope::Placement { module, machine } => Some((module.clone(), machine.clone())),
+        Scope::Mesh | Scope::Machine(_) => None,
     }
 }
 

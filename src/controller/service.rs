@@ -2,7 +2,7 @@
 //! operator commands with follower forwarding (G13), host reports), the epoch-floor file (G9), and
 //! the shared helpers every operation uses: the lease gate (G3), proposals (G4) and the compose cache.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -23,6 +23,7 @@ use super::floor::{FloorError, read_floor, write_floor};
 use crate::core::compose::World;
 use crate::core::plan::DigestCache;
 use crate::core::report::Report;
+use crate::core::settings::Scope;
 use crate::core::wire::{ReportReply, check_report_machine, report_reply_what, report_what};
 use crate::store::app::{MeshApp, decode_outcome};
 use crate::store::command::{Applied, Command, Outcome, Proposal};
@@ -99,6 +100,63 @@ impl Work {
         self.world = world;
         self.cache = cache;
         self.revision = Some(state.revision);
+        Ok(())
+    }
+}
+
+impl Work {
+    /// Moves the cache from `old` to `new` after one model or settings write by this leader,
+    /// recomposing only the machines the change touches; anything else rebuilds the whole cache.
+    pub(crate) fn advance(&mut self, old: &DomainState, new: &DomainState) -> Result<(), ApiError> {
+        let moved_module = new.mesh.modules.iter().any(|(name, m)| {
+            old.mesh
+                .modules
+                .get(name)
+                .is_some_and(|o| o.machine != m.machine)
+        });
+        let incremental = self.revision == Some(old.revision)
+            && new.revision == old.revision + 1
+            && new.provisions.len() == old.provisions.len()
+            && old
+                .mesh
+                .machines
+                .keys()
+                .all(|m| new.mesh.machines.contains_key(m))
+            && !moved_module;
+        if !incremental {
+            return self.refresh(new);
+        }
+        let mut touched = BTreeSet::new();
+        for (name, machine) in &new.mesh.machines {
+            if old.mesh.machines.get(name) != Some(machine) {
+                touched.extend(self.world.put_machine(machine.clone()));
+            }
+        }
+        for name in old.mesh.modules.keys() {
+            if !new.mesh.modules.contains_key(name) {
+                touched.extend(self.world.remove_module(name));
+            }
+        }
+        for (name, module) in &new.mesh.modules {
+            if old.mesh.modules.get(name) != Some(module) {
+                touched.extend(self.world.put_module(module.clone()));
+            }
+        }
+        let (old_layers, new_layers) = (&old.mesh.settings.layers, &new.mesh.settings.layers);
+        let scopes: BTreeSet<&Scope> = old_layers.keys().chain(new_layers.keys()).collect();
+        for scope in scopes {
+            if old_layers.get(scope) != new_layers.get(scope) {
+                let layer = new_layers.get(scope).cloned();
+                touched.extend(self.world.put_layer(scope.clone(), layer));
+            }
+        }
+        self.cache.refresh(&self.world, &touched).map_err(|e| {
+            ApiError::Failed(format!(
+                "the stored model does not compose at revision {}: {e}",
+                new.revision
+            ))
+        })?;
+        self.revision = Some(new.revision);
         Ok(())
     }
 }
@@ -522,6 +580,7 @@ impl Service {
         }
         let term = self.replica.metrics().borrow().current_term;
         let actor = format!("host:{frame_machine}");
+        self.raise_floor_to(term, &actor, report.epoch).await;
         match self
             .propose(term, None, &actor, Command::RecordReport { report })
             .await
@@ -532,6 +591,30 @@ impl Service {
                 tracing::warn!(machine = frame_machine, error = %e, "report not filed");
                 Ok(self.not_leader())
             }
+        }
+    }
+
+    /// A host that reports an epoch above the floor has seen a leader this store does not remember
+    /// (a store restored from an old backup): keep the floor above it (G9).
+    async fn raise_floor_to(&self, term: u64, actor: &str, epoch: u64) {
+        let floor = match self.app.state() {
+            Ok(state) => state.epoch_floor,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the epoch floor; not raising it");
+                return;
+            }
+        };
+        if epoch <= floor {
+            return;
+        }
+        tracing::warn!(
+            epoch,
+            floor,
+            "a host reports an epoch above the floor; raising the floor"
+        );
+        let raise = Command::RaiseEpochFloor { epoch };
+        if let Err(e) = self.propose(term, None, actor, raise).await {
+            tracing::warn!(epoch, error = %e, "could not raise the epoch floor");
         }
     }
 
@@ -595,4 +678,95 @@ impl Handler for Serving {
 
 fn encode_answer(answer: &Answer) -> Result<Vec<u8>, String> {
     mesh_codec::encode(answer_what, answer).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::{Machine, Mesh, Module, Need, Provide};
+
+    fn module(name: &str, machine: &str) -> Module {
+        Module {
+            name: name.into(),
+            machine: machine.into(),
+            command: "sleep".into(),
+            args: vec!["600".into()],
+            env: BTreeMap::new(),
+            files: BTreeMap::new(),
+            mounts: vec![],
+            ready: None,
+            after: vec![],
+            provides: vec![],
+            consumes: vec![],
+        }
+    }
+
+    fn state(revision: u64, mesh: Mesh) -> DomainState {
+        DomainState {
+            revision,
+            mesh,
+            ..DomainState::default()
+        }
+    }
+
+    fn mesh() -> Mesh {
+        let mut mesh = Mesh::default();
+        for m in ["a", "b", "c"] {
+            mesh.machines.insert(
+                m.into(),
+                Machine {
+                    name: m.into(),
+                    address: "127.0.0.1".into(),
+                },
+            );
+        }
+        let mut db = module("db", "a");
+        db.provides.push(Provide {
+            kind: "pg".into(),
+            port: Some(5432),
+        });
+        let mut app = module("app", "b");
+        app.consumes.push(Need {
+            kind: "pg".into(),
+            from: "db".into(),
+        });
+        mesh.modules.insert("db".into(), db);
+        mesh.modules.insert("app".into(), app);
+        mesh.modules.insert("cron".into(), module("cron", "c"));
+        mesh
+    }
+
+    #[test]
+    fn g1_cache_advanced_after_a_write_equals_a_full_rebuild() {
+        // G1: the should-be digests the leader keeps after its own write are exactly what a full
+        // compose gives, so a push cascades from the right baseline.
+        let old = state(1, mesh());
+        let mut changed = mesh();
+        if let Some(db) = changed.modules.get_mut("db") {
+            db.env.insert("LOG".into(), "debug".into());
+        }
+        changed.modules.remove("cron");
+        changed.modules.insert("web".into(), module("web", "c"));
+        changed.settings.layers.insert(
+            Scope::Module("app".into()),
+            BTreeMap::from([("k".to_string(), "v".to_string())]),
+        );
+        if let Some(b) = changed.machines.get_mut("b") {
+            b.address = "10.0.0.2".into();
+        }
+        let new = state(2, changed);
+        let mut work = Work {
+            revision: None,
+            world: World::default(),
+            cache: DigestCache::default(),
+        };
+        work.refresh(&old).expect("old composes");
+        let before = work.cache.clone();
+        work.advance(&old, &new).expect("advances");
+        let world = World::new(new.mesh.clone(), new.provisions.values().cloned());
+        let rebuilt = DigestCache::build(&world).expect("new composes");
+        assert_eq!(work.cache, rebuilt);
+        assert_ne!(work.cache, before);
+        assert_eq!(work.revision, Some(2));
+    }
 }

@@ -9,10 +9,11 @@ use super::config::HostConfig;
 use super::durable;
 use super::layout::Layout;
 use super::leftovers;
-use super::reporter::{ReportError, ReportSink, Reporter, declaration_digest};
+use super::reporter::{ReportError, ReportSink, Reporter};
 use super::runtime::{ApplyOutcome, Runtime};
 use super::state::{AppliedRecord, RefusalCounts, StateError, StateFiles};
 use super::validate::{DeclarationRefusal, check_declaration, check_mount_moves};
+use crate::core::compose::digest;
 use crate::core::declaration::{Declaration, Digest};
 use crate::core::envelope::{Envelope, Position, Refusal, open};
 use crate::core::report::{ModuleStatus, Report};
@@ -32,8 +33,6 @@ pub enum HostError {
     State(#[from] StateError),
     #[error(transparent)]
     Report(#[from] ReportError),
-    #[error("cannot digest the applied declaration: {0}")]
-    Digest(#[from] mesh_codec::CodecError),
     #[error(
         "mesh-host is stopping its modules and applies nothing more; send again once it is back"
     )]
@@ -150,21 +149,37 @@ impl Agent {
         if inner.closing {
             return Err(HostError::ShuttingDown);
         }
+        let result = self.accept(&mut inner, wire).await;
+        if let Err(e) = &result
+            && e.is_fatal()
+        {
+            // The disk failed part-way: apply nothing more; the process stops, and a restart
+            // reads back whatever state did reach the disk.
+            inner.closing = true;
+        }
+        drop(inner);
+        if result.is_ok() {
+            self.flush_in_background();
+        }
+        result
+    }
+
+    async fn accept(&self, inner: &mut Inner, wire: &[u8]) -> Result<Applied, HostError> {
         let trusted = self.config.trusted();
         let envelope = match open(wire, trusted, self.config.name(), inner.high_water) {
             Ok(envelope) => envelope,
             Err(refusal) => {
                 let older = matches!(refusal, Refusal::Older { .. });
-                self.count_refusal(&mut inner, older, refusal.to_string())?;
+                self.count_refusal(inner, older, refusal.to_string())?;
                 return Err(HostError::Refused(refusal));
             }
         };
         let position = envelope.position();
-        if let Err(refusal) = self.check(&inner, &envelope) {
-            self.count_refusal(&mut inner, false, refusal.to_string())?;
+        if let Err(refusal) = self.check(inner, &envelope) {
+            self.count_refusal(inner, false, refusal.to_string())?;
             return Err(HostError::Declaration { position, refusal });
         }
-        let digest = declaration_digest(&envelope.declaration)?;
+        let digest = digest(&envelope.declaration);
         // G2: the mark is durable before anything of the declaration touches the machine.
         self.files.store_high_water(position)?;
         inner.high_water = Some(position);
@@ -177,9 +192,7 @@ impl Agent {
             sequence = position.sequence, digest = %digest.short(), "applying declaration");
         let outcome = inner.runtime.apply(&record.declaration).await;
         inner.applied = Some(record);
-        self.enqueue_report(&inner).await?;
-        drop(inner);
-        self.flush_in_background();
+        self.enqueue_report(inner).await?;
         Ok(Applied {
             position,
             digest,
@@ -288,7 +301,7 @@ impl Agent {
 
     fn build_report(&self, inner: &Inner) -> Result<Report, HostError> {
         let (position, applied) = match &inner.applied {
-            Some(r) => (r.position, Some(declaration_digest(&r.declaration)?)),
+            Some(r) => (r.position, Some(digest(&r.declaration))),
             None => (Position::default(), None),
         };
         Ok(Report {

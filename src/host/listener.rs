@@ -5,8 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use mesh_transport::Principal;
-use mesh_transport::{BindError, BoxFuture, Endpoint, Handler, Identity, MessageKind, PkiError};
+use mesh_transport::{
+    BindError, BoxFuture, Endpoint, Handler, Identity, MessageKind, PkiError, Principal,
+};
 use tokio::sync::mpsc;
 
 use super::agent::{Agent, Applied, HostError};

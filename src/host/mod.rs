@@ -22,6 +22,6 @@ pub mod validate;
 
 pub use agent::{Agent, Applied, HostError};
 pub use config::{ConfigError, HostConfig};
-pub use reporter::{ReportSink, SinkError, SinkFuture, declaration_digest};
+pub use reporter::{ReportSink, SinkError, SinkFuture};
 pub use runtime::ApplyOutcome;
 pub use sink::QuicSink;

@@ -12,7 +12,6 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 
 use super::durable::{self, StorageError};
-use crate::core::declaration::{Declaration, Digest};
 use crate::core::report::Report;
 
 /// Most reports kept waiting for the sink; beyond it the oldest is dropped.
@@ -53,13 +52,6 @@ pub enum ReportError {
     CorruptCounter { path: PathBuf, reason: String },
     #[error("cannot encode a report: {0}")]
     Encode(String),
-}
-
-/// The declaration's digest: blake3 over its canonical encoding.
-// The lead may switch this to the core's digest function once it lands; it must give the same bytes.
-pub fn declaration_digest(decl: &Declaration) -> Result<Digest, mesh_codec::CodecError> {
-    let bytes = mesh_codec::encode("declaration", decl)?;
-    Ok(Digest(*blake3::hash(&bytes).as_bytes()))
 }
 
 /// Numbers, queues and delivers reports.

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use mesh_transport::{Endpoint, MessageKind, Principal, TransportError};
+use tracing::Instrument;
 
 use super::reporter::{ReportSink, SinkError, SinkFuture};
 use crate::core::report::Report;
@@ -56,6 +57,13 @@ impl QuicSink {
             .clone()
     }
 
+    fn remember(&self, filed_by: Option<String>) {
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = filed_by;
+    }
+
     /// The last replica that took a report first, then the configured ones in order.
     fn candidates(&self) -> Vec<String> {
         let mut order: Vec<String> = self.last_filed_by().into_iter().collect();
@@ -76,10 +84,7 @@ impl QuicSink {
         for start in self.candidates() {
             match self.follow(start, &body, &mut failures).await {
                 Ok(Some(filed_by)) => {
-                    *self
-                        .last
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(filed_by);
+                    self.remember(Some(filed_by));
                     return Ok(());
                 }
                 Ok(None) => continue,
@@ -87,10 +92,7 @@ impl QuicSink {
             }
         }
         // Whoever took the last report did not take this one: start from the config next time.
-        *self
-            .last
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        self.remember(None);
         let why = match failures.is_empty() {
             true => "host.toml lists no replicas".to_string(),
             false => failures.join("; "),
@@ -212,6 +214,8 @@ async fn resolve(address: &str) -> Result<SocketAddr, String> {
 
 impl ReportSink for QuicSink {
     fn deliver<'a>(&'a self, report: &'a Report) -> SinkFuture<'a> {
-        Box::pin(self.deliver_report(report))
+        let span = tracing::debug_span!("deliver", machine = %self.machine,
+            report_sequence = report.report_sequence);
+        Box::pin(self.deliver_report(report).instrument(span))
     }
 }

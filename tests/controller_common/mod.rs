@@ -1,0 +1,472 @@
+//! A bed for controller tests: three replica services from the library over real QUIC on loopback,
+//! certificates from the transport PKI in a temp dir, in-process mesh-host agents (listener, QUIC
+//! report sink, reconcile loop) stopped on drop, and an operator endpoint that issues `Request`s.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ed25519_dalek::SigningKey;
+use mesh::controller::api::{Answer, ApiError, Body, PushTarget, Request};
+use mesh::controller::config::{ReplicaConfig, ReplicaConfigFile, TlsFile, write_signing_key};
+use mesh::controller::{Running, Service};
+use mesh::core::model::{Machine, Mesh, Module, Mount, Need, Provide};
+use mesh::host::config::encode_hex;
+use mesh::host::{Agent, HostConfig, QuicSink, listener};
+use mesh_raft::{Clock, MonotonicClock, RaftSettings};
+use mesh_transport::{
+    Ca, Endpoint, Identity, MessageKind, Peer, Principal, TransportConfig, Validity,
+};
+use openraft::ServerState;
+use tokio::sync::watch;
+
+/// How long any condition may take before a test fails.
+pub const wait_deadline: Duration = Duration::from_secs(20);
+
+pub fn fast_raft() -> RaftSettings {
+    RaftSettings {
+        heartbeat_ms: 50,
+        election_timeout_min_ms: 500,
+        election_timeout_max_ms: 1000,
+        lease_margin_ms: 100,
+        propose_timeout_ms: 5_000,
+        ..RaftSettings::default()
+    }
+}
+
+fn transport() -> TransportConfig {
+    TransportConfig {
+        request_timeout_ms: 3_000,
+        ..TransportConfig::default()
+    }
+}
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().expect("loopback")
+}
+
+pub struct Pki {
+    pub ca: Ca,
+    pub dir: PathBuf,
+}
+
+impl Pki {
+    pub fn identity(&self, principal: &Principal) -> Identity {
+        let cert = self
+            .ca
+            .issue(principal, Validity::days_from_now(1))
+            .expect("issue");
+        Identity::from_pem(self.ca.cert_pem(), cert.cert_pem(), cert.key_pem()).expect("identity")
+    }
+
+    /// Writes a certificate and key for `principal` under `sub`; returns (cert, key) paths.
+    pub fn write(&self, sub: &str, principal: &Principal) -> (PathBuf, PathBuf) {
+        let dir = self.dir.join(sub);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let cert = self
+            .ca
+            .issue(principal, Validity::days_from_now(1))
+            .expect("issue");
+        let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
+        cert.write(&c, &k).expect("write cert");
+        (c, k)
+    }
+
+    pub fn ca_path(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+}
+
+/// One in-process mesh-host.
+pub struct Host {
+    pub name: String,
+    pub agent: Arc<Agent>,
+    pub endpoint: Endpoint,
+    pub stop: watch::Sender<bool>,
+    pub root: PathBuf,
+}
+
+pub struct Bed {
+    pub dir: tempfile::TempDir,
+    pub pki: Pki,
+    pub replicas: BTreeMap<u64, Running>,
+    pub configs: BTreeMap<u64, ReplicaConfig>,
+    pub addrs: BTreeMap<u64, SocketAddr>,
+    pub hosts: BTreeMap<String, Host>,
+    pub operator: Endpoint,
+}
+
+fn replica_key(id: u64) -> SigningKey {
+    SigningKey::from_bytes(&[id as u8 + 40; 32])
+}
+
+impl Bed {
+    /// Three replicas and one in-process host per name in `machines`; `fake` names addresses that
+    /// stand in for a host (a test's own endpoint).
+    pub async fn start(machines: &[&str], fake: &[(&str, SocketAddr)]) -> Bed {
+        Bed::start_n(3, machines, fake).await
+    }
+
+    /// Like [`Bed::start`] with `n` replicas.
+    pub async fn start_n(n: u64, machines: &[&str], fake: &[(&str, SocketAddr)]) -> Bed {
+        Bed::start_with_clock(n, machines, fake, Arc::new(MonotonicClock)).await
+    }
+
+    /// Like [`Bed::start_n`], every replica reading time from `clock`.
+    pub async fn start_with_clock(
+        n: u64,
+        machines: &[&str],
+        fake: &[(&str, SocketAddr)],
+        clock: Arc<dyn Clock>,
+    ) -> Bed {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = Ca::create(Validity::days_from_now(1)).expect("CA");
+        let pki = Pki {
+            ca,
+            dir: dir.path().join("pki"),
+        };
+        std::fs::create_dir_all(&pki.dir).expect("pki dir");
+        std::fs::write(pki.ca_path(), pki.ca.cert_pem()).expect("ca.pem");
+        let mut endpoints = BTreeMap::new();
+        let mut addrs = BTreeMap::new();
+        for id in 1..=n {
+            let e = Endpoint::bind(
+                loopback(),
+                &pki.identity(&Principal::Replica(id)),
+                transport().check().expect("transport"),
+            )
+            .expect("bind replica");
+            addrs.insert(id, e.local_addr());
+            endpoints.insert(id, e);
+        }
+        let mut hosts = BTreeMap::new();
+        for m in machines {
+            let host = start_host(dir.path(), &pki, m, &addrs).await;
+            hosts.insert(m.to_string(), host);
+        }
+        let mut host_addrs: BTreeMap<String, String> = hosts
+            .iter()
+            .map(|(m, h)| (m.clone(), h.endpoint.local_addr().to_string()))
+            .collect();
+        for (m, a) in fake {
+            host_addrs.insert(m.to_string(), a.to_string());
+        }
+        let mut bed = Bed {
+            operator: Endpoint::bind(
+                loopback(),
+                &pki.identity(&Principal::Operator("alice".into())),
+                transport().check().expect("transport"),
+            )
+            .expect("bind operator"),
+            dir,
+            pki,
+            replicas: BTreeMap::new(),
+            configs: BTreeMap::new(),
+            addrs,
+            hosts,
+        };
+        for (id, endpoint) in endpoints {
+            let config = bed.write_config(id, &host_addrs);
+            bed.configs.insert(id, config.clone());
+            let running = mesh::controller::start_on(config, endpoint, clock.clone())
+                .await
+                .expect("replica starts");
+            bed.replicas.insert(id, running);
+        }
+        bed
+    }
+
+    fn write_config(&self, id: u64, hosts: &BTreeMap<String, String>) -> ReplicaConfig {
+        let sub = format!("replica-{id}");
+        let (cert, key) = self.pki.write(&sub, &Principal::Replica(id));
+        let signing = self.dir.path().join(format!("{sub}.key"));
+        write_signing_key(&signing, &replica_key(id)).expect("signing key");
+        let file = ReplicaConfigFile {
+            id,
+            listen: self.addrs[&id].to_string(),
+            data_dir: self.dir.path().join(&sub),
+            signing_key: signing,
+            tls: TlsFile {
+                ca: self.pki.ca_path(),
+                cert,
+                key,
+            },
+            peers: self
+                .addrs
+                .iter()
+                .map(|(i, a)| (i.to_string(), a.to_string()))
+                .collect(),
+            hosts: hosts.clone(),
+            raft: Some(fast_raft()),
+            transport: Some(transport()),
+        };
+        let path = self.dir.path().join(format!("{sub}.toml"));
+        std::fs::write(&path, file.to_toml().expect("toml")).expect("write config");
+        ReplicaConfig::load(&path).expect("config valid")
+    }
+
+    pub fn service(&self, id: u64) -> &Arc<Service> {
+        self.replicas[&id].service()
+    }
+
+    pub async fn wait_leader(&self) -> u64 {
+        self.wait_leader_among(&self.replicas.keys().copied().collect::<Vec<_>>(), 0)
+            .await
+            .0
+    }
+
+    /// Waits until one of `among` leads in a term above `above`; returns it and its term.
+    pub async fn wait_leader_among(&self, among: &[u64], above: u64) -> (u64, u64) {
+        let deadline = tokio::time::Instant::now() + wait_deadline;
+        loop {
+            for id in among {
+                let m = self.service(*id).replica().metrics().borrow().clone();
+                if m.state == ServerState::Leader && m.current_term > above {
+                    return (*id, m.current_term);
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no leader above term {above} among {among:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn follower(&self, leader: u64) -> u64 {
+        *self
+            .replicas
+            .keys()
+            .find(|id| **id != leader)
+            .expect("a follower")
+    }
+
+    /// Sends `request` to replica `id` as operator alice.
+    pub async fn ask(&self, id: u64, request: &Request) -> Answer {
+        let body = mesh_codec::encode("request", request).expect("encode");
+        let peer = Peer::expecting(self.addrs[&id], Principal::Replica(id));
+        let bytes = self
+            .operator
+            .request(peer, MessageKind::Command, body, Duration::from_secs(30))
+            .await
+            .expect("replica answers");
+        mesh_codec::decode("answer", &bytes).expect("decode answer")
+    }
+
+    /// Asks the leader and expects success.
+    pub async fn ok(&self, id: u64, request: &Request) -> Body {
+        let answer = self.ask(id, request).await;
+        answer
+            .body
+            .unwrap_or_else(|e| panic!("{request:?} failed: {e:?}"))
+    }
+
+    pub async fn apply(&self, leader: u64, mesh: &Mesh) -> Body {
+        self.ok(
+            leader,
+            &Request::Apply {
+                mesh: mesh.clone(),
+                why: "test".into(),
+            },
+        )
+        .await
+    }
+
+    pub async fn push(&self, via: u64, machine: &str, moves: &[&str]) -> Result<Body, ApiError> {
+        let request = Request::Push {
+            target: PushTarget::Machine(machine.into()),
+            why: "test push".into(),
+            moves: moves.iter().map(|m| m.to_string()).collect(),
+        };
+        self.ask(via, &request).await.body
+    }
+
+    /// Cuts replica `id` off from the other replicas, both directions.
+    pub fn isolate(&self, id: u64) {
+        for (other, addr) in &self.addrs {
+            if *other == id {
+                continue;
+            }
+            self.service(id).endpoint().faults().cut_off(*addr);
+            self.service(*other)
+                .endpoint()
+                .faults()
+                .cut_off(self.addrs[&id]);
+        }
+    }
+
+    /// Starts replica `id` again from its config and files, on its old address.
+    pub async fn restart_replica(&mut self, id: u64) {
+        let endpoint = Endpoint::bind(
+            self.addrs[&id],
+            &self.pki.identity(&Principal::Replica(id)),
+            transport().check().expect("transport"),
+        )
+        .expect("rebind the replica's port");
+        let running = mesh::controller::start_on(
+            self.configs[&id].clone(),
+            endpoint,
+            Arc::new(MonotonicClock),
+        )
+        .await
+        .expect("replica restarts");
+        self.replicas.insert(id, running);
+    }
+
+    pub async fn stop_replica(&mut self, id: u64) {
+        let running = self.replicas.remove(&id).expect("running");
+        running.shutdown().await.expect("clean shutdown");
+    }
+
+    pub async fn shutdown(mut self) {
+        let ids: Vec<u64> = self.replicas.keys().copied().collect();
+        for id in ids {
+            self.stop_replica(id).await;
+        }
+        for host in self.hosts.values() {
+            let _ = host.stop.send(true);
+            host.endpoint.close().await;
+            host.agent.shutdown().await;
+        }
+        self.hosts.clear();
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        // Stop every module the agent started, even when a test panicked.
+        let _ = self.stop.send(true);
+        let agent = self.agent.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            tokio::task::block_in_place(|| handle.block_on(agent.shutdown()));
+        }
+    }
+}
+
+async fn start_host(
+    dir: &Path,
+    pki: &Pki,
+    name: &str,
+    replicas: &BTreeMap<u64, SocketAddr>,
+) -> Host {
+    let sub = format!("host-{name}");
+    let (cert, key) = pki.write(&sub, &Principal::Host(name.into()));
+    let root = dir.join(&sub).join("root");
+    let trusted: Vec<String> = (1..=3u64)
+        .map(|id| {
+            format!(
+                "{id} = \"{}\"",
+                encode_hex(replica_key(id).verifying_key().as_bytes())
+            )
+        })
+        .collect();
+    let list: Vec<String> = replicas.values().map(|a| format!("\"{a}\"")).collect();
+    let text = format!(
+        "name = \"{name}\"\nroot = \"{}\"\nmounts_root = \"{}\"\nlisten = \"127.0.0.1:0\"\nreplicas = [{}]\nreconcile_interval_ms = 500\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n[trusted_keys]\n{}\n",
+        root.display(),
+        dir.join(&sub).join("mounts").display(),
+        list.join(", "),
+        pki.ca_path().display(),
+        cert.display(),
+        key.display(),
+        trusted.join("\n")
+    );
+    let path = dir.join(format!("{sub}.toml"));
+    std::fs::write(&path, text).expect("host.toml");
+    let config = HostConfig::load(&path).expect("host config");
+    let endpoint = listener::bind(&config).expect("host binds");
+    let sink = QuicSink::new(endpoint.clone(), name, config.replicas().to_vec());
+    let agent = Arc::new(Agent::open(config, Arc::new(sink)).expect("agent opens"));
+    agent.start().await.expect("agent starts");
+    let _fatal = listener::serve(&endpoint, agent.clone()).expect("serve");
+    let (stop, stop_rx) = watch::channel(false);
+    {
+        let agent = agent.clone();
+        tokio::spawn(async move { agent.reconcile(stop_rx).await });
+    }
+    Host {
+        name: name.into(),
+        agent,
+        endpoint,
+        stop,
+        root,
+    }
+}
+
+/// A module running `sleep 600` (exec'd by sh, so the pid is the sleeper's).
+pub fn sleeper(name: &str, machine: &str) -> Module {
+    Module {
+        name: name.into(),
+        machine: machine.into(),
+        command: "sh".into(),
+        args: vec!["-c".into(), "exec sleep 600".into()],
+        env: BTreeMap::new(),
+        files: BTreeMap::new(),
+        mounts: vec![],
+        ready: None,
+        after: vec![],
+        provides: vec![],
+        consumes: vec![],
+    }
+}
+
+pub fn machine(name: &str) -> Machine {
+    Machine {
+        name: name.into(),
+        address: "127.0.0.1".into(),
+    }
+}
+
+/// `db` on ace provides `pg` on a port; `app` on g14 consumes it (a cross-machine provision).
+pub fn provider_consumer_mesh() -> Mesh {
+    let mut db = sleeper("db", "ace");
+    db.provides.push(Provide {
+        kind: "pg".into(),
+        port: Some(5999),
+    });
+    let mut app = sleeper("app", "g14");
+    app.consumes.push(Need {
+        kind: "pg".into(),
+        from: "db".into(),
+    });
+    let mut mesh = Mesh::default();
+    for m in ["ace", "g14"] {
+        mesh.machines.insert(m.into(), machine(m));
+    }
+    mesh.modules.insert("db".into(), db);
+    mesh.modules.insert("app".into(), app);
+    mesh
+}
+
+/// `broker` on ace with a mount `data` at `host_dir`.
+pub fn mount_mesh(host_dir: &str) -> Mesh {
+    let mut broker = sleeper("broker", "ace");
+    broker.mounts.push(Mount {
+        name: "data".into(),
+        host_dir: host_dir.into(),
+        target: "data".into(),
+    });
+    let mut mesh = Mesh::default();
+    mesh.machines.insert("ace".into(), machine("ace"));
+    mesh.modules.insert("broker".into(), broker);
+    mesh
+}
+
+/// Waits until `check` is true, or fails after the deadline.
+pub async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + wait_deadline;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

@@ -1,0 +1,516 @@
+//! The replica service end to end in one process: three replicas over real QUIC, in-process mesh-host
+//! agents, and an operator endpoint. Each test names the guarantee it checks.
+
+mod controller_common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use controller_common::*;
+use mesh::controller::Service;
+use mesh::controller::api::{ApiError, Body, PushOutcome, PushTarget, Request};
+use mesh::core::envelope::{Envelope, Position, Sealed};
+use mesh::core::settings::Scope;
+use mesh::core::wire::{EnvelopeReply, envelope_reply_what};
+use mesh_transport::{BoxFuture, Endpoint, Handler, MessageKind, Principal, TransportConfig};
+
+fn lines(body: &Body) -> BTreeMap<String, PushOutcome> {
+    let Body::Push(view) = body else {
+        panic!("not a push answer: {body:?}")
+    };
+    view.lines
+        .iter()
+        .map(|l| (l.machine.clone(), l.outcome.clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g1_push_of_the_consumer_alone_sends_the_provider_its_new_grant() {
+    // G1: pushing only the consumer's machine mints the provision and sends the provider's machine
+    // in the same push, named in the answer; no second push is needed.
+    let bed = Bed::start(&["ace", "g14"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &provider_consumer_mesh()).await;
+    let body = bed.push(leader, "g14", &[]).await.expect("push");
+    let outcome = lines(&body);
+    assert!(
+        matches!(outcome.get("g14"), Some(PushOutcome::Applied { .. })),
+        "{outcome:?}"
+    );
+    match outcome.get("ace") {
+        Some(PushOutcome::Applied { reason, .. }) => assert!(reason.contains("g14"), "{reason}"),
+        other => panic!("ace was not sent in the same push: {other:?}"),
+    }
+    let (_, declaration) = bed.hosts["ace"].agent.applied().await.expect("ace applied");
+    let db = declaration
+        .modules
+        .iter()
+        .find(|m| m.name == "db")
+        .expect("db");
+    assert_eq!(db.grants.len(), 1, "the provider got its grant");
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g13_push_through_a_follower_is_forwarded_and_says_so() {
+    // G13: any replica will do; a follower forwards to the leader and the answer names both.
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    let follower = bed.follower(leader);
+    bed.apply(leader, &mount_mesh("/srv/a")).await;
+    let request = Request::Push {
+        target: PushTarget::Machine("ace".into()),
+        why: "via a follower".into(),
+        moves: vec![],
+    };
+    let answer = bed.ask(follower, &request).await;
+    assert_eq!(answer.forwarded_by, Some(follower));
+    assert_eq!(answer.replica, leader);
+    let body = answer.body.expect("push succeeds");
+    assert!(matches!(
+        lines(&body).get("ace"),
+        Some(PushOutcome::Applied { .. })
+    ));
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_without_a_reason_or_to_an_unknown_machine_is_invalid_and_sends_nothing() {
+    // G7: every push needs a why; a bare push has no wire form (PushTarget has no bare variant), so
+    // the replica sees only named, --behind or --all pushes.
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &mount_mesh("/srv/a")).await;
+    let no_why = Request::Push {
+        target: PushTarget::Machine("ace".into()),
+        why: "  ".into(),
+        moves: vec![],
+    };
+    let answer = bed.ask(leader, &no_why).await;
+    assert!(
+        matches!(answer.body, Err(ApiError::Invalid(_))),
+        "{answer:?}"
+    );
+    let unknown = bed.push(leader, "nowhere", &[]).await;
+    assert!(matches!(unknown, Err(ApiError::Invalid(_))), "{unknown:?}");
+    assert!(bed.hosts["ace"].agent.applied().await.is_none());
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g8_mount_move_is_held_named_and_released_with_move() {
+    // G8: a push that would move a running module's mount is held, naming module, mount and both
+    // directories; `--move <module>` releases it.
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &mount_mesh("/srv/a")).await;
+    bed.push(leader, "ace", &[]).await.expect("first push");
+    bed.apply(leader, &mount_mesh("/srv/b")).await;
+    let held = bed.push(leader, "ace", &[]).await.expect("push answers");
+    match lines(&held).get("ace") {
+        Some(PushOutcome::Held { holds, .. }) => {
+            assert_eq!(holds.len(), 1);
+            assert_eq!(holds[0].module, "broker");
+            assert_eq!(holds[0].mount, "data");
+            assert_eq!(holds[0].old_dir, "/srv/a");
+            assert_eq!(holds[0].new_dir, "/srv/b");
+        }
+        other => panic!("ace not held: {other:?}"),
+    }
+    let Body::Status(status) = bed.ok(leader, &Request::Status).await else {
+        panic!("status")
+    };
+    let ace = status
+        .machines
+        .iter()
+        .find(|m| m.name == "ace")
+        .expect("ace");
+    assert_eq!(ace.holds.len(), 1, "status shows the hold");
+    let moved = bed.push(leader, "ace", &["broker"]).await.expect("push");
+    assert!(
+        matches!(lines(&moved).get("ace"), Some(PushOutcome::Applied { .. })),
+        "{moved:?}"
+    );
+    let Body::Status(status) = bed.ok(leader, &Request::Status).await else {
+        panic!("status")
+    };
+    let ace = status
+        .machines
+        .iter()
+        .find(|m| m.name == "ace")
+        .expect("ace");
+    assert!(ace.holds.is_empty(), "the hold is released");
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g6_settings_removal_is_refused_without_replace_and_history_is_kept() {
+    // G6: removing a key needs --replace (refused before anything is written); a replace lists what
+    // it removes and keeps the old layer in the history.
+    let bed = Bed::start(&[], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &mount_mesh("/srv/a")).await;
+    let set = |layer: &[(&str, &str)], remove: &[&str], replace: bool| Request::SettingsSet {
+        scope: Scope::Mesh,
+        layer: layer
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        remove: remove
+            .iter()
+            .map(|k| k.to_string())
+            .collect::<BTreeSet<_>>(),
+        replace,
+        why: "test".into(),
+    };
+    bed.ok(leader, &set(&[("a", "1"), ("b", "2")], &[], false))
+        .await;
+    let history = |body: Body| match body {
+        Body::Settings(v) => v.history.len(),
+        other => panic!("{other:?}"),
+    };
+    let show = Request::SettingsShow {
+        scope: None,
+        history: true,
+    };
+    let before = history(bed.ok(leader, &show).await);
+    let refused = bed.ask(leader, &set(&[], &["b"], false)).await;
+    assert!(
+        matches!(refused.body, Err(ApiError::Invalid(_))),
+        "{refused:?}"
+    );
+    assert_eq!(
+        history(bed.ok(leader, &show).await),
+        before,
+        "nothing written"
+    );
+    let replaced = bed.ok(leader, &set(&[("a", "1")], &["b"], true)).await;
+    match replaced {
+        Body::SettingsSet { removed, .. } => assert_eq!(removed, vec!["b".to_string()]),
+        other => panic!("{other:?}"),
+    }
+    let Body::Settings(view) = bed.ok(leader, &show).await else {
+        panic!("settings")
+    };
+    assert_eq!(view.history.len(), before + 1);
+    let last = view.history.last().expect("history");
+    assert_eq!(
+        last.before
+            .as_ref()
+            .and_then(|l| l.get("b"))
+            .map(String::as_str),
+        Some("2")
+    );
+    let module = Request::SettingsShow {
+        scope: Some(Scope::Module("broker".into())),
+        history: false,
+    };
+    let Body::Settings(view) = bed.ok(leader, &module).await else {
+        panic!("settings")
+    };
+    let effective = view
+        .effective
+        .expect("a module scope shows its effective settings");
+    assert_eq!(effective.get("a").map(String::as_str), Some("1"));
+    assert!(!effective.contains_key("b"), "the removed key is gone");
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_plan_diff_is_empty_after_a_leader_change_alone() {
+    // G7: declarations carry no epoch, so a new leader plans the same declaration: empty diff.
+    let mut bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &mount_mesh("/srv/a")).await;
+    let plan = Request::Plan {
+        machine: "ace".into(),
+    };
+    let Body::Plan(before) = bed.ok(leader, &plan).await else {
+        panic!("plan")
+    };
+    assert!(!before.diff.is_empty(), "never sent: the diff shows it all");
+    bed.push(leader, "ace", &[]).await.expect("push");
+    let term = bed
+        .service(leader)
+        .replica()
+        .metrics()
+        .borrow()
+        .current_term;
+    bed.stop_replica(leader).await;
+    let rest: Vec<u64> = bed.replicas.keys().copied().collect();
+    let (new_leader, _) = bed.wait_leader_among(&rest, term).await;
+    let Body::Plan(after) = bed.ok(new_leader, &plan).await else {
+        panic!("plan")
+    };
+    assert!(after.diff.is_empty(), "{:?}", after.diff);
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_isolated_leader_sends_nothing_and_hosts_keep_the_newer_epoch() {
+    // G3/G2: a leader cut off from the other replicas cannot confirm its lease: its push sends
+    // nothing (refused or stopped), while the new leader's push is applied at a newer epoch.
+    let bed = Bed::start(&["ace"], &[]).await;
+    let old = bed.wait_leader().await;
+    bed.apply(old, &mount_mesh("/srv/a")).await;
+    let old_term = bed.service(old).replica().metrics().borrow().current_term;
+    bed.isolate(old);
+    let rest: Vec<u64> = bed
+        .replicas
+        .keys()
+        .copied()
+        .filter(|id| *id != old)
+        .collect();
+    let (new, new_term) = bed.wait_leader_among(&rest, old_term).await;
+    let pushed = bed.push(new, "ace", &[]).await.expect("new leader pushes");
+    assert!(matches!(
+        lines(&pushed).get("ace"),
+        Some(PushOutcome::Applied { .. })
+    ));
+    let stale = bed.push(old, "ace", &[]).await;
+    match &stale {
+        Err(ApiError::Unavailable(_)) => {}
+        Ok(body) => {
+            for (m, o) in lines(body) {
+                match o {
+                    PushOutcome::Failed { error, .. } => assert!(error.contains("stopped"), "{m}"),
+                    other => panic!("the old leader acted on {m}: {other:?}"),
+                }
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    let (position, _) = bed.hosts["ace"].agent.applied().await.expect("applied");
+    assert_eq!(position.epoch, new_term, "the host keeps the newer epoch");
+    bed.shutdown().await;
+}
+
+/// A stand-in for a host that, on each envelope, checks the signing replica's store already holds
+/// the send record of that sequence (G4), then answers applied.
+struct RecordChecker {
+    services: OnceLock<BTreeMap<u64, Weak<Service>>>,
+    seen: Mutex<Vec<(u64, u64, bool)>>,
+}
+
+impl Handler for RecordChecker {
+    fn request(
+        &self,
+        _from: Principal,
+        _kind: MessageKind,
+        body: Vec<u8>,
+    ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
+        Box::pin(async move {
+            let sealed: Sealed = mesh_codec::decode("sealed", &body).map_err(|e| e.to_string())?;
+            let envelope: Envelope =
+                mesh_codec::decode("envelope", &sealed.body).map_err(|e| e.to_string())?;
+            let services = self.services.get().ok_or("not ready")?;
+            let signer = services
+                .get(&envelope.signer)
+                .and_then(Weak::upgrade)
+                .ok_or("unknown signer")?;
+            let recorded = signer
+                .app()
+                .state()
+                .map_err(|e| e.to_string())?
+                .last_sends
+                .get(&envelope.machine)
+                .is_some_and(|s| s.sequence >= envelope.sequence && s.epoch == envelope.epoch);
+            self.seen
+                .lock()
+                .expect("lock")
+                .push((envelope.epoch, envelope.sequence, recorded));
+            let reply = EnvelopeReply::Applied {
+                position: Position {
+                    epoch: envelope.epoch,
+                    sequence: envelope.sequence,
+                },
+                digest: mesh::core::compose::digest(&envelope.declaration),
+            };
+            mesh_codec::encode(envelope_reply_what, &reply).map_err(|e| e.to_string())
+        })
+    }
+
+    fn one_way(&self, _: Principal, _: MessageKind, _: Vec<u8>) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g4_send_record_is_committed_before_the_envelope_reaches_the_host() {
+    // G4: when a host sees sequence N, the sending replica's store already has send record N.
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    // The fake host needs a certificate from the bed's CA, so its port is picked first and the
+    // checker is served on it once the bed exists.
+    let probe = std::net::UdpSocket::bind(any).expect("reserve a port");
+    let fake_addr = probe.local_addr().expect("addr");
+    drop(probe);
+    let bed = Bed::start(&[], &[("ace", fake_addr)]).await;
+    let checker = Arc::new(RecordChecker {
+        services: OnceLock::new(),
+        seen: Mutex::new(Vec::new()),
+    });
+    let fake = Endpoint::bind(
+        fake_addr,
+        &bed.pki.identity(&Principal::Host("ace".into())),
+        TransportConfig::default().check().expect("transport"),
+    )
+    .expect("fake host binds");
+    let services = bed
+        .replicas
+        .iter()
+        .map(|(id, r)| (*id, Arc::downgrade(r.service())))
+        .collect();
+    let _ = checker.services.set(services);
+    fake.serve(checker.clone());
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &mount_mesh("/srv/a")).await;
+    for _ in 0..3 {
+        bed.push(leader, "ace", &[]).await.expect("push");
+    }
+    let seen = checker.seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(seen.iter().all(|(_, _, recorded)| *recorded), "{seen:?}");
+    let sequences: Vec<u64> = seen.iter().map(|(_, s, _)| *s).collect();
+    assert_eq!(sequences, vec![1, 2, 3]);
+    fake.close().await;
+    drop(checker);
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_store_reset_below_the_floor_file_is_reported_and_the_term_starts_above_it() {
+    // G9: a store found below the epoch floor kept beside it is said loudly (status) and the next
+    // term is above every epoch used before.
+    let mut bed = Bed::start_n(1, &[], &[]).await;
+    let (_, term) = bed.wait_leader_among(&[1], 0).await;
+    let dir = bed.configs[&1].data_dir().to_path_buf();
+    wait_until("the floor file reaches the term", || {
+        let dir = dir.clone();
+        async move { mesh::controller::floor::read_floor(&dir).unwrap_or(0) >= term }
+    })
+    .await;
+    bed.stop_replica(1).await;
+    std::fs::remove_file(dir.join(mesh_raft::store_file_name)).expect("reset the store");
+    bed.restart_replica(1).await;
+    let (_, new_term) = bed.wait_leader_among(&[1], term).await;
+    assert!(new_term > term);
+    let Body::Status(status) = bed.ok(1, &Request::Status).await else {
+        panic!("status")
+    };
+    let reset = status.store_reset.expect("store reset is reported");
+    assert!(reset.contains("STORE RESET"), "{reset}");
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_restore_from_a_snapshot_keeps_the_model_and_elects_above_its_floor() {
+    // G9: a store restored from `snapshot save` bytes has the model back and starts its term above
+    // the snapshot's epoch floor.
+    let mut bed = Bed::start_n(1, &[], &[]).await;
+    bed.wait_leader_among(&[1], 0).await;
+    let Body::Applied { revision, .. } = bed.apply(1, &mount_mesh("/srv/a")).await else {
+        panic!("apply")
+    };
+    let Body::Snapshot { bytes, epoch_floor } = bed.ok(1, &Request::SnapshotSave).await else {
+        panic!("snapshot")
+    };
+    let file = bed.dir.path().join("backup.snapshot");
+    std::fs::write(&file, &bytes).expect("write snapshot");
+    bed.stop_replica(1).await;
+    let config = bed.configs[&1].clone();
+    std::fs::remove_dir_all(config.data_dir()).expect("lose the disk");
+    let restored = mesh::controller::restore::restore(&config, &file)
+        .await
+        .expect("restore");
+    assert!(restored.term_floor >= epoch_floor);
+    bed.restart_replica(1).await;
+    let (_, term) = bed.wait_leader_among(&[1], 0).await;
+    assert!(
+        term > epoch_floor,
+        "term {term} must be above the floor {epoch_floor}"
+    );
+    let Body::Status(status) = bed.ok(1, &Request::Status).await else {
+        panic!("status")
+    };
+    assert_eq!(status.revision, revision, "the model came back");
+    assert!(
+        status.store_reset.is_none(),
+        "a restore is not a silent reset"
+    );
+    bed.shutdown().await;
+}
+
+/// A clock that jumps forward a whole lease window on every reading, as if the process were paused
+/// (SIGSTOP) between any two steps.
+struct LeapingClock {
+    readings: std::sync::atomic::AtomicU32,
+    start: std::time::Instant,
+}
+
+impl mesh_raft::Clock for LeapingClock {
+    fn now(&self) -> std::time::Instant {
+        let n = self
+            .readings
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.start + std::time::Duration::from_secs(10) * n
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_leader_paused_past_its_lease_stops_the_push_and_nothing_leaves() {
+    // G3: a leader that resumes after a pause finds its lease closed: the push stops with
+    // "stopped", the log says so, and no mint, send record or envelope leaves.
+    let clock = Arc::new(LeapingClock {
+        readings: std::sync::atomic::AtomicU32::new(0),
+        start: std::time::Instant::now(),
+    });
+    let bed = Bed::start_with_clock(1, &["ace"], &[], clock).await;
+    bed.wait_leader_among(&[1], 0).await;
+    bed.apply(1, &provider_consumer_mesh()).await;
+    let body = bed.push(1, "g14", &[]).await.expect("push answers");
+    let outcome = lines(&body);
+    assert!(!outcome.is_empty());
+    for (machine, o) in &outcome {
+        match o {
+            PushOutcome::Failed { error, .. } => {
+                assert!(
+                    error.starts_with("stopped: lease closed"),
+                    "{machine}: {error}"
+                )
+            }
+            other => panic!("{machine} was acted on: {other:?}"),
+        }
+    }
+    let state = bed.service(1).app().state().expect("state").clone();
+    assert!(state.provisions.is_empty(), "no mint was committed");
+    assert!(state.last_sends.is_empty(), "no send was recorded");
+    assert!(
+        bed.hosts["ace"].agent.applied().await.is_none(),
+        "nothing left"
+    );
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_host_reports_reach_the_leader_and_confirm_the_send() {
+    // G5/G10: the host's reports (sent to any replica, redirected by followers) are filed by the
+    // leader; once one confirms the last send, status no longer shows the machine behind.
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &mount_mesh("/srv/a")).await;
+    let body = bed.push(leader, "ace", &[]).await.expect("push");
+    let Some(PushOutcome::Applied { sequence, .. }) = lines(&body).get("ace").cloned() else {
+        panic!("{body:?}")
+    };
+    let ace_confirmed = || async {
+        let Body::Status(status) = bed.ok(leader, &Request::Status).await else {
+            return false;
+        };
+        status.machines.iter().any(|m| {
+            m.name == "ace" && !m.behind && m.last_report.is_some_and(|(_, s, _, _)| s == sequence)
+        })
+    };
+    wait_until("a report confirms the send", ace_confirmed).await;
+    bed.shutdown().await;
+}
