@@ -1,1 +1,328 @@
 //! End-to-end beds: real `meshd` and `mesh-host` processes on loopback, one bed per guarantee.
+//! A [`Bed`] writes a mesh with `meshctl init`'s library (free loopback ports, a temp dir per bed),
+//! starts every process with a guard that stops its process group on drop (even when the test
+//! panics), runs the real `meshctl` with the bed's context, and waits on conditions with deadlines
+//! (polling `meshctl status --json`), never on fixed sleeps.
+
+use anyhow::{Context as _, anyhow, bail};
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use mesh::cli::context::{ContextFile, ContextTls};
+use mesh::cli::init::{Layout, write};
+use mesh::cli::procs::{Guarded, free_ports};
+use mesh::core::meshfile::parse_mesh;
+
+/// How long a bed waits for a condition by default.
+pub const wait_ms_default: u64 = 30_000;
+/// Pause between two polls of a condition.
+pub const poll_ms: u64 = 100;
+/// How long a stopped mesh-host gets to stop its modules before its group is killed.
+pub const host_grace_ms: u64 = 3_000;
+
+/// The binaries a bed runs; bed tests in the root package fill it with `env!("CARGO_BIN_EXE_…")`.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    pub meshd: PathBuf,
+    pub host: PathBuf,
+    pub meshctl: PathBuf,
+}
+
+/// The binaries of the root package, from a bed test's `env!` values.
+#[macro_export]
+macro_rules! binaries {
+    () => {
+        $crate::Binaries {
+            meshd: env!("CARGO_BIN_EXE_meshd").into(),
+            host: env!("CARGO_BIN_EXE_mesh-host").into(),
+            meshctl: env!("CARGO_BIN_EXE_meshctl").into(),
+        }
+    };
+}
+
+/// What one `meshctl` run printed and how it ended.
+#[derive(Clone, Debug)]
+pub struct Run {
+    pub stdout: String,
+    pub stderr: String,
+    pub code: Option<i32>,
+}
+
+impl Run {
+    /// The stdout as JSON (for `--json` runs).
+    pub fn json(&self) -> anyhow::Result<Value> {
+        serde_json::from_str(&self.stdout)
+            .with_context(|| format!("not JSON: {}; stderr: {}", self.stdout, self.stderr))
+    }
+
+    /// Whether the error output is exactly one line.
+    pub fn one_line_error(&self) -> bool {
+        self.stderr.trim_end().lines().count() == 1
+    }
+}
+
+/// A running mesh: replicas, machines, their logs, and the context to reach them.
+pub struct Bed {
+    pub dir: PathBuf,
+    pub context: PathBuf,
+    pub layout: Layout,
+    bins: Binaries,
+    replicas: BTreeMap<u64, Guarded>,
+    hosts: BTreeMap<String, Guarded>,
+    // Dropped last: processes stop before their directory goes.
+    _tmp: tempfile::TempDir,
+}
+
+impl Bed {
+    /// Writes a mesh for `machines` with genesis from `mesh_text`, then starts `replicas` meshd
+    /// and one mesh-host per machine.
+    pub fn start(bins: Binaries, replicas: u64, mesh_text: &str) -> anyhow::Result<Bed> {
+        let mesh = parse_mesh("bed.toml", mesh_text).map_err(|e| anyhow!("bed mesh: {e}"))?;
+        let machines: Vec<String> = mesh.machines.keys().cloned().collect();
+        let tmp = tempfile::tempdir().context("bed temp dir")?;
+        let dir = tmp.path().join("mesh");
+        let ports = free_ports(replicas as usize + machines.len())?;
+        let layout = Layout {
+            dir: dir.clone(),
+            replicas: (1..=replicas).zip(ports.iter().copied()).collect(),
+            machines: machines
+                .into_iter()
+                .zip(ports[replicas as usize..].iter().copied())
+                .collect(),
+            mesh: Some(mesh),
+            operator: "bed".into(),
+        };
+        let written = write(&layout)?;
+        std::fs::write(dir.join("mesh.toml"), mesh_text).context("write bed mesh")?;
+        std::fs::create_dir_all(dir.join("logs")).context("logs dir")?;
+        let mut bed = Bed {
+            dir,
+            context: written.context,
+            layout,
+            bins,
+            replicas: BTreeMap::new(),
+            hosts: BTreeMap::new(),
+            _tmp: tmp,
+        };
+        let ids: Vec<u64> = bed.layout.replicas.iter().map(|(id, _)| *id).collect();
+        for id in ids {
+            bed.start_replica(id)?;
+        }
+        let names: Vec<String> = bed.layout.machines.iter().map(|(m, _)| m.clone()).collect();
+        for m in names {
+            bed.start_host(&m)?;
+        }
+        Ok(bed)
+    }
+
+    /// Starts (or restarts) replica `id`.
+    pub fn start_replica(&mut self, id: u64) -> anyhow::Result<()> {
+        let config = self.dir.join(format!("replica-{id}.toml"));
+        let log = self.dir.join("logs").join(format!("replica-{id}.log"));
+        let config = config.display().to_string();
+        let child = Guarded::spawn(
+            &format!("replica-{id}"),
+            &self.bins.meshd,
+            &["--config", &config],
+            &log,
+            Duration::ZERO,
+        )?;
+        self.replicas.insert(id, child);
+        Ok(())
+    }
+
+    /// Starts (or restarts) machine `name`'s mesh-host.
+    pub fn start_host(&mut self, name: &str) -> anyhow::Result<()> {
+        let config = self.dir.join(format!("host-{name}.toml"));
+        let log = self.dir.join("logs").join(format!("host-{name}.log"));
+        let config = config.display().to_string();
+        let child = Guarded::spawn(
+            &format!("host-{name}"),
+            &self.bins.host,
+            &["--config", &config],
+            &log,
+            Duration::from_millis(host_grace_ms),
+        )?;
+        self.hosts.insert(name.to_string(), child);
+        Ok(())
+    }
+
+    /// Runs meshctl with the bed's context.
+    pub fn meshctl(&self, args: &[&str]) -> anyhow::Result<Run> {
+        self.meshctl_in(&self.context, args)
+    }
+
+    /// Runs meshctl with another context file (one replica only, another certificate).
+    pub fn meshctl_in(&self, context: &Path, args: &[&str]) -> anyhow::Result<Run> {
+        let out = Command::new(&self.bins.meshctl)
+            .arg("--context")
+            .arg(context)
+            .args(args)
+            .env_remove("MESH_CONTEXT")
+            .output()
+            .context("run meshctl")?;
+        Ok(Run {
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            code: out.status.code(),
+        })
+    }
+
+    /// Runs meshctl and fails unless it exits 0.
+    pub fn meshctl_ok(&self, args: &[&str]) -> anyhow::Result<Run> {
+        let run = self.meshctl(args)?;
+        if run.code != Some(0) {
+            bail!(
+                "meshctl {args:?} exited {:?}: {}{}",
+                run.code,
+                run.stdout,
+                run.stderr
+            );
+        }
+        Ok(run)
+    }
+
+    /// `status --json`'s answer, or the error of the attempt.
+    pub fn status(&self) -> anyhow::Result<Value> {
+        let run = self.meshctl_ok(&["status", "--json"])?;
+        Ok(run.json()?["answer"].clone())
+    }
+
+    /// Polls `probe` until it gives a value or `wait_ms` passes; the error names `what` and the
+    /// last thing the probe said, and points at the logs.
+    pub fn wait_for<T>(
+        &self,
+        what: &str,
+        wait_ms: u64,
+        mut probe: impl FnMut() -> anyhow::Result<Option<T>>,
+    ) -> anyhow::Result<T> {
+        let deadline = Instant::now() + Duration::from_millis(wait_ms);
+        loop {
+            let last = match probe() {
+                Ok(Some(v)) => return Ok(v),
+                Ok(None) => "not yet".to_string(),
+                Err(e) => format!("{e:#}"),
+            };
+            if Instant::now() >= deadline {
+                bail!(
+                    "{what}: not within {wait_ms} ms (last: {last}); logs in {}",
+                    self.dir.join("logs").display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(poll_ms));
+        }
+    }
+
+    /// Waits until a replica other than `not` says it leads, and returns its id.
+    pub fn leader_other_than(&self, not: Option<u64>) -> anyhow::Result<u64> {
+        self.wait_for("a leader", wait_ms_default, || {
+            let status = self.status()?;
+            Ok(status["leader"].as_u64().filter(|l| Some(*l) != not))
+        })
+    }
+
+    /// Applies the mesh file text (written into the bed dir) with `why`.
+    pub fn apply(&self, mesh_text: &str, why: &str) -> anyhow::Result<Run> {
+        let file = self.dir.join("apply.toml");
+        std::fs::write(&file, mesh_text).context("write mesh to apply")?;
+        let file = file.display().to_string();
+        self.meshctl_ok(&["apply", "-f", &file, "--why", why])
+    }
+
+    /// Sends `signal` to replica `id`'s process group.
+    pub fn signal_replica(&self, id: u64, signal: Signal) -> anyhow::Result<()> {
+        let child = self
+            .replicas
+            .get(&id)
+            .ok_or_else(|| anyhow!("no replica {id} in this bed"))?;
+        child.signal(signal).context("signal replica")?;
+        Ok(())
+    }
+
+    /// SIGKILLs replica `id` and forgets it, in the bed and in its context (a dead replica first in
+    /// the context would cost every later poll a dial timeout).
+    pub fn kill_replica(&mut self, id: u64) -> anyhow::Result<()> {
+        self.signal_replica(id, Signal::SIGKILL)?;
+        self.replicas.remove(&id);
+        self.write_context_without(Some(id))
+    }
+
+    /// SIGSTOPs replica `id` and leaves it out of the bed's context until [`Bed::resume_replica`].
+    pub fn pause_replica(&self, id: u64) -> anyhow::Result<()> {
+        self.signal_replica(id, Signal::SIGSTOP)?;
+        self.write_context_without(Some(id))
+    }
+
+    /// SIGCONTs replica `id` and puts every live replica back in the bed's context.
+    pub fn resume_replica(&self, id: u64) -> anyhow::Result<()> {
+        self.signal_replica(id, Signal::SIGCONT)?;
+        self.write_context_without(None)
+    }
+
+    /// A context file with one replica only.
+    pub fn context_for(&self, id: u64) -> anyhow::Result<PathBuf> {
+        let path = self.dir.join(format!("context-{id}.toml"));
+        self.write_context(&path, |r| r == id)?;
+        Ok(path)
+    }
+
+    fn write_context_without(&self, gone: Option<u64>) -> anyhow::Result<()> {
+        let live: Vec<u64> = self.replicas.keys().copied().collect();
+        self.write_context(&self.context, |r| Some(r) != gone && live.contains(&r))
+    }
+
+    fn write_context(&self, path: &Path, keep: impl Fn(u64) -> bool) -> anyhow::Result<()> {
+        let file = ContextFile {
+            replicas: self
+                .layout
+                .replicas
+                .iter()
+                .filter(|(id, _)| keep(*id))
+                .map(|(id, addr)| (id.to_string(), addr.to_string()))
+                .collect(),
+            tls: ContextTls {
+                ca: "ca.pem".into(),
+                cert: "operator/cert.pem".into(),
+                key: "operator/key.pem".into(),
+            },
+        };
+        let text = toml::to_string(&file).context("render bed context")?;
+        std::fs::write(path, text).context("write bed context")
+    }
+
+    /// Replica `id`'s log so far.
+    pub fn replica_log(&self, id: u64) -> String {
+        std::fs::read_to_string(self.dir.join("logs").join(format!("replica-{id}.log")))
+            .unwrap_or_default()
+    }
+
+    /// Machine `name`'s state directory (high-water mark, modules, reports).
+    pub fn host_root(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("host-{name}")).join("state")
+    }
+
+    /// The grants file of `module` on machine `name`.
+    pub fn grants_file(&self, name: &str, module: &str) -> PathBuf {
+        self.host_root(name)
+            .join("modules")
+            .join(module)
+            .join("grants.toml")
+    }
+
+    /// The machine's entry in a `status --json` answer.
+    pub fn machine<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
+        status["machines"]
+            .as_array()?
+            .iter()
+            .find(|m| m["name"] == name)
+    }
+
+    /// Reads a file under the bed dir, empty when missing.
+    pub fn read(&self, path: &Path) -> String {
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+}

@@ -1,5 +1,5 @@
 //! `meshctl`: the operator command line. Parses, runs one command, prints its output; errors go
-//! to stderr and set the exit code (2: bad input, 1: the command failed).
+//! to stderr as one line and set the exit code (see `meshctl --help`).
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -8,11 +8,11 @@ fn main() -> ExitCode {
     let cli = mesh::cli::Cli::parse();
     match mesh::cli::run(cli) {
         Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
+            print!("{}", out.text);
+            ExitCode::from(out.code)
         }
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("meshctl: {e}");
             ExitCode::from(e.exit_code())
         }
     }

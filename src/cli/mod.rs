@@ -1,22 +1,53 @@
 //! meshctl: argument parsing and rendering only; every decision is made in `core` or by a replica.
 //! `Cli` is the whole command line; each subcommand lives in its own file with its logic (which
-//! calls `core`) kept apart from its rendering.
+//! calls `core` or asks a replica) kept apart from its rendering.
 
+pub mod apply;
 pub mod check;
+pub mod client;
+pub mod context;
+pub mod dev;
+pub mod history;
+pub mod init;
+pub mod plan;
+pub mod procs;
+pub mod push;
+pub mod render;
+pub mod settings;
+pub mod snapshot;
+pub mod status;
 
 use clap::{Parser, Subcommand};
+use std::path::PathBuf;
 
+use crate::controller::api::ApiError;
 use crate::core::meshfile::MeshFileError;
 use crate::core::plan::PlanError;
+
+/// Exit code: the command did what it was asked.
+pub const exit_done: u8 = 0;
+/// Exit code: the command failed (a replica, a host, the network).
+pub const exit_failed: u8 = 1;
+/// Exit code: bad usage or input (arguments, a file, a context); nothing was changed.
+pub const exit_bad_input: u8 = 2;
+/// Exit code: something was held (a mount move waits for `--move`).
+pub const exit_held: u8 = 3;
 
 /// The operator command line of mesh.
 #[derive(Debug, Parser)]
 #[command(
     name = "meshctl",
     version,
-    about = "Operate a mesh: check, plan and push declarations"
+    about = "Operate a mesh: declare, plan and push, from any controller replica",
+    after_help = "Exit codes: 0 done; 1 failed; 2 bad usage or input (nothing was changed); \
+3 something was held (a mount move waits for `push <machine> --move <module>`).\n\
+The context (replica addresses, operator certificate) comes from --context, else MESH_CONTEXT, \
+else ./.mesh/context.toml."
 )]
 pub struct Cli {
+    /// The context file to use (replica addresses and the operator's TLS identity).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub context: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -26,10 +57,38 @@ pub enum Command {
     /// Validate a mesh file and compose every machine (the merge gate); with `--against`, show
     /// which machines' declarations a change would alter.
     Check(check::CheckArgs),
+    /// Write the PKI, signing keys, a config per replica and machine, and a context file.
+    Init(init::InitArgs),
+    /// Run a whole mesh on loopback (3 replicas, 4 machines) until Ctrl-C.
+    Dev(dev::DevArgs),
+    /// Replicas (leader, epoch, reachable) and per machine: last send, last report, behind, holds.
+    Status(JsonArgs),
+    /// Store a new model revision from a mesh file; sends nothing.
+    Apply(apply::ApplyArgs),
+    /// What a push of one machine would send, cascade to and hold.
+    Plan(plan::PlanArgs),
+    /// Send declarations: to one machine (and its cascade), `--behind` or `--all`.
+    Push(push::PushArgs),
+    /// Show, set or clear settings layers (G6).
+    #[command(subcommand)]
+    Settings(settings::SettingsCommand),
+    /// Sends and settings changes with why, who, when and epoch.
+    History(JsonArgs),
+    /// Backups of the store.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCommand),
 }
 
-/// Why a meshctl command failed. Exit code 2 means the input was wrong (a file, an argument);
-/// 1 means the command itself failed.
+/// `--json` for read commands.
+#[derive(Debug, Clone, clap::Args)]
+pub struct JsonArgs {
+    /// Print the answer as JSON instead of lines.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Why a meshctl command failed. Each renders as one line naming the thing, what is wrong and
+/// what to do (a bad mesh file renders one line per problem).
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error("cannot read {path}: {source}; check the path and its permissions")]
@@ -37,24 +96,91 @@ pub enum CliError {
         path: String,
         source: std::io::Error,
     },
+    #[error("cannot write {path}: {source}; check the directory exists and is writable")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     BadFile(MeshFileError),
     #[error("{file}: {source}")]
     Plan { file: String, source: PlanError },
+    /// Arguments that cannot work together or miss something; refused before anything is sent.
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Context(#[from] context::ContextError),
+    #[error(transparent)]
+    Client(#[from] client::ClientError),
+    #[error("{0}")]
+    Api(ApiError),
+    #[error(transparent)]
+    Init(#[from] init::InitError),
+    #[error(transparent)]
+    Dev(#[from] dev::DevError),
+    #[error("cannot render the answer: {0}; this is a bug in meshctl, report it")]
+    Render(String),
 }
 
 impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Read { .. } | CliError::BadFile(_) => 2,
-            CliError::Plan { .. } => 1,
+            CliError::Read { .. } | CliError::BadFile(_) | CliError::Usage(_) => exit_bad_input,
+            CliError::Context(e) => e.exit_code(),
+            CliError::Client(e) => e.exit_code(),
+            CliError::Api(e) => match e.exit_code() {
+                2 => exit_bad_input,
+                _ => exit_failed,
+            },
+            CliError::Init(e) => e.exit_code(),
+            CliError::Write { .. }
+            | CliError::Plan { .. }
+            | CliError::Dev(_)
+            | CliError::Render(_) => exit_failed,
         }
     }
 }
 
-/// Runs one command and returns what to print on stdout.
-pub fn run(cli: Cli) -> Result<String, CliError> {
+/// What a command prints on stdout and the exit code it ends with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    pub text: String,
+    pub code: u8,
+}
+
+impl Output {
+    pub fn done(text: String) -> Output {
+        Output {
+            text,
+            code: exit_done,
+        }
+    }
+}
+
+/// Runs one command and returns what to print on stdout and the exit code.
+pub fn run(cli: Cli) -> Result<Output, CliError> {
+    let ctx = cli.context;
     match cli.command {
-        Command::Check(args) => check::run(&args),
+        Command::Check(args) => check::run(&args).map(Output::done),
+        Command::Init(args) => init::run(&args).map(Output::done),
+        Command::Dev(args) => dev::run(&args).map(Output::done),
+        Command::Status(args) => status::run(ctx.as_deref(), &args),
+        Command::Apply(args) => apply::run(ctx.as_deref(), &args),
+        Command::Plan(args) => plan::run(ctx.as_deref(), &args),
+        Command::Push(args) => push::run(ctx.as_deref(), &args),
+        Command::Settings(cmd) => settings::run(ctx.as_deref(), &cmd),
+        Command::History(args) => history::run(ctx.as_deref(), &args),
+        Command::Snapshot(cmd) => snapshot::run(ctx.as_deref(), &cmd),
+    }
+}
+
+/// `--why` is required by every command that changes something; refused locally when missing or
+/// blank, so nothing reaches a replica without a reason.
+pub fn require_why(command: &str, why: Option<&str>) -> Result<String, CliError> {
+    match why.map(str::trim) {
+        Some(w) if !w.is_empty() => Ok(w.to_string()),
+        _ => Err(CliError::Usage(format!(
+            "{command} needs --why \"<reason>\": every change keeps its reason with the record; add --why and run it again"
+        ))),
     }
 }

@@ -1,0 +1,76 @@
+//! `meshctl apply -f mesh.toml --why W`: parse the file locally (a bad file is refused with line and
+//! column, and nothing is sent), then store it as a new model revision. Sends nothing.
+
+use std::path::{Path, PathBuf};
+
+use super::render::{self, Via};
+use super::{CliError, Output};
+use crate::controller::api::{Body, Request};
+use crate::core::meshfile::parse_mesh;
+use crate::core::model::Mesh;
+
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    /// The mesh file to store.
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Why the model changes; kept with the revision.
+    #[arg(long)]
+    pub why: Option<String>,
+    /// Print the answer as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(ctx: Option<&Path>, args: &ApplyArgs) -> Result<Output, CliError> {
+    let why = super::require_why("apply", args.why.as_deref())?;
+    let mesh = read_mesh(&args.file)?;
+    let (via, body) = render::ask(ctx, &Request::Apply { mesh, why })?;
+    let Body::Applied {
+        revision,
+        changes,
+        settings_ignored,
+    } = &body
+    else {
+        return Err(render::unexpected(via, "apply", &body));
+    };
+    if args.json {
+        return render::json(via, &body, super::exit_done);
+    }
+    Ok(Output::done(render_text(
+        via,
+        *revision,
+        changes,
+        settings_ignored,
+    )))
+}
+
+/// Reads and parses a mesh file; every problem is reported at once with its position.
+pub fn read_mesh(path: &Path) -> Result<Mesh, CliError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| CliError::Read {
+        path: name.clone(),
+        source,
+    })?;
+    parse_mesh(&name, &text).map_err(CliError::BadFile)
+}
+
+/// The lines `apply` prints.
+pub fn render_text(via: Via, revision: u64, changes: &[String], ignored: &[String]) -> String {
+    let mut out = format!("stored model revision {revision}\n");
+    if changes.is_empty() {
+        out.push_str("no machine's declaration changes\n");
+    } else {
+        out.push_str(&format!(
+            "declarations change on: {} (nothing sent; `meshctl plan <machine> --diff` shows how, `meshctl push` sends)\n",
+            render::list(changes)
+        ));
+    }
+    for scope in ignored {
+        out.push_str(&format!(
+            "settings [{scope}] in the file differ from the store and were NOT applied; settings change only with `meshctl settings set {scope} ...`\n"
+        ));
+    }
+    out.push_str(&via.note());
+    out
+}

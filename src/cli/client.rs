@@ -1,0 +1,203 @@
+//! Asks the controller: one QUIC request with the operator's certificate, to the context's
+//! replicas in id order until one answers (G13: any replica will do; a follower forwards).
+
+use mesh_transport::{
+    Endpoint, Identity, MessageKind, Peer, PkiError, Principal, TransportConfig, TransportError,
+};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::context::Context;
+use crate::controller::api::{Answer, Request};
+
+/// How long to wait for a replica to complete a handshake before trying the next one.
+pub const dial_timeout_ms: u64 = 3_000;
+/// How long a request may take once a replica answered the handshake: a push waits for every
+/// host it sends to, so this is generous.
+pub const request_timeout_ms: u64 = 60_000;
+
+/// What the codec calls a request and an answer in its errors.
+pub const request_what: &str = "request";
+pub const answer_what: &str = "answer";
+
+/// Why no replica gave an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(
+        "operator identity in {context}: {source}; check the context's [tls] paths, or run `meshctl init` again"
+    )]
+    Identity { context: String, source: PkiError },
+    #[error("cannot start the QUIC endpoint: {0}")]
+    Bind(String),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("cannot encode the request: {0}")]
+    Encode(String),
+    #[error(
+        "no replica of {context} answered ({tried}); is meshd running there? check `replicas` in the context"
+    )]
+    Unreachable { context: String, tried: String },
+    #[error(
+        "replica {id} ({addr}) refused the request: {reason}; the context's [tls] cert must name operator:<name>"
+    )]
+    Refused {
+        id: u64,
+        addr: SocketAddr,
+        reason: String,
+    },
+    #[error(
+        "replica {id} ({addr}) took the request but gave no answer ({reason}); it may have taken effect: check `meshctl history` before running it again"
+    )]
+    NoAnswer {
+        id: u64,
+        addr: SocketAddr,
+        reason: String,
+    },
+    #[error(
+        "replica {id} ({addr}) answered with bytes meshctl cannot read ({reason}); are meshctl and meshd the same version?"
+    )]
+    BadAnswer {
+        id: u64,
+        addr: SocketAddr,
+        reason: String,
+    },
+    #[error(
+        "replica {replica} answered {got} to a {asked} request; this is a bug in meshd, report it"
+    )]
+    Unexpected {
+        replica: u64,
+        asked: &'static str,
+        got: String,
+    },
+}
+
+impl ClientError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ClientError::Identity { .. } => super::exit_bad_input,
+            _ => super::exit_failed,
+        }
+    }
+}
+
+/// Sends `request` to the context's replicas in order and returns the first answer.
+pub fn ask(context: &Context, request: &Request) -> Result<Answer, ClientError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ClientError::Runtime)?;
+    runtime.block_on(ask_async(context, request))
+}
+
+/// [`ask`] inside a running tokio runtime.
+pub async fn ask_async(context: &Context, request: &Request) -> Result<Answer, ClientError> {
+    let ctx_name = context.path.display().to_string();
+    let identity =
+        Identity::load(&context.tls.ca, &context.tls.cert, &context.tls.key).map_err(|source| {
+            ClientError::Identity {
+                context: ctx_name.clone(),
+                source,
+            }
+        })?;
+    let body = mesh_codec::encode(request_what, request)
+        .map_err(|e| ClientError::Encode(e.to_string()))?;
+    let config = TransportConfig::default()
+        .check()
+        .map_err(|e| ClientError::Bind(e.to_string()))?;
+    let mut tried = Vec::new();
+    let mut endpoint: Option<Endpoint> = None;
+    for &(id, addr) in &context.replicas {
+        let ep = match &endpoint {
+            Some(ep) => ep.clone(),
+            None => {
+                let ep = Endpoint::bind(any_addr(addr), &identity, config.clone())
+                    .map_err(|e| ClientError::Bind(e.to_string()))?;
+                endpoint = Some(ep.clone());
+                ep
+            }
+        };
+        match ask_one(&ep, id, addr, body.clone(), is_read(request)).await {
+            Ok(answer) => {
+                ep.close().await;
+                return Ok(answer);
+            }
+            Err(Attempt::Final(e)) => {
+                ep.close().await;
+                return Err(e);
+            }
+            Err(Attempt::Next(reason)) => tried.push(format!("replica {id} at {addr}: {reason}")),
+        }
+    }
+    if let Some(ep) = endpoint {
+        ep.close().await;
+    }
+    Err(ClientError::Unreachable {
+        context: ctx_name,
+        tried: tried.join("; "),
+    })
+}
+
+/// Whether to try the next replica or stop with this error.
+enum Attempt {
+    Next(String),
+    Final(ClientError),
+}
+
+/// Whether a request only reads, so it may be asked again of another replica after one took it
+/// and gave no answer.
+fn is_read(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Status
+            | Request::Plan { .. }
+            | Request::SettingsShow { .. }
+            | Request::History
+            | Request::SnapshotSave
+    )
+}
+
+async fn ask_one(
+    ep: &Endpoint,
+    id: u64,
+    addr: SocketAddr,
+    body: Vec<u8>,
+    read: bool,
+) -> Result<Answer, Attempt> {
+    // A short handshake first, so a dead replica costs seconds, not the whole request timeout.
+    let dial = Duration::from_millis(dial_timeout_ms);
+    ep.peer_principal(addr, dial)
+        .await
+        .map_err(|e| Attempt::Next(e.to_string()))?;
+    let peer = Peer::expecting(addr, Principal::Replica(id));
+    let timeout = Duration::from_millis(request_timeout_ms);
+    let bytes = match ep.request(peer, MessageKind::Command, body, timeout).await {
+        Ok(bytes) => bytes,
+        Err(TransportError::Refused { reason, .. }) => {
+            return Err(Attempt::Final(ClientError::Refused { id, addr, reason }));
+        }
+        Err(e) if read => return Err(Attempt::Next(e.to_string())),
+        // A change that reached a replica must not be repeated on another one unseen.
+        Err(e) => {
+            return Err(Attempt::Final(ClientError::NoAnswer {
+                id,
+                addr,
+                reason: e.to_string(),
+            }));
+        }
+    };
+    mesh_codec::decode::<Answer>(answer_what, &bytes).map_err(|e| {
+        Attempt::Final(ClientError::BadAnswer {
+            id,
+            addr,
+            reason: e.to_string(),
+        })
+    })
+}
+
+/// The unspecified address of the same family as `peer`, port 0: the OS picks.
+fn any_addr(peer: SocketAddr) -> SocketAddr {
+    match peer {
+        SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+        SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
+    }
+}

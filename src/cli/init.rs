@@ -1,0 +1,469 @@
+//! `meshctl init`: writes everything a mesh needs to start: the PKI (CA, one certificate per
+//! replica, machine and the operator; keys 0600), one ed25519 signing key per replica, a config per
+//! replica (`replica-<id>.toml`) and machine (`host-<m>.toml`), a context file, and with `-f` each
+//! machine's genesis declaration: the core's compose of that machine from the file (G11).
+
+use ed25519_dalek::SigningKey;
+use mesh_transport::{Ca, PkiError, Principal, Validity};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::context::{ContextFile, ContextTls};
+use crate::controller::config::{ReplicaConfig, ReplicaConfigFile, TlsFile};
+use crate::core::compose::{World, compose, declaration_bytes, digest};
+use crate::core::declaration::Digest;
+use crate::core::model::Mesh;
+use crate::core::settings::is_valid_name;
+use crate::host::config::encode_hex;
+
+/// Most replicas `init` writes (three in production, one allowed for dev).
+pub const replicas_max: u64 = 9;
+/// Most machines `init` writes configs for.
+pub const machines_max: usize = 1_000;
+/// How long the certificates `init` issues are valid, in days.
+pub const cert_validity_days: u32 = 825;
+/// Mode of private key files and the signing keys.
+pub const secret_file_mode: u32 = 0o600;
+/// Mode of configs and genesis declarations.
+pub const public_file_mode: u32 = 0o644;
+/// How often a host reports when nothing happens, in the configs `init` writes.
+pub const host_reconcile_interval_ms: u64 = 2_000;
+/// Replica `i` listens on `base + i`; machine `j` (from 1) on `base + 100 + j`.
+pub const host_port_offset: u16 = 100;
+/// The operator name in the certificate `init` issues.
+pub const operator_default: &str = "admin";
+
+#[derive(Debug, clap::Args)]
+pub struct InitArgs {
+    /// Directory to write into (created if missing; refused if it already holds a context).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// How many replicas.
+    #[arg(long, default_value_t = 3)]
+    pub replicas: u64,
+    /// Machine names, comma-separated; with `-f`, defaults to the file's machines.
+    #[arg(long, value_delimiter = ',')]
+    pub machines: Vec<String>,
+    /// A mesh file: write each machine's genesis declaration from it.
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// Replica i listens on 127.0.0.1:P+i, machine j on 127.0.0.1:P+100+j.
+    #[arg(long, default_value_t = 7100)]
+    pub base_port: u16,
+    /// The operator name in the operator certificate.
+    #[arg(long, default_value = operator_default)]
+    pub operator: String,
+}
+
+/// Why `init` wrote nothing (or stopped part way: it never overwrites, so run it into a new dir).
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("init: {0}")]
+    Usage(String),
+    #[error(
+        "{dir} already holds a mesh (context.toml exists); init never overwrites keys, pick a new --dir"
+    )]
+    Exists { dir: String },
+    #[error("init: {0}")]
+    Pki(#[from] PkiError),
+    #[error("cannot write {path}: {source}; check the directory is writable")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot generate a signing key: {0}; the OS random source failed")]
+    Random(String),
+    #[error("cannot render {what}: {reason}")]
+    Render { what: String, reason: String },
+    #[error(
+        "init: machine {machine} does not compose: {reason}; fix the mesh file (`meshctl check -f`)"
+    )]
+    Compose { machine: String, reason: String },
+}
+
+impl InitError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            InitError::Usage(_) | InitError::Exists { .. } | InitError::Compose { .. } => {
+                super::exit_bad_input
+            }
+            _ => super::exit_failed,
+        }
+    }
+}
+
+/// Everything `init` writes, decided before anything is written.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub dir: PathBuf,
+    pub replicas: Vec<(u64, SocketAddr)>,
+    pub machines: Vec<(String, SocketAddr)>,
+    pub mesh: Option<Mesh>,
+    pub operator: String,
+}
+
+/// What `init` wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Written {
+    pub context: PathBuf,
+    pub replica_configs: Vec<PathBuf>,
+    pub host_configs: Vec<PathBuf>,
+    /// Machine → digest of its genesis declaration.
+    pub genesis: BTreeMap<String, Digest>,
+}
+
+pub fn run(args: &InitArgs) -> Result<String, super::CliError> {
+    let mesh = match &args.file {
+        Some(f) => Some(super::apply::read_mesh(f)?),
+        None => None,
+    };
+    let layout = layout(args, mesh)?;
+    let written = write(&layout)?;
+    Ok(render(&layout, &written))
+}
+
+/// The layout the arguments ask for, checked.
+pub fn layout(args: &InitArgs, mesh: Option<Mesh>) -> Result<Layout, InitError> {
+    let usage = |s: String| InitError::Usage(s);
+    if !(1..=replicas_max).contains(&args.replicas) {
+        return Err(usage(format!(
+            "--replicas {} is outside 1..={replicas_max}; use 3 (or 1 for a dev mesh)",
+            args.replicas
+        )));
+    }
+    if !is_valid_name(&args.operator) {
+        return Err(usage(format!(
+            "operator name `{}` is not valid; use 1 to 63 of [a-z0-9-]",
+            args.operator
+        )));
+    }
+    let machines = machine_names(&args.machines, mesh.as_ref())?;
+    let port = |offset: u64| -> Result<SocketAddr, InitError> {
+        let p = u64::from(args.base_port) + offset;
+        let p = u16::try_from(p).map_err(|_| {
+            usage(format!(
+                "--base-port {} leaves no room for every port (needs {p}); pick a lower base",
+                args.base_port
+            ))
+        })?;
+        Ok(SocketAddr::from(([127, 0, 0, 1], p)))
+    };
+    let mut replicas = Vec::new();
+    for id in 1..=args.replicas {
+        replicas.push((id, port(id)?));
+    }
+    let mut hosts = Vec::new();
+    for (j, m) in machines.into_iter().enumerate() {
+        hosts.push((m, port(u64::from(host_port_offset) + j as u64 + 1)?));
+    }
+    Ok(Layout {
+        dir: args.dir.clone(),
+        replicas,
+        machines: hosts,
+        mesh,
+        operator: args.operator.clone(),
+    })
+}
+
+/// `--machines`, or the file's machines; each a valid name, no duplicates, each in the file.
+fn machine_names(given: &[String], mesh: Option<&Mesh>) -> Result<Vec<String>, InitError> {
+    let names: Vec<String> = match (given.is_empty(), mesh) {
+        (true, Some(mesh)) => mesh.machines.keys().cloned().collect(),
+        (true, None) => {
+            return Err(InitError::Usage(
+                "name the machines with --machines a,b,... or give a mesh file with -f".into(),
+            ));
+        }
+        (false, _) => given.iter().map(|m| m.trim().to_string()).collect(),
+    };
+    if names.len() > machines_max {
+        return Err(InitError::Usage(format!(
+            "{} machines, at most {machines_max}",
+            names.len()
+        )));
+    }
+    let mut seen = BTreeSet::new();
+    for name in &names {
+        if !is_valid_name(name) {
+            return Err(InitError::Usage(format!(
+                "machine name `{name}` is not valid; use 1 to 63 of [a-z0-9-]"
+            )));
+        }
+        if !seen.insert(name) {
+            return Err(InitError::Usage(format!("machine {name} is listed twice")));
+        }
+        if let Some(mesh) = mesh
+            && !mesh.machines.contains_key(name)
+        {
+            return Err(InitError::Usage(format!(
+                "machine {name} is not in the mesh file; add [machines.{name}] or drop it from --machines"
+            )));
+        }
+    }
+    Ok(names)
+}
+
+/// Writes the whole layout. Never overwrites: a directory that already holds a context is refused.
+pub fn write(layout: &Layout) -> Result<Written, InitError> {
+    let dir = &layout.dir;
+    create_dir(dir)?;
+    let context_path = dir.join("context.toml");
+    if context_path.exists() {
+        return Err(InitError::Exists {
+            dir: dir.display().to_string(),
+        });
+    }
+    let genesis = genesis_all(layout)?;
+    let ca = Ca::create(Validity::days_from_now(cert_validity_days))?;
+    ca.write(&dir.join("ca.pem"), &dir.join("ca.key"))?;
+    let mut trusted = BTreeMap::new();
+    let mut replica_configs = Vec::new();
+    for &(id, addr) in &layout.replicas {
+        let (path, public) = write_replica(layout, &ca, id, addr)?;
+        trusted.insert(id.to_string(), public);
+        replica_configs.push(path);
+    }
+    let mut host_configs = Vec::new();
+    for (name, addr) in &layout.machines {
+        host_configs.push(write_host(layout, &ca, name, *addr, &trusted)?);
+        if let Some((bytes, _)) = genesis.get(name) {
+            let path = dir.join(format!("host-{name}")).join("genesis.declaration");
+            write_new(&path, bytes, public_file_mode)?;
+        }
+    }
+    write_operator(layout, &ca, &context_path)?;
+    Ok(Written {
+        context: context_path,
+        replica_configs,
+        host_configs,
+        genesis: genesis.into_iter().map(|(m, (_, d))| (m, d)).collect(),
+    })
+}
+
+/// Each machine's genesis declaration (canonical bytes and digest): the core's compose of the
+/// machine from the file, with no provision minted yet (the controller mints on the first push).
+pub fn genesis_all(layout: &Layout) -> Result<BTreeMap<String, (Vec<u8>, Digest)>, InitError> {
+    let mut out = BTreeMap::new();
+    let Some(mesh) = &layout.mesh else {
+        return Ok(out);
+    };
+    let world = World::new(mesh.clone(), []);
+    for (name, _) in &layout.machines {
+        let composed = compose(&world, name).map_err(|e| InitError::Compose {
+            machine: name.clone(),
+            reason: e.to_string(),
+        })?;
+        let bytes = declaration_bytes(&composed.declaration);
+        out.insert(name.clone(), (bytes, digest(&composed.declaration)));
+    }
+    Ok(out)
+}
+
+#[derive(Serialize)]
+struct TlsToml {
+    ca: String,
+    cert: String,
+    key: String,
+}
+
+/// `host.toml` as mesh-host reads it (`src/host/config.rs`).
+#[derive(Serialize)]
+struct HostToml {
+    name: String,
+    root: String,
+    mounts_root: String,
+    listen: String,
+    replicas: Vec<String>,
+    reconcile_interval_ms: u64,
+    tls: TlsToml,
+    trusted_keys: BTreeMap<String, String>,
+}
+
+fn tls_for(sub: &str) -> TlsToml {
+    TlsToml {
+        ca: "ca.pem".into(),
+        cert: format!("{sub}/cert.pem"),
+        key: format!("{sub}/key.pem"),
+    }
+}
+
+/// Writes replica `id`'s certificate, signing key and config; returns the config path and the
+/// signing key's public half (hex) for the hosts to trust.
+fn write_replica(
+    layout: &Layout,
+    ca: &Ca,
+    id: u64,
+    addr: SocketAddr,
+) -> Result<(PathBuf, String), InitError> {
+    let sub = format!("replica-{id}");
+    let sub_dir = layout.dir.join(&sub);
+    create_dir(&sub_dir)?;
+    let cert = ca.issue(
+        &Principal::Replica(id),
+        Validity::days_from_now(cert_validity_days),
+    )?;
+    cert.write(&sub_dir.join("cert.pem"), &sub_dir.join("key.pem"))?;
+    let key = signing_key()?;
+    let secret_hex = format!("{}\n", encode_hex(key.as_bytes()));
+    write_new(
+        &sub_dir.join("signing.key"),
+        secret_hex.as_bytes(),
+        secret_file_mode,
+    )?;
+    let config = ReplicaConfigFile {
+        id,
+        listen: addr.to_string(),
+        data_dir: PathBuf::from(&sub),
+        signing_key: PathBuf::from(format!("{sub}/signing.key")),
+        tls: TlsFile {
+            ca: "ca.pem".into(),
+            cert: format!("{sub}/cert.pem").into(),
+            key: format!("{sub}/key.pem").into(),
+        },
+        peers: layout
+            .replicas
+            .iter()
+            .map(|(i, a)| (i.to_string(), a.to_string()))
+            .collect(),
+        hosts: layout
+            .machines
+            .iter()
+            .map(|(m, a)| (m.clone(), a.to_string()))
+            .collect(),
+        raft: None,
+        transport: None,
+    };
+    let path = layout.dir.join(format!("{sub}.toml"));
+    // Validate with meshd's own checks before writing, so init never writes a config meshd refuses.
+    ReplicaConfig::from_file(config.clone(), &path, &layout.dir).map_err(|e| {
+        InitError::Render {
+            what: path.display().to_string(),
+            reason: e.to_string(),
+        }
+    })?;
+    write_toml(&path, &config)?;
+    Ok((path, encode_hex(key.verifying_key().as_bytes())))
+}
+
+fn write_host(
+    layout: &Layout,
+    ca: &Ca,
+    name: &str,
+    addr: SocketAddr,
+    trusted: &BTreeMap<String, String>,
+) -> Result<PathBuf, InitError> {
+    let sub = format!("host-{name}");
+    let sub_dir = layout.dir.join(&sub);
+    create_dir(&sub_dir)?;
+    let cert = ca.issue(
+        &Principal::Host(name.to_string()),
+        Validity::days_from_now(cert_validity_days),
+    )?;
+    cert.write(&sub_dir.join("cert.pem"), &sub_dir.join("key.pem"))?;
+    let config = HostToml {
+        name: name.to_string(),
+        root: format!("{sub}/state"),
+        mounts_root: format!("{sub}/mounts"),
+        listen: addr.to_string(),
+        replicas: layout.replicas.iter().map(|(_, a)| a.to_string()).collect(),
+        reconcile_interval_ms: host_reconcile_interval_ms,
+        tls: tls_for(&sub),
+        trusted_keys: trusted.clone(),
+    };
+    let path = layout.dir.join(format!("{sub}.toml"));
+    write_toml(&path, &config)?;
+    Ok(path)
+}
+
+fn write_operator(layout: &Layout, ca: &Ca, context_path: &Path) -> Result<(), InitError> {
+    let sub_dir = layout.dir.join("operator");
+    create_dir(&sub_dir)?;
+    let name = &layout.operator;
+    let cert = ca.issue(
+        &Principal::Operator(name.clone()),
+        Validity::days_from_now(cert_validity_days),
+    )?;
+    cert.write(&sub_dir.join("cert.pem"), &sub_dir.join("key.pem"))?;
+    let context = ContextFile {
+        replicas: layout
+            .replicas
+            .iter()
+            .map(|(i, a)| (i.to_string(), a.to_string()))
+            .collect(),
+        tls: ContextTls {
+            ca: "ca.pem".into(),
+            cert: "operator/cert.pem".into(),
+            key: "operator/key.pem".into(),
+        },
+    };
+    write_toml(context_path, &context)
+}
+
+/// A fresh ed25519 key from the OS random source.
+fn signing_key() -> Result<SigningKey, InitError> {
+    let mut seed = [0u8; 32];
+    getrandom::getrandom(&mut seed).map_err(|e| InitError::Random(e.to_string()))?;
+    Ok(SigningKey::from_bytes(&seed))
+}
+
+fn write_toml<T: Serialize>(path: &Path, value: &T) -> Result<(), InitError> {
+    let text = toml::to_string(value).map_err(|e| InitError::Render {
+        what: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    write_new(path, text.as_bytes(), public_file_mode)
+}
+
+fn create_dir(dir: &Path) -> Result<(), InitError> {
+    std::fs::create_dir_all(dir).map_err(|source| InitError::Write {
+        path: dir.display().to_string(),
+        source,
+    })
+}
+
+/// Creates `path` with `mode` (never overwriting) and writes `bytes`.
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InitError> {
+    let err = |source| InitError::Write {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(err)?;
+    f.write_all(bytes).map_err(err)?;
+    f.sync_all().map_err(err)
+}
+
+/// The lines `init` prints.
+pub fn render(layout: &Layout, w: &Written) -> String {
+    let mut out = format!("wrote a mesh into {}\n", layout.dir.display());
+    for ((id, addr), path) in layout.replicas.iter().zip(&w.replica_configs) {
+        out.push_str(&format!(
+            "  replica {id}  {addr}  meshd --config {}\n",
+            path.display()
+        ));
+    }
+    for ((name, addr), path) in layout.machines.iter().zip(&w.host_configs) {
+        let genesis = match w.genesis.get(name) {
+            Some(d) => format!("  genesis {}", d.short()),
+            None => String::new(),
+        };
+        out.push_str(&format!(
+            "  machine {name}  {addr}  mesh-host --config {}{genesis}\n",
+            path.display()
+        ));
+    }
+    out.push_str(&format!(
+        "  operator {}  export MESH_CONTEXT={}\n",
+        layout.operator,
+        w.context.display()
+    ));
+    out
+}

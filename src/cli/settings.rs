@@ -1,0 +1,280 @@
+//! `meshctl settings show|set|clear` (G6): set answers every key it adds, changes and removes; a
+//! removal needs `--replace`; the replaced or cleared layer stays in the history.
+
+use std::path::Path;
+
+use super::render::{self, Via};
+use super::{CliError, Output};
+use crate::controller::api::{Body, Request, SettingsView};
+use crate::core::settings::{Scope, parse_assignments};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum SettingsCommand {
+    /// Show every layer (or one scope's), with `--history` the replaced and cleared layers.
+    Show {
+        /// `mesh`, `machine/<m>`, `module/<mod>` or `module/<mod>@<m>`.
+        scope: Option<String>,
+        #[arg(long)]
+        history: bool,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set keys (`k=v`) on a scope; `-k` removes a key and needs `--replace`.
+    Set {
+        scope: String,
+        /// `key=value` to set, `-key` to remove.
+        #[arg(required = true, allow_hyphen_values = true, value_name = "k=v|-k")]
+        assignments: Vec<String>,
+        /// Why; kept in the settings history.
+        #[arg(long)]
+        why: Option<String>,
+        /// The given keys become the whole layer; keys not given are removed (and listed).
+        #[arg(long)]
+        replace: bool,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a scope's whole layer (kept in the history).
+    Clear {
+        scope: String,
+        /// Why; kept in the settings history.
+        #[arg(long)]
+        why: Option<String>,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Parses a scope argument; a bad one is bad input.
+pub fn parse_scope(text: &str) -> Result<Scope, CliError> {
+    text.parse::<Scope>()
+        .map_err(|e| CliError::Usage(e.to_string()))
+}
+
+/// The request a settings command makes, or why it is refused before anything is sent.
+pub fn request(cmd: &SettingsCommand) -> Result<Request, CliError> {
+    match cmd {
+        SettingsCommand::Show { scope, history, .. } => Ok(Request::SettingsShow {
+            scope: scope.as_deref().map(parse_scope).transpose()?,
+            history: *history,
+        }),
+        SettingsCommand::Set {
+            scope,
+            assignments,
+            why,
+            replace,
+            ..
+        } => {
+            let scope = parse_scope(scope)?;
+            let (assignments, late) = split_flags(assignments)?;
+            let replace = &(*replace || late.replace);
+            let why = &why.clone().or(late.why);
+            let edit =
+                parse_assignments(&assignments).map_err(|e| CliError::Usage(e.to_string()))?;
+            if !edit.remove.is_empty() && !replace {
+                let keys: Vec<String> = edit.remove.iter().cloned().collect();
+                return Err(CliError::Usage(format!(
+                    "removing {} needs --replace: without it a write only adds and changes keys; add --replace and list every key to keep",
+                    keys.join(", ")
+                )));
+            }
+            let why = super::require_why("settings set", why.as_deref())?;
+            Ok(Request::SettingsSet {
+                scope,
+                layer: edit.set,
+                remove: edit.remove,
+                replace: *replace,
+                why,
+            })
+        }
+        SettingsCommand::Clear { scope, why, .. } => Ok(Request::SettingsClear {
+            scope: parse_scope(scope)?,
+            why: super::require_why("settings clear", why.as_deref())?,
+        }),
+    }
+}
+
+/// Flags written after the assignments: `-key` words make clap take every later word as an
+/// assignment, so `--why`, `--replace` and `--json` are picked out of them here.
+#[derive(Debug, Default)]
+pub struct LateFlags {
+    pub why: Option<String>,
+    pub replace: bool,
+    pub json: bool,
+}
+
+/// Splits the assignment words from flags written among them.
+pub fn split_flags(words: &[String]) -> Result<(Vec<String>, LateFlags), CliError> {
+    let mut out = Vec::new();
+    let mut late = LateFlags::default();
+    let mut iter = words.iter();
+    while let Some(w) = iter.next() {
+        match w.as_str() {
+            "--replace" => late.replace = true,
+            "--json" => late.json = true,
+            "--why" => match iter.next() {
+                Some(v) => late.why = Some(v.clone()),
+                None => {
+                    return Err(CliError::Usage(
+                        "--why needs a value: --why \"<reason>\"".into(),
+                    ));
+                }
+            },
+            _ => match w.strip_prefix("--why=") {
+                Some(v) => late.why = Some(v.to_string()),
+                None => out.push(w.clone()),
+            },
+        }
+    }
+    Ok((out, late))
+}
+
+pub fn run(ctx: Option<&Path>, cmd: &SettingsCommand) -> Result<Output, CliError> {
+    let json = match cmd {
+        SettingsCommand::Show { json, .. } | SettingsCommand::Clear { json, .. } => *json,
+        SettingsCommand::Set {
+            json, assignments, ..
+        } => *json || split_flags(assignments)?.1.json,
+    };
+    let request = request(cmd)?;
+    let (via, body) = render::ask(ctx, &request)?;
+    match &body {
+        Body::Settings(view) if json => render::json(via, view, super::exit_done),
+        Body::Settings(view) => Ok(Output::done(render_show(via, view))),
+        Body::SettingsSet { .. } if json => render::json(via, &body, super::exit_done),
+        Body::SettingsSet {
+            scope,
+            added,
+            changed,
+            removed,
+        } => Ok(Output::done(render_set(
+            via, scope, added, changed, removed,
+        ))),
+        _ => Err(render::unexpected(via, "settings", &body)),
+    }
+}
+
+/// The lines `settings show` prints.
+pub fn render_show(via: Via, v: &SettingsView) -> String {
+    let mut out = String::new();
+    if v.layers.is_empty() {
+        out.push_str("no settings layers\n");
+    }
+    for (scope, layer) in &v.layers {
+        out.push_str(&format!("[{scope}]\n"));
+        for (k, val) in layer {
+            out.push_str(&format!("  {k} = {val}\n"));
+        }
+    }
+    if !v.history.is_empty() {
+        out.push_str("history:\n");
+        for c in &v.history {
+            let before = c.before.as_ref().map(layer_line).unwrap_or("(none)".into());
+            let after = c
+                .after
+                .as_ref()
+                .map(layer_line)
+                .unwrap_or("(cleared)".into());
+            out.push_str(&format!(
+                "  #{} {}  epoch {}  {}  by {}: {}\n    before: {before}\n    after:  {after}\n",
+                c.id,
+                render::time_ms(c.time_ms),
+                c.epoch,
+                c.scope,
+                c.actor,
+                c.why
+            ));
+        }
+    }
+    out.push_str(&via.note());
+    out
+}
+
+/// A layer on one line: `k=v, k=v`.
+fn layer_line(layer: &crate::core::settings::Layer) -> String {
+    let pairs: Vec<String> = layer.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    render::list(&pairs)
+}
+
+/// The lines `settings set` and `clear` print: every key added, changed and removed (G6).
+pub fn render_set(
+    via: Via,
+    scope: &Scope,
+    added: &[String],
+    changed: &[String],
+    removed: &[String],
+) -> String {
+    let mut out = String::new();
+    if added.is_empty() && changed.is_empty() && removed.is_empty() {
+        out.push_str(&format!("{scope}: nothing changed\n"));
+    }
+    for k in added {
+        out.push_str(&format!("{scope}: added {k}\n"));
+    }
+    for k in changed {
+        out.push_str(&format!("{scope}: changed {k}\n"));
+    }
+    for k in removed {
+        out.push_str(&format!("{scope}: removed {k}\n"));
+    }
+    out.push_str(&via.note());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(words: &[&str], replace: bool, why: Option<&str>) -> Result<Request, CliError> {
+        request(&SettingsCommand::Set {
+            scope: "module/broker@g14".into(),
+            assignments: words.iter().map(|w| w.to_string()).collect(),
+            why: why.map(String::from),
+            replace,
+            json: false,
+        })
+    }
+
+    #[test]
+    fn g6_removal_without_replace_is_refused_before_sending() {
+        // G6: a removal is refused unless --replace.
+        let e = set(&["a=1", "-b"], false, Some("w")).expect_err("removal without replace");
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("--replace"), "{e}");
+        let ok = set(&["a=1", "-b"], true, Some("w")).expect("with --replace");
+        assert!(matches!(ok, Request::SettingsSet { replace: true, .. }));
+        // Flags written after a `-key` word still count.
+        let late = set(&["a=1", "-b", "--replace", "--why", "late"], false, None).expect("late");
+        assert!(
+            matches!(late, Request::SettingsSet { replace: true, ref why, .. } if why == "late")
+        );
+    }
+
+    #[test]
+    fn settings_bad_scope_assignment_or_missing_why_is_bad_input() {
+        // Bad input: unknown scope shape, malformed assignment, missing --why; all exit 2.
+        assert_eq!(
+            set(&["=1"], false, Some("w")).expect_err("bad").exit_code(),
+            2
+        );
+        assert_eq!(
+            set(&["a="], false, Some("w"))
+                .expect_err("empty")
+                .exit_code(),
+            2
+        );
+        assert_eq!(
+            set(&["a=1"], false, None).expect_err("no why").exit_code(),
+            2
+        );
+        let bad_scope = request(&SettingsCommand::Clear {
+            scope: "machines/ace".into(),
+            why: Some("w".into()),
+            json: false,
+        });
+        assert_eq!(bad_scope.expect_err("bad scope").exit_code(), 2);
+    }
+}

@@ -1,0 +1,139 @@
+//! Beds for leadership changes with real processes: failover after SIGKILL, and G2/G3 with two
+//! controllers (the old leader paused with SIGSTOP while a new one is elected and pushes).
+
+use mesh::host::state::StateFiles;
+use mesh_beds::{Bed, binaries, wait_ms_default};
+
+const pair: &str = include_str!("../beds/meshes/pair.toml");
+
+/// `(epoch, sequence)` of the machine's last send in a status answer.
+fn last_send(status: &serde_json::Value, machine: &str) -> Option<(u64, u64)> {
+    let send = &Bed::machine(status, machine)?["last_send"];
+    Some((send["epoch"].as_u64()?, send["sequence"].as_u64()?))
+}
+
+/// `(epoch, sequence)` the machine last reported applying.
+fn last_report(status: &serde_json::Value, machine: &str) -> Option<(u64, u64)> {
+    let report = &Bed::machine(status, machine)?["last_report"];
+    Some((report["epoch"].as_u64()?, report["sequence"].as_u64()?))
+}
+
+#[test]
+fn failover_after_leader_sigkill_new_leader_pushes_and_hosts_accept_its_epoch() -> anyhow::Result<()>
+{
+    // Failover (G9/G2): the leader is killed in quiet time; a new leader is elected and pushes
+    // within the deadline, and the host accepts its higher epoch.
+    let mut bed = Bed::start(binaries!(), 3, pair)?;
+    let old = bed.leader_other_than(None)?;
+    bed.apply(pair, "first model")?;
+    bed.meshctl_ok(&["push", "--all", "--why", "first send"])?;
+    let status = bed.status()?;
+    let (old_epoch, _) = last_send(&status, "ace").ok_or_else(|| anyhow::anyhow!("no send"))?;
+    bed.kill_replica(old)?;
+    let new = bed.leader_other_than(Some(old))?;
+    bed.meshctl_ok(&[
+        "settings",
+        "set",
+        "machine/ace",
+        "tier=gold",
+        "--why",
+        "after failover",
+    ])?;
+    let run = bed.meshctl_ok(&["push", "ace", "--why", "after failover"])?;
+    assert!(run.stdout.contains("applied"), "{}", run.stdout);
+    let (epoch, _) = bed.wait_for("ace reports the new epoch", wait_ms_default, || {
+        let status = bed.status()?;
+        Ok(last_report(&status, "ace").filter(|(e, _)| *e > old_epoch))
+    })?;
+    assert!(
+        epoch > old_epoch,
+        "new leader {new} sent at {epoch}, old at {old_epoch}"
+    );
+    Ok(())
+}
+
+#[test]
+fn g2_g3_paused_old_leader_never_gets_a_host_to_apply_its_epoch_after_resuming()
+-> anyhow::Result<()> {
+    // G2/G3: the leader is paused (SIGSTOP) until a new one is elected; the new one pushes; the
+    // old one resumes: no host applies anything from the old epoch afterwards, and the old leader
+    // says it stopped acting.
+    let bed = Bed::start(binaries!(), 3, pair)?;
+    let old = bed.leader_other_than(None)?;
+    bed.apply(pair, "first model")?;
+    bed.meshctl_ok(&["push", "--all", "--why", "first send"])?;
+    let (old_epoch, _) =
+        last_send(&bed.status()?, "ace").ok_or_else(|| anyhow::anyhow!("no first send"))?;
+    bed.pause_replica(old)?;
+    let new = bed.leader_other_than(Some(old))?;
+    bed.meshctl_ok(&[
+        "settings",
+        "set",
+        "mesh",
+        "region=moon",
+        "--why",
+        "while paused",
+    ])?;
+    bed.meshctl_ok(&["push", "--all", "--why", "new leader sends"])?;
+    let after = bed.wait_for(
+        "both machines report the new epoch",
+        wait_ms_default,
+        || {
+            let status = bed.status()?;
+            let ace = last_report(&status, "ace");
+            let g14 = last_report(&status, "g14");
+            let newer = |r: Option<(u64, u64)>| r.filter(|(e, _)| *e > old_epoch);
+            Ok(newer(ace).zip(newer(g14)))
+        },
+    )?;
+    let log_before = bed.replica_log(old).len();
+    bed.resume_replica(old)?;
+    // Ask the old leader itself to push: it must forward or refuse, never send at its old epoch.
+    let only_old = bed.context_for(old)?;
+    let _ = bed.meshctl_in(
+        &only_old,
+        &["push", "--all", "--why", "through the old leader"],
+    )?;
+    bed.wait_for(
+        "the old leader says it stopped acting",
+        wait_ms_default,
+        || {
+            let log = bed.replica_log(old);
+            let tail = log.get(log_before..).unwrap_or_default();
+            Ok(
+                (tail.contains("stopped acting") || tail.contains("vote is changing from"))
+                    .then_some(()),
+            )
+        },
+    )?;
+    let status = bed.status()?;
+    assert_eq!(status["leader"].as_u64(), Some(new));
+    // What the hosts themselves hold: the mark and the applied envelope are of the new epoch.
+    for machine in ["ace", "g14"] {
+        let files = StateFiles::new(&bed.host_root(machine));
+        let mark = files
+            .load_high_water()?
+            .ok_or_else(|| anyhow::anyhow!("no mark"))?;
+        let applied = files
+            .load_applied()?
+            .ok_or_else(|| anyhow::anyhow!("nothing applied"))?;
+        assert!(
+            mark.epoch > old_epoch,
+            "{machine}: mark {mark} not above old epoch {old_epoch}"
+        );
+        assert!(
+            applied.position.epoch > old_epoch,
+            "{machine}: applied {} from the old epoch {old_epoch}",
+            applied.position
+        );
+    }
+    for (machine, (epoch, _)) in [("ace", after.0), ("g14", after.1)] {
+        let (now_epoch, _) =
+            last_report(&status, machine).ok_or_else(|| anyhow::anyhow!("no report"))?;
+        assert!(
+            now_epoch >= epoch,
+            "{machine} went back to epoch {now_epoch} from {epoch}"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,285 @@
+//! meshctl against a stand-in replica (a real mesh-transport endpoint with a replica certificate
+//! that answers canned `Answer`s): replicas tried in order, the forwarded note (G13), exit codes,
+//! the writers table refusing a host certificate used as operator (G10), and bad input refused
+//! before anything reaches a replica.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+
+use mesh::controller::api::{
+    Answer, ApiError, Body, PushLine, PushOutcome, PushView, ReplicaView, Request, StatusView,
+};
+use mesh::store::command::HeldMount;
+use mesh_transport::{
+    BoxFuture, Endpoint, Handler, Identity, MessageKind, Principal, TransportConfig,
+};
+
+/// What the stand-in answers and what it was asked.
+struct Stand {
+    answer: Answer,
+    asked: Mutex<Vec<Request>>,
+}
+
+impl Handler for Stand {
+    fn request(
+        &self,
+        _from: Principal,
+        _kind: MessageKind,
+        body: Vec<u8>,
+    ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
+        Box::pin(async move {
+            let request: Request =
+                mesh_codec::decode("request", &body).map_err(|e| e.to_string())?;
+            self.asked.lock().expect("lock").push(request);
+            mesh_codec::encode("answer", &self.answer).map_err(|e| e.to_string())
+        })
+    }
+
+    fn one_way(&self, _from: Principal, _kind: MessageKind, _body: Vec<u8>) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+struct Bed {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    stand: Arc<Stand>,
+    _endpoint: Endpoint,
+}
+
+/// Writes a mesh with `meshctl init`, serves `answer` as replica 2, and points the context at
+/// replica 2 (and, with `dead_first`, at a dead replica 1 before it).
+async fn bed(answer: Answer, dead_first: bool) -> Bed {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("mesh");
+    let out = meshctl(
+        None,
+        &[
+            "init",
+            "--dir",
+            dir.to_str().expect("utf-8"),
+            "--machines",
+            "ace",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let identity = Identity::load(
+        &dir.join("ca.pem"),
+        &dir.join("replica-2/cert.pem"),
+        &dir.join("replica-2/key.pem"),
+    )
+    .expect("replica identity");
+    let config = TransportConfig::default().check().expect("config");
+    let endpoint =
+        Endpoint::bind("127.0.0.1:0".parse().expect("addr"), &identity, config).expect("bind");
+    let stand = Arc::new(Stand {
+        answer,
+        asked: Mutex::new(Vec::new()),
+    });
+    endpoint.serve(stand.clone());
+    let dead = mesh::cli::procs::free_ports(1).expect("port")[0];
+    let mut context = format!("[replicas]\n2 = \"{}\"\n", endpoint.local_addr());
+    if dead_first {
+        context.push_str(&format!("1 = \"{dead}\"\n"));
+    }
+    context.push_str(
+        "[tls]\nca = \"ca.pem\"\ncert = \"operator/cert.pem\"\nkey = \"operator/key.pem\"\n",
+    );
+    std::fs::write(dir.join("bed.toml"), context).expect("write context");
+    Bed {
+        _tmp: tmp,
+        dir,
+        stand,
+        _endpoint: endpoint,
+    }
+}
+
+impl Bed {
+    async fn run(&self, args: &[&str]) -> Output {
+        meshctl(Some(&self.dir.join("bed.toml")), args).await
+    }
+
+    fn asked(&self) -> Vec<Request> {
+        self.stand.asked.lock().expect("lock").clone()
+    }
+}
+
+async fn meshctl(context: Option<&Path>, args: &[&str]) -> Output {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshctl"));
+    cmd.env_remove("MESH_CONTEXT").kill_on_drop(true);
+    if let Some(c) = context {
+        cmd.arg("--context").arg(c);
+    }
+    cmd.args(args).output().await.expect("run meshctl")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn one_line(out: &Output) -> String {
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "not one line: {stderr}"
+    );
+    stderr
+}
+
+fn status_answer(forwarded_by: Option<u64>) -> Answer {
+    Answer {
+        replica: 1,
+        forwarded_by,
+        body: Ok(Body::Status(StatusView {
+            replicas: vec![ReplicaView {
+                id: 1,
+                addr: "127.0.0.1:1".into(),
+                leader: true,
+                epoch: 4,
+                reachable: true,
+            }],
+            machines: Vec::new(),
+            revision: 2,
+            epoch_floor: 4,
+            store_reset: None,
+        })),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g13_replicas_are_tried_in_order_and_a_forwarded_answer_says_so() {
+    // G13: any replica will do; a dead first replica is skipped, and a forwarded answer says
+    // which replica forwarded it.
+    let bed = bed(status_answer(Some(2)), true).await;
+    let out = bed.run(&["status"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("(forwarded by replica 2)"), "{stdout}");
+    assert!(stdout.contains("leader"), "{stdout}");
+    let json = bed.run(&["status", "--json"]).await;
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
+    assert_eq!(doc["forwarded_by"], 2);
+    assert_eq!(doc["answer"]["leader"], 1);
+    assert_eq!(bed.asked(), vec![Request::Status, Request::Status]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g8_held_push_exits_3_and_names_the_release_command() {
+    // G8: a held machine is named with module, mount, both directories and `--move`; exit 3.
+    let answer = Answer {
+        replica: 2,
+        forwarded_by: None,
+        body: Ok(Body::Push(PushView {
+            epoch: 3,
+            lines: vec![PushLine {
+                machine: "ace".into(),
+                outcome: PushOutcome::Held {
+                    reason: "named".into(),
+                    holds: vec![HeldMount {
+                        module: "db".into(),
+                        mount: "data".into(),
+                        old_dir: "/srv/a".into(),
+                        new_dir: "/srv/b".into(),
+                    }],
+                },
+            }],
+        })),
+    };
+    let bed = bed(answer, false).await;
+    let out = bed.run(&["push", "ace", "--why", "move data"]).await;
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("/srv/a to /srv/b") && stdout.contains("meshctl push ace --move db"),
+        "{stdout}"
+    );
+    let asked = bed.asked();
+    assert!(
+        matches!(&asked[..], [Request::Push { why, .. }] if why == "move data"),
+        "{asked:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_answer_from_the_replica_is_one_line_and_exit_2() {
+    // Bad input found by the replica (unknown machine): one line, exit 2.
+    let answer = Answer {
+        replica: 2,
+        forwarded_by: None,
+        body: Err(ApiError::Invalid(
+            "machine zz is not in the mesh; check the name with `meshctl status`".into(),
+        )),
+    };
+    let bed = bed(answer, false).await;
+    let out = bed.run(&["plan", "zz", "--diff"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(one_line(&out).contains("machine zz is not in the mesh"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g10_host_certificate_used_as_operator_is_refused_in_one_line() {
+    // G10: a principal comes from its certificate; a host may not issue operator commands.
+    let bed = bed(status_answer(None), false).await;
+    let context = std::fs::read_to_string(bed.dir.join("bed.toml"))
+        .expect("context")
+        .replace("operator/", "host-ace/");
+    std::fs::write(bed.dir.join("bed.toml"), context).expect("rewrite");
+    let out = bed.run(&["status"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_line(&out);
+    assert!(
+        line.contains("refused") && line.contains("host:ace"),
+        "{line}"
+    );
+    assert!(bed.asked().is_empty(), "the handler must never see it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_before_anything_reaches_a_replica() {
+    // G6/G7 and bad input: bare push, missing --why, a removal without --replace, a bad scope, a
+    // bad mesh file; each exit 2 with one line per problem, and the replica is never asked.
+    let bed = bed(status_answer(None), false).await;
+    let bad_mesh = bed.dir.join("bad.toml");
+    std::fs::write(&bad_mesh, "[machines.ace]\naddress = 7\n").expect("write");
+    let bad_mesh = bad_mesh.to_str().expect("utf-8").to_string();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["push", "--why", "w"],
+        vec!["push", "ace"],
+        vec!["push", "--all", "--why", " "],
+        vec!["push", "--behind", "--move", "db", "--why", "w"],
+        vec!["settings", "set", "mesh", "a=1", "-b", "--why", "w"],
+        vec!["settings", "set", "machines/ace", "a=1", "--why", "w"],
+        vec!["settings", "clear", "mesh"],
+        vec!["apply", "-f", &bad_mesh, "--why", "w"],
+        vec!["apply", "-f", "/nonexistent/mesh.toml", "--why", "w"],
+    ];
+    for args in cases {
+        let out = bed.run(&args).await;
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        one_line(&out);
+    }
+    assert!(bed.asked().is_empty(), "{:?}", bed.asked());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn context_pointing_at_nothing_is_exit_1_and_a_bad_context_file_exit_2() {
+    // Context resolution: missing file or no replica answering → 1; a malformed file → 2.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let missing = tmp.path().join("nope.toml");
+    let out = meshctl(Some(&missing), &["status"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(one_line(&out).contains("no context at"));
+    let bad = tmp.path().join("bad.toml");
+    std::fs::write(&bad, "[replicas]\n1 = \"nowhere\"\n").expect("write");
+    let out = meshctl(Some(&bad), &["history"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    one_line(&out);
+}
