@@ -100,10 +100,7 @@ fn g2_g3_paused_old_leader_never_gets_a_host_to_apply_its_epoch_after_resuming()
         || {
             let log = bed.replica_log(old);
             let tail = log.get(log_before..).unwrap_or_default();
-            Ok(
-                (tail.contains("stopped acting") || tail.contains("vote is changing from"))
-                    .then_some(()),
-            )
+            Ok(tail.contains("leader stopped acting").then_some(()))
         },
     )?;
     let status = bed.status()?;

@@ -180,6 +180,7 @@ pub struct Service {
 pub struct Running {
     service: Arc<Service>,
     floor_task: JoinHandle<()>,
+    leadership_task: JoinHandle<()>,
 }
 
 /// Loads this replica's TLS identity and binds its endpoint on `listen`.
@@ -277,9 +278,11 @@ pub async fn start_on(
     });
     endpoint.serve(Arc::new(Serving(Arc::downgrade(&service))));
     let floor_task = tokio::spawn(keep_floor(Arc::downgrade(&service), dir, term_floor));
+    let leadership_task = tokio::spawn(announce_leadership(Arc::downgrade(&service)));
     Ok(Running {
         service,
         floor_task,
+        leadership_task,
     })
 }
 
@@ -318,6 +321,45 @@ async fn keep_floor(service: Weak<Service>, dir: std::path::PathBuf, mut written
     }
 }
 
+/// Logs every change of leadership, so an operator reading one replica's log sees when it began and
+/// stopped acting for an epoch (G3). Acting itself is gated by the lease on every step; this only
+/// says so.
+async fn announce_leadership(service: Weak<Service>) {
+    let Some((id, mut metrics)) = service.upgrade().map(|s| (s.id, s.replica.metrics())) else {
+        return;
+    };
+    let mut leading: Option<u64> = None;
+    loop {
+        let (state, term) = {
+            let m = metrics.borrow_and_update();
+            (m.state, m.current_term)
+        };
+        let now = (state == openraft::ServerState::Leader).then_some(term);
+        if now != leading {
+            if let Some(epoch) = leading {
+                tracing::warn!(
+                    replica = id,
+                    epoch,
+                    now_term = term,
+                    state = ?state,
+                    "leader stopped acting: leadership of epoch {epoch} lost; nothing more is minted, recorded or sent under it"
+                );
+            }
+            if let Some(epoch) = now {
+                tracing::info!(
+                    replica = id,
+                    epoch,
+                    "leading: acting under epoch {epoch}, inside its lease"
+                );
+            }
+            leading = now;
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 impl Running {
     /// The service, for tests and the binary.
     pub fn service(&self) -> &Arc<Service> {
@@ -328,6 +370,7 @@ impl Running {
     pub async fn shutdown(self) -> Result<(), ServiceError> {
         self.service.endpoint.close().await;
         self.floor_task.abort();
+        self.leadership_task.abort();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(shutdown_drain_ms);
         let mut service = self.service;
         loop {
