@@ -17,8 +17,10 @@ async fn prepared(fx: &Fixture) -> (std::path::PathBuf, std::path::PathBuf) {
         .await
         .expect("applied");
     ready_pid(&agent, "web").await;
-    agent.shutdown().await;
     let pid_file = fx.module_dir("web").join("pid");
+    // The module is "ready" once started, which can be before its shell has written the file.
+    module_pid(&pid_file).await;
+    agent.shutdown().await;
     std::fs::remove_file(&pid_file).expect("remove pid file");
     // Nothing listens at the replica address: reports wait on disk, which these tests ignore.
     let nowhere = "127.0.0.1:9".parse().expect("address");
