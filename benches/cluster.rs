@@ -444,7 +444,7 @@ fn print_level(path: &str, clients: usize, level: &mut Level) {
 }
 
 /// Runs `clients` loops of `one` (client index, request number) and keeps what finished inside the
-/// window that starts after the warm-up.
+/// measured window that follows the warm-up.
 async fn drive<F, Fut>(clients: usize, one: F) -> Level
 where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
@@ -461,13 +461,15 @@ where
             let mut failed = 0;
             let mut n = 0u64;
             while Instant::now() < until {
-                let t = Instant::now();
+                let started = Instant::now();
                 let result = one(client, n).await;
                 let done = Instant::now();
                 n += 1;
-                if t >= from && done <= until {
+                // Completions inside the window count, whenever they started: with seconds of
+                // queueing, requiring the start inside the window too would drop the slow ones.
+                if done >= from && done <= until {
                     match result {
-                        Ok(()) => kept.push(done - t),
+                        Ok(()) => kept.push(done - started),
                         Err(_) => failed += 1,
                     }
                 }
@@ -740,7 +742,15 @@ async fn push_behind() -> Result<()> {
         let mut round = 0;
         let confirmed = loop {
             round += 1;
-            let view = push_behind_once(&bed, leader).await?;
+            let view = match push_behind_once(&bed, leader).await {
+                Ok(view) => view,
+                Err(e) if round < push_rounds_max => {
+                    println!("push --behind to {n} hosts, push {round}: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let applied = view
                 .lines
                 .iter()
