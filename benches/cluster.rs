@@ -1,0 +1,946 @@
+//! Cluster benchmark (plain `Instant`, prints figures): three replicas over real QUIC on loopback with
+//! in-process hosts. Commit throughput (1, 64, 500 clients), failover, `push --behind` to N hosts and
+//! controller memory with 10,000 machines. Run with `cargo bench --bench cluster [-- <section>...]`
+//! (sections: throughput, failover, push, memory); figures go to docs/benchmarks.md.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use ed25519_dalek::SigningKey;
+use mesh::controller::api::{Answer, Body, PushOutcome, PushTarget, Request};
+use mesh::controller::config::{ReplicaConfig, ReplicaConfigFile, TlsFile, write_signing_key};
+use mesh::controller::{Running, Service};
+use mesh::core::model::{Machine, Mesh, Module};
+use mesh::core::settings::Scope;
+use mesh::host::config::encode_hex;
+use mesh::host::{Agent, HostConfig, QuicSink, listener};
+use mesh::store::app::decode_outcome;
+use mesh::store::command::{Command, Outcome, Proposal};
+use mesh_raft::{MonotonicClock, RaftSettings};
+use mesh_transport::{
+    Ca, Endpoint, Identity, MessageKind, Peer, Principal, TransportConfig, Validity,
+};
+use openraft::ServerState;
+use tokio::sync::watch;
+
+const throughput_clients: [usize; 3] = [1, 64, 500];
+const throughput_warmup_ms: u64 = 1_000;
+const throughput_measure_ms: u64 = 5_000;
+/// One operator endpoint per this many clients: a connection allows 256 concurrent streams.
+const clients_per_operator: usize = 200;
+const failover_runs: usize = 5;
+const push_hosts: [usize; 3] = [100, 300, 1_000];
+const memory_machines: usize = 10_000;
+const memory_modules_per_machine: usize = 10;
+/// How long any awaited condition (a leader, reports) may take before the bench gives up.
+const wait_deadline_ms: u64 = 120_000;
+const request_timeout_ms: u64 = 120_000;
+/// Most `push --behind` requests the bench repeats until every machine was applied.
+const push_rounds_max: usize = 20;
+/// How long every pushed machine's report may take to be filed (two host report ticks).
+const confirm_deadline_ms: u64 = 25_000;
+const poll_ms: u64 = 5;
+
+fn main() -> Result<()> {
+    let sections: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let run = |name: &str| sections.is_empty() || sections.iter().any(|s| s == name);
+    print_machine();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    runtime.block_on(async {
+        if run("throughput") {
+            throughput().await?;
+        }
+        if run("failover") {
+            failover("default timeouts", RaftSettings::default()).await?;
+            failover("test-bed timeouts", fast_raft()).await?;
+        }
+        if run("push") {
+            push_behind().await?;
+        }
+        if run("memory") {
+            memory().await?;
+        }
+        Ok(())
+    })
+}
+
+fn print_machine() {
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let nofile = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    println!("machine: nproc {nproc}, model \"{model}\", {nofile}");
+    println!("load average at start: {}", load_average());
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|t| t.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// `VmRSS` and `VmHWM` of this process, in KiB.
+fn rss_kib() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+unsafe extern "C" {
+    /// glibc: returns freed heap memory to the kernel.
+    fn malloc_trim(pad: usize) -> i32;
+}
+
+/// `VmRSS` after handing freed heap pages back, so the figure is the live set, not the
+/// allocator's retained free lists.
+fn trimmed_rss_kib() -> u64 {
+    // SAFETY: malloc_trim only walks glibc's own arenas; it takes no pointers from us.
+    unsafe {
+        malloc_trim(0);
+    }
+    rss_kib().0
+}
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+fn replica_key(id: u64) -> SigningKey {
+    SigningKey::from_bytes(&[id as u8 + 40; 32])
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// One in-process mesh-host: agent, listener and reconcile loop.
+struct Host {
+    agent: Arc<Agent>,
+    endpoint: Endpoint,
+    stop: watch::Sender<bool>,
+}
+
+/// Replicas, hosts and operator endpoints in one temp dir.
+struct Bed {
+    dir: tempfile::TempDir,
+    ca: Ca,
+    replicas: BTreeMap<u64, Running>,
+    addrs: BTreeMap<u64, SocketAddr>,
+    hosts: Vec<Host>,
+    operators: Vec<Endpoint>,
+}
+
+impl Bed {
+    async fn start(
+        replicas: u64,
+        hosts: usize,
+        raft: RaftSettings,
+        operators: usize,
+    ) -> Result<Bed> {
+        let dir = tempfile::tempdir().context("tempdir")?;
+        let ca = Ca::create(Validity::days_from_now(1))?;
+        std::fs::create_dir_all(dir.path().join("pki"))?;
+        std::fs::write(dir.path().join("pki/ca.pem"), ca.cert_pem())?;
+        let mut bed = Bed {
+            dir,
+            ca,
+            replicas: BTreeMap::new(),
+            addrs: BTreeMap::new(),
+            hosts: Vec::new(),
+            operators: Vec::new(),
+        };
+        let mut endpoints = BTreeMap::new();
+        for id in 1..=replicas {
+            let e = Endpoint::bind(
+                loopback(),
+                &bed.identity(&Principal::Replica(id))?,
+                transport()?,
+            )?;
+            bed.addrs.insert(id, e.local_addr());
+            endpoints.insert(id, e);
+        }
+        let mut host_addrs = BTreeMap::new();
+        for i in 0..hosts {
+            let name = host_name(i);
+            let host = bed.start_host(&name).await?;
+            host_addrs.insert(name, host.endpoint.local_addr().to_string());
+            bed.hosts.push(host);
+        }
+        for _ in 0..operators.max(1) {
+            let principal = Principal::Operator("bench".into());
+            bed.operators.push(Endpoint::bind(
+                loopback(),
+                &bed.identity(&principal)?,
+                transport()?,
+            )?);
+        }
+        for (id, endpoint) in endpoints {
+            let config = bed.write_config(id, &host_addrs, &raft)?;
+            let running = mesh::controller::start_on(config, endpoint, Arc::new(MonotonicClock))
+                .await
+                .with_context(|| format!("replica {id} starts"))?;
+            bed.replicas.insert(id, running);
+        }
+        Ok(bed)
+    }
+
+    fn identity(&self, principal: &Principal) -> Result<Identity> {
+        let cert = self.ca.issue(principal, Validity::days_from_now(1))?;
+        Ok(Identity::from_pem(
+            self.ca.cert_pem(),
+            cert.cert_pem(),
+            cert.key_pem(),
+        )?)
+    }
+
+    fn write_cert(&self, sub: &str, principal: &Principal) -> Result<(PathBuf, PathBuf)> {
+        let dir = self.dir.path().join("pki").join(sub);
+        std::fs::create_dir_all(&dir)?;
+        let cert = self.ca.issue(principal, Validity::days_from_now(1))?;
+        let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
+        cert.write(&c, &k)?;
+        Ok((c, k))
+    }
+
+    fn write_config(
+        &self,
+        id: u64,
+        hosts: &BTreeMap<String, String>,
+        raft: &RaftSettings,
+    ) -> Result<ReplicaConfig> {
+        let sub = format!("replica-{id}");
+        let (cert, key) = self.write_cert(&sub, &Principal::Replica(id))?;
+        let signing = self.dir.path().join(format!("{sub}.key"));
+        write_signing_key(&signing, &replica_key(id))?;
+        let file = ReplicaConfigFile {
+            id,
+            listen: self.addrs[&id].to_string(),
+            data_dir: self.dir.path().join(&sub),
+            signing_key: signing,
+            tls: TlsFile {
+                ca: self.dir.path().join("pki/ca.pem"),
+                cert,
+                key,
+            },
+            peers: self
+                .addrs
+                .iter()
+                .map(|(i, a)| (i.to_string(), a.to_string()))
+                .collect(),
+            hosts: hosts.clone(),
+            raft: Some(raft.clone()),
+            transport: Some(TransportConfig::default()),
+        };
+        let path = self.dir.path().join(format!("{sub}.toml"));
+        std::fs::write(&path, file.to_toml()?)?;
+        Ok(ReplicaConfig::load(&path)?)
+    }
+
+    async fn start_host(&self, name: &str) -> Result<Host> {
+        let dir = self.dir.path();
+        let sub = format!("host-{name}");
+        let (cert, key) = self.write_cert(&sub, &Principal::Host(name.into()))?;
+        let trusted: Vec<String> = (1..=3u64)
+            .map(|id| {
+                format!(
+                    "{id} = \"{}\"",
+                    encode_hex(replica_key(id).verifying_key().as_bytes())
+                )
+            })
+            .collect();
+        let list: Vec<String> = self.addrs.values().map(|a| format!("\"{a}\"")).collect();
+        // Default reconcile interval (10 s): the host reports on every apply and then every tick.
+        let text = format!(
+            "name = \"{name}\"\nroot = \"{}\"\nmounts_root = \"{}\"\nlisten = \"127.0.0.1:0\"\nreplicas = [{}]\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n[trusted_keys]\n{}\n",
+            dir.join(&sub).join("root").display(),
+            dir.join(&sub).join("mounts").display(),
+            list.join(", "),
+            dir.join("pki/ca.pem").display(),
+            cert.display(),
+            key.display(),
+            trusted.join("\n")
+        );
+        let path = dir.join(format!("{sub}.toml"));
+        std::fs::write(&path, text)?;
+        let config = HostConfig::load(&path)?;
+        let endpoint = listener::bind(&config)?;
+        let sink = QuicSink::new(endpoint.clone(), name, config.replicas().to_vec());
+        let agent = Arc::new(Agent::open(config, Arc::new(sink))?);
+        agent.start().await?;
+        let _fatal = listener::serve(&endpoint, agent.clone());
+        let (stop, stop_rx) = watch::channel(false);
+        {
+            let agent = agent.clone();
+            tokio::spawn(async move { agent.reconcile(stop_rx).await });
+        }
+        Ok(Host {
+            agent,
+            endpoint,
+            stop,
+        })
+    }
+
+    fn service(&self, id: u64) -> Result<&Arc<Service>> {
+        self.replicas
+            .get(&id)
+            .map(Running::service)
+            .ok_or_else(|| anyhow!("replica {id} is not running"))
+    }
+
+    /// Waits until one of `among` leads in a term above `above`; returns it and its term.
+    async fn wait_leader(&self, among: &[u64], above: u64) -> Result<(u64, u64)> {
+        let deadline = Instant::now() + Duration::from_millis(wait_deadline_ms);
+        loop {
+            for id in among {
+                let m = self.service(*id)?.replica().metrics().borrow().clone();
+                if m.state == ServerState::Leader && m.current_term > above {
+                    return Ok((*id, m.current_term));
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no leader above term {above} among {among:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(poll_ms)).await;
+        }
+    }
+
+    async fn ask_via(&self, operator: usize, id: u64, request: &Request) -> Result<Answer> {
+        let body = mesh_codec::encode("request", request)?;
+        let peer = Peer::expecting(self.addrs[&id], Principal::Replica(id));
+        let endpoint = &self.operators[operator % self.operators.len()];
+        let bytes = endpoint
+            .request(
+                peer,
+                MessageKind::Command,
+                body,
+                Duration::from_millis(request_timeout_ms),
+            )
+            .await?;
+        Ok(mesh_codec::decode("answer", &bytes)?)
+    }
+
+    async fn ok(&self, id: u64, request: &Request) -> Result<Body> {
+        self.ask_via(0, id, request)
+            .await?
+            .body
+            .map_err(|e| anyhow!("{e}"))
+    }
+
+    /// Cuts replica `id` off from the other replicas, both directions (as if it had died).
+    fn isolate(&self, id: u64, cut: bool) -> Result<()> {
+        for (other, addr) in &self.addrs {
+            if *other == id {
+                continue;
+            }
+            let (mine, theirs) = (
+                self.service(id)?.endpoint(),
+                self.service(*other)?.endpoint(),
+            );
+            if cut {
+                mine.faults().cut_off(*addr);
+                theirs.faults().cut_off(self.addrs[&id]);
+            } else {
+                mine.faults().heal(*addr);
+                theirs.faults().heal(self.addrs[&id]);
+            }
+        }
+        Ok(())
+    }
+
+    async fn shutdown(mut self) -> Result<()> {
+        for (_, running) in std::mem::take(&mut self.replicas) {
+            running.shutdown().await?;
+        }
+        for host in std::mem::take(&mut self.hosts) {
+            let _ = host.stop.send(true);
+            host.endpoint.close().await;
+            host.agent.shutdown().await;
+        }
+        for op in &self.operators {
+            op.close().await;
+        }
+        Ok(())
+    }
+}
+
+fn transport() -> Result<mesh_transport::CheckedConfig> {
+    Ok(TransportConfig::default().check()?)
+}
+
+fn client_machine(client: usize) -> String {
+    format!("c{client}")
+}
+
+fn host_name(i: usize) -> String {
+    format!("h{i:04}")
+}
+
+fn machine(name: &str) -> Machine {
+    Machine {
+        name: name.into(),
+        address: "127.0.0.1".into(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Commit throughput
+
+/// Latencies of the requests that finished inside the measured window.
+struct Level {
+    completed: usize,
+    failed: usize,
+    latencies: Vec<Duration>,
+}
+
+fn print_level(path: &str, clients: usize, level: &mut Level) {
+    level.latencies.sort();
+    let rate = level.completed as f64 / (throughput_measure_ms as f64 / 1e3);
+    println!(
+        "throughput {path}, {clients} clients: {rate:.0} commits/s, p50 {:.2} ms, p99 {:.2} ms ({} in {} s, {} failed, load {})",
+        ms(percentile(&level.latencies, 0.50)),
+        ms(percentile(&level.latencies, 0.99)),
+        level.completed,
+        throughput_measure_ms / 1000,
+        level.failed,
+        load_average()
+    );
+}
+
+/// Runs `clients` loops of `one` (client index, request number) and keeps what finished inside the
+/// measured window that follows the warm-up.
+async fn drive<F, Fut>(clients: usize, one: F) -> Level
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<()>> + Send,
+{
+    let start = Instant::now();
+    let from = start + Duration::from_millis(throughput_warmup_ms);
+    let until = from + Duration::from_millis(throughput_measure_ms);
+    let mut tasks = Vec::new();
+    for client in 0..clients {
+        let one = one.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut kept = Vec::new();
+            let mut failed = 0;
+            let mut n = 0u64;
+            while Instant::now() < until {
+                let started = Instant::now();
+                let result = one(client, n).await;
+                let done = Instant::now();
+                n += 1;
+                // Completions inside the window count, whenever they started: with seconds of
+                // queueing, requiring the start inside the window too would drop the slow ones.
+                if done >= from && done <= until {
+                    match result {
+                        Ok(()) => kept.push(done - started),
+                        Err(_) => failed += 1,
+                    }
+                }
+            }
+            (kept, failed)
+        }));
+    }
+    let mut level = Level {
+        completed: 0,
+        failed: 0,
+        latencies: Vec::new(),
+    };
+    for task in tasks {
+        if let Ok((kept, failed)) = task.await {
+            level.completed += kept.len();
+            level.failed += failed;
+            level.latencies.extend(kept);
+        }
+    }
+    level
+}
+
+async fn throughput() -> Result<()> {
+    let operators = throughput_clients.iter().max().unwrap_or(&1) / clients_per_operator + 1;
+    let bed = Arc::new(Bed::start(3, 0, RaftSettings::default(), operators).await?);
+    let ids: Vec<u64> = bed.replicas.keys().copied().collect();
+    let (leader, term) = bed.wait_leader(&ids, 0).await?;
+    println!("throughput: leader {leader}, term {term}");
+    // One machine per client, so each operator client edits its own settings layer (a shared
+    // layer would grow with the clients and every write would copy it into the history).
+    let mut mesh = Mesh::default();
+    for client in 0..throughput_clients.iter().copied().max().unwrap_or(1) {
+        let name = client_machine(client);
+        mesh.machines.insert(name.clone(), machine(&name));
+    }
+    let apply = Request::Apply {
+        mesh,
+        why: "bench".into(),
+    };
+    bed.ok(leader, &apply).await?;
+    for clients in throughput_clients {
+        // Store path: a proposal through the leader's Raft (QUIC replication, redb on every
+        // replica, domain apply), as the controller proposes reports and send records.
+        let service = bed.service(leader)?.clone();
+        let mut level = drive(clients, move |client, _| {
+            let service = service.clone();
+            async move { propose_hold(&service, term, client).await }
+        })
+        .await;
+        print_level("store path (propose SetHolds)", clients, &mut level);
+        // Operator API: `settings set` over QUIC to the leader (lease round, CAS on the revision).
+        let b = bed.clone();
+        let mut level = drive(clients, move |client, n| {
+            let b = b.clone();
+            async move { settings_set(&b, leader, client, n).await }
+        })
+        .await;
+        print_level("operator API (settings set)", clients, &mut level);
+    }
+    match Arc::try_unwrap(bed) {
+        Ok(bed) => bed.shutdown().await,
+        Err(_) => bail!("the throughput bed is still shared"),
+    }
+}
+
+async fn propose_hold(service: &Service, term: u64, client: usize) -> Result<()> {
+    let proposal = Proposal {
+        epoch: term,
+        expect_revision: None,
+        actor: "bench".into(),
+        time_ms: 0,
+        command: Command::SetHolds {
+            machine: format!("c{client}"),
+            holds: vec![],
+        },
+    };
+    let bytes = mesh_codec::encode("proposal", &proposal)?;
+    let done = service.replica().propose(bytes).await?;
+    match decode_outcome(&done.response)? {
+        Outcome::Applied(_) => Ok(()),
+        Outcome::Refused(r) => bail!("refused: {r}"),
+    }
+}
+
+async fn settings_set(bed: &Bed, leader: u64, client: usize, n: u64) -> Result<()> {
+    let request = Request::SettingsSet {
+        scope: Scope::Machine(client_machine(client)),
+        layer: BTreeMap::from([("k".to_string(), n.to_string())]),
+        remove: BTreeSet::new(),
+        replace: false,
+        why: "bench".into(),
+    };
+    let answer = bed
+        .ask_via(client / clients_per_operator, leader, &request)
+        .await?;
+    answer.body.map(|_| ()).map_err(|e| anyhow!("{e}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Failover
+
+/// The controller tests' settings (heartbeat 50 ms, election 500–1000 ms), for comparison only.
+fn fast_raft() -> RaftSettings {
+    RaftSettings {
+        heartbeat_ms: 50,
+        election_timeout_min_ms: 500,
+        election_timeout_max_ms: 1000,
+        lease_margin_ms: 100,
+        ..RaftSettings::default()
+    }
+}
+
+async fn failover(label: &str, raft: RaftSettings) -> Result<()> {
+    println!(
+        "failover with {label}: heartbeat {} ms, election {}-{} ms",
+        raft.heartbeat_ms, raft.election_timeout_min_ms, raft.election_timeout_max_ms
+    );
+    let bed = Bed::start(3, 1, raft, 1).await?;
+    let ids: Vec<u64> = bed.replicas.keys().copied().collect();
+    let (leader, _) = bed.wait_leader(&ids, 0).await?;
+    let name = host_name(0);
+    let mut mesh = Mesh::default();
+    mesh.machines.insert(name.clone(), machine(&name));
+    bed.ok(
+        leader,
+        &Request::Apply {
+            mesh,
+            why: "bench".into(),
+        },
+    )
+    .await?;
+    push_named(&bed, leader, &name, 0).await?;
+    let mut totals = Vec::new();
+    for run in 0..failover_runs {
+        let (old, term) = bed.wait_leader(&ids, 0).await?;
+        let rest: Vec<u64> = ids.iter().copied().filter(|i| *i != old).collect();
+        let t0 = Instant::now();
+        bed.isolate(old, true)?;
+        let trace = std::env::var_os("MESH_BENCH_TRACE").is_some();
+        let (new, new_term) = if trace {
+            trace_until_leader(&bed, &rest, term, t0).await?
+        } else {
+            bed.wait_leader(&rest, term).await?
+        };
+        let elected = t0.elapsed();
+        let epoch = push_until_applied(&bed, new, &name, term).await?;
+        let total = t0.elapsed();
+        println!(
+            "failover run {run}: replica {old} (term {term}) cut off; replica {new} leads term {new_term} after {:.0} ms; host accepted its envelope (epoch {epoch}) after {:.0} ms (load {})",
+            ms(elected),
+            ms(total),
+            load_average()
+        );
+        totals.push(total);
+        bed.isolate(old, false)?;
+        wait_rejoined(&bed, old, new).await?;
+    }
+    totals.sort();
+    println!(
+        "failover ({label}) over {failover_runs} runs: median {:.0} ms, min {:.0} ms, max {:.0} ms",
+        ms(percentile(&totals, 0.5)),
+        ms(totals[0]),
+        ms(totals[totals.len() - 1])
+    );
+    bed.shutdown().await
+}
+
+/// Pushes `machine` through `via`; returns the epoch of the envelope its host applied, if above `above`.
+async fn push_named(bed: &Bed, via: u64, machine: &str, above: u64) -> Result<u64> {
+    let request = Request::Push {
+        target: PushTarget::Machine(machine.into()),
+        why: "bench failover".into(),
+        moves: vec![],
+    };
+    let Body::Push(view) = bed.ok(via, &request).await? else {
+        bail!("not a push answer");
+    };
+    let applied = view
+        .lines
+        .iter()
+        .any(|l| l.machine == machine && matches!(l.outcome, PushOutcome::Applied { .. }));
+    if !applied || view.epoch <= above {
+        bail!("not applied at an epoch above {above}: {:?}", view.lines);
+    }
+    Ok(view.epoch)
+}
+
+/// Asks the new leader to push until its host applies an envelope of the new epoch (the lease gate
+/// may refuse the first tries right after the election).
+async fn push_until_applied(bed: &Bed, leader: u64, machine: &str, above: u64) -> Result<u64> {
+    let deadline = Instant::now() + Duration::from_millis(wait_deadline_ms);
+    loop {
+        match push_named(bed, leader, machine, above).await {
+            Ok(epoch) => return Ok(epoch),
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(poll_ms)).await,
+        }
+    }
+}
+
+/// Like [`Bed::wait_leader`], printing every change of the replicas' Raft state on the way.
+async fn trace_until_leader(
+    bed: &Bed,
+    among: &[u64],
+    above: u64,
+    t0: Instant,
+) -> Result<(u64, u64)> {
+    let mut last = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_millis(wait_deadline_ms);
+    loop {
+        for id in among {
+            let m = bed.service(*id)?.replica().metrics().borrow().clone();
+            let now = format!("{:?} term {} vote {}", m.state, m.current_term, m.vote);
+            if last.get(id) != Some(&now) {
+                println!("  {:>6.0} ms replica {id}: {now}", ms(t0.elapsed()));
+                last.insert(*id, now);
+            }
+            if m.state == ServerState::Leader && m.current_term > above {
+                return Ok((*id, m.current_term));
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("no leader above term {above} among {among:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(poll_ms)).await;
+    }
+}
+
+/// Waits until the healed replica follows the new leader again.
+async fn wait_rejoined(bed: &Bed, old: u64, new: u64) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_millis(wait_deadline_ms);
+    loop {
+        let m = bed.service(old)?.replica().metrics().borrow().clone();
+        if m.state == ServerState::Follower && m.current_leader == Some(new) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("replica {old} did not rejoin under {new}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. push --behind to N hosts
+
+async fn push_behind() -> Result<()> {
+    for n in push_hosts {
+        let setup = Instant::now();
+        let bed = Bed::start(3, n, RaftSettings::default(), 1).await?;
+        let ids: Vec<u64> = bed.replicas.keys().copied().collect();
+        let (leader, _) = bed.wait_leader(&ids, 0).await?;
+        // Every machine declared with zero modules: the host verifies, stores and reports the
+        // declaration; no process starts.
+        let mut mesh = Mesh::default();
+        for i in 0..n {
+            let name = host_name(i);
+            mesh.machines.insert(name.clone(), machine(&name));
+        }
+        bed.ok(
+            leader,
+            &Request::Apply {
+                mesh,
+                why: "bench".into(),
+            },
+        )
+        .await?;
+        let setup = setup.elapsed();
+        let t0 = Instant::now();
+        let mut round = 0;
+        let confirmed = loop {
+            round += 1;
+            let view = match push_behind_once(&bed, leader).await {
+                Ok(view) => view,
+                Err(e) if round < push_rounds_max => {
+                    println!("push --behind to {n} hosts, push {round}: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let applied = view
+                .lines
+                .iter()
+                .filter(|l| matches!(l.outcome, PushOutcome::Applied { .. }))
+                .count();
+            println!(
+                "push --behind to {n} hosts, push {round}: answer after {:.0} ms, {applied}/{} lines applied",
+                ms(t0.elapsed()),
+                view.lines.len()
+            );
+            print_outcomes(&view.lines);
+            // A push that stopped part-way (its lease closed) leaves the rest behind: the operator
+            // pushes --behind again, as meshctl's message says.
+            if applied == view.lines.len() || round == push_rounds_max {
+                break wait_confirmed(&bed, leader, n).await;
+            }
+        };
+        let reported = t0.elapsed();
+        match confirmed {
+            Ok(c) => println!(
+                "push --behind to {n} hosts: every machine applied and reported after {:.0} ms ({c} confirmed, {round} pushes), setup {:.1} s, load {}",
+                ms(reported),
+                setup.as_secs_f64(),
+                load_average()
+            ),
+            Err(e) => {
+                println!("push --behind to {n} hosts: {e} after {round} pushes");
+                diagnose(&bed, leader).await?;
+            }
+        }
+        bed.shutdown().await?;
+    }
+    Ok(())
+}
+
+async fn push_behind_once(bed: &Bed, leader: u64) -> Result<mesh::controller::api::PushView> {
+    let request = Request::Push {
+        target: PushTarget::Behind,
+        why: "bench push --behind".into(),
+        moves: vec![],
+    };
+    match bed.ok(leader, &request).await? {
+        Body::Push(view) => Ok(view),
+        _ => bail!("not a push answer"),
+    }
+}
+
+/// Counts push lines by outcome and shows the first line of each kind that was not applied.
+fn print_outcomes(lines: &[mesh::controller::api::PushLine]) {
+    let mut kinds: BTreeMap<&str, (usize, String)> = BTreeMap::new();
+    for line in lines {
+        let kind = match &line.outcome {
+            PushOutcome::Applied { .. } => "applied",
+            PushOutcome::Sent { .. } => "sent, no answer",
+            PushOutcome::Held { .. } => "held",
+            PushOutcome::Refused { .. } => "refused",
+            PushOutcome::Failed { .. } => "failed",
+        };
+        let entry = kinds
+            .entry(kind)
+            .or_insert_with(|| (0, format!("{:?}", line.outcome)));
+        entry.0 += 1;
+    }
+    for (kind, (count, first)) in kinds {
+        if kind == "applied" {
+            println!("  {count} applied");
+        } else {
+            println!("  {count} {kind}, first: {first}");
+        }
+    }
+}
+
+/// Says what the hosts and the leader hold for machines that are still behind.
+async fn diagnose(bed: &Bed, leader: u64) -> Result<()> {
+    let Body::Status(status) = bed.ok(leader, &Request::Status).await? else {
+        bail!("not a status answer");
+    };
+    let behind: Vec<_> = status.machines.iter().filter(|m| m.behind).collect();
+    println!("  {} behind; first three:", behind.len());
+    for m in behind.iter().take(3) {
+        println!("    {m:?}");
+    }
+    let (mut applied, mut dropped) = (0, 0);
+    for host in &bed.hosts {
+        applied += usize::from(host.agent.applied().await.is_some());
+        dropped += host.agent.reports_dropped();
+    }
+    println!("  hosts: {applied} applied a declaration, {dropped} reports dropped in total");
+    Ok(())
+}
+
+/// Polls status until `n` machines are no longer behind (their last send confirmed by a report).
+async fn wait_confirmed(bed: &Bed, leader: u64, n: usize) -> Result<usize> {
+    let deadline = Instant::now() + Duration::from_millis(confirm_deadline_ms);
+    loop {
+        let Body::Status(status) = bed.ok(leader, &Request::Status).await? else {
+            bail!("not a status answer");
+        };
+        let confirmed = status
+            .machines
+            .iter()
+            .filter(|m| !m.behind && m.last_send.is_some())
+            .count();
+        if confirmed >= n {
+            return Ok(confirmed);
+        }
+        if Instant::now() > deadline {
+            bail!("only {confirmed}/{n} machines confirmed");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Controller memory
+
+/// A module as small as a real one gets: a command, one argument, one env key.
+fn lean_module(machine: usize, slot: usize) -> Module {
+    Module {
+        name: format!("m{machine}-{slot}"),
+        machine: format!("n{machine}"),
+        command: "/usr/bin/app".into(),
+        args: vec![format!("--slot={slot}")],
+        env: BTreeMap::from([("LOG".into(), "info".into())]),
+        files: BTreeMap::new(),
+        mounts: vec![],
+        ready: None,
+        after: vec![],
+        provides: vec![],
+        consumes: vec![],
+    }
+}
+
+fn big_mesh() -> Mesh {
+    let mut mesh = Mesh::default();
+    for m in 0..memory_machines {
+        let name = format!("n{m}");
+        mesh.machines.insert(name.clone(), machine(&name));
+        for s in 0..memory_modules_per_machine {
+            let module = lean_module(m, s);
+            mesh.modules.insert(module.name.clone(), module);
+        }
+    }
+    mesh
+}
+
+async fn memory() -> Result<()> {
+    let (rss0, _) = rss_kib();
+    // One replica: one controller's memory. Proposal and frame caps raised to their limits so the
+    // whole model fits one entry and one operator frame.
+    let raft = RaftSettings {
+        batch_bytes_max: mesh_raft::config::batch_bytes_max_limit,
+        ..RaftSettings::default()
+    };
+    let bed = Bed::start(1, 0, raft, 1).await?;
+    bed.wait_leader(&[1], 0).await?;
+    let (rss1, _) = rss_kib();
+    let request = {
+        let mesh = big_mesh();
+        Request::Apply {
+            mesh,
+            why: "bench memory".into(),
+        }
+    };
+    let bytes = mesh_codec::encode("request", &request)?.len();
+    println!(
+        "memory: model {memory_machines} machines x {memory_modules_per_machine} modules, apply request {:.1} MiB encoded",
+        bytes as f64 / (1 << 20) as f64
+    );
+    let applied = bed.ok(1, &request).await;
+    drop(request);
+    if let Err(e) = applied {
+        println!("memory: the model was not applied: {e}");
+        return bed.shutdown().await;
+    }
+    let (rss2, _) = rss_kib();
+    // Status composes every machine (the leader's compose cache), as the first push would.
+    let status = bed.ok(1, &Request::Status).await?;
+    drop(status);
+    let (rss3, hwm) = rss_kib();
+    let rss4 = trimmed_rss_kib();
+    println!(
+        "memory: RSS before start {} MiB, replica started {} MiB, model applied {} MiB, status composed {} MiB (peak {} MiB), after malloc_trim {} MiB, load {}",
+        rss0 / 1024,
+        rss1 / 1024,
+        rss2 / 1024,
+        rss3 / 1024,
+        hwm / 1024,
+        rss4 / 1024,
+        load_average()
+    );
+    bed.shutdown().await
+}
