@@ -336,7 +336,8 @@ impl Service {
     }
 
     /// Sends every recorded envelope, at most [`sends_in_flight_max`] at once, each only while this
-    /// replica may still act (G3).
+    /// replica may still act (G3). A push longer than one lease renews it with a fresh quorum round
+    /// in the same term; if that fails, or the term moved, every send not yet started stops.
     async fn deliver(
         &self,
         lease: &Lease,
@@ -345,22 +346,55 @@ impl Service {
     ) -> Vec<PushLine> {
         let stopped = AtomicBool::new(false);
         let stopped = &stopped;
+        let keeper = &LeaseKeeper {
+            epoch: lease.term(),
+            current: tokio::sync::Mutex::new(*lease),
+        };
         // Owned items: a stream of borrowed ones trips the compiler's higher-ranked lifetime check
         // inside the transport handler's boxed future.
         let jobs: Vec<(PlannedSend, SendRecord)> =
             sends.iter().cloned().zip(records.iter().cloned()).collect();
         futures::stream::iter(jobs)
             .map(move |(send, record)| async move {
-                self.deliver_one(lease, &send, &record, stopped).await
+                self.deliver_one(keeper, &send, &record, stopped).await
             })
             .buffer_unordered(sends_in_flight_max)
             .collect()
             .await
     }
 
+    /// The lease a send acts under: the current one while more than half its window is left,
+    /// otherwise one renewed by a fresh quorum round in the same term. A closed lease is never
+    /// renewed: the push stops.
+    async fn lease_to_act(&self, keeper: &LeaseKeeper) -> Result<Lease, String> {
+        let mut current = keeper.current.lock().await;
+        let window = self.replica.config().lease_window();
+        // A lease that already closed stops the push (the replica may have been paused past it):
+        // only a lease still open is renewed, before it runs out.
+        let left = current
+            .check(self.clock.now())
+            .map_err(|e| format!("lease closed: {e}"))?;
+        if left <= window / 2 {
+            let renewed = self
+                .lease()
+                .await
+                .map_err(|e| format!("lease could not be renewed: {e}"))?;
+            if renewed.term() != keeper.epoch {
+                return Err(format!(
+                    "leadership moved from term {} to term {}",
+                    keeper.epoch,
+                    renewed.term()
+                ));
+            }
+            *current = renewed;
+        }
+        self.acting(&current)?;
+        Ok(*current)
+    }
+
     async fn deliver_one(
         &self,
-        lease: &Lease,
+        keeper: &LeaseKeeper,
         send: &PlannedSend,
         record: &SendRecord,
         stopped: &AtomicBool,
@@ -370,9 +404,15 @@ impl Service {
             machine: send.machine.clone(),
             outcome,
         };
-        if let Err(why) = self.acting(lease) {
+        if stopped.load(Ordering::SeqCst) {
+            return line(PushOutcome::Failed {
+                reason,
+                error: "stopped: an earlier send of this push found the lease closed".into(),
+            });
+        }
+        if let Err(why) = self.lease_to_act(keeper).await {
             if !stopped.swap(true, Ordering::SeqCst) {
-                tracing::warn!(epoch = lease.term(), reason = %why, "leader stopped acting");
+                tracing::warn!(epoch = keeper.epoch, reason = %why, "leader stopped acting");
             }
             return line(PushOutcome::Failed {
                 reason,
@@ -442,4 +482,10 @@ fn stopped_view(epoch: u64, machines: &[String], reason: &str) -> Body {
         })
         .collect();
     Body::Push(PushView { epoch, lines })
+}
+
+/// The lease one push's sends act under, renewed in place (same term) when it runs low.
+struct LeaseKeeper {
+    epoch: u64,
+    current: tokio::sync::Mutex<Lease>,
 }
