@@ -56,7 +56,7 @@ fn settings_line(c: &SettingsChange) -> String {
     let what = match (&c.before, &c.after) {
         (None, _) => "created",
         (Some(_), None) => "cleared",
-        (Some(_), Some(_)) => "replaced",
+        (Some(_), Some(_)) => "changed",
     };
     let keys = |l: &Option<crate::core::settings::Layer>| {
         l.as_ref()
