@@ -300,27 +300,12 @@ fn check_composes(state: &DomainState, mesh: &Mesh) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A scope must name a machine or module of the model.
+/// A scope must name a machine or module of the model: the state machine's own rule, checked
+/// before proposing so a bad scope writes nothing.
 fn check_scope(state: &DomainState, scope: &Scope) -> Result<(), ApiError> {
-    let machines = &state.mesh.machines;
-    let modules = &state.mesh.modules;
-    let unknown = |what: &str, name: &str| {
-        Err(ApiError::Invalid(format!(
-            "settings scope {scope}: there is no {what} {name} in the mesh"
-        )))
-    };
-    match scope {
-        Scope::Mesh => Ok(()),
-        Scope::Machine(m) if !machines.contains_key(m) => unknown("machine", m),
-        Scope::Module(m) if !modules.contains_key(m) => unknown("module", m),
-        Scope::Placement { module, .. } if !modules.contains_key(module) => {
-            unknown("module", module)
-        }
-        Scope::Placement { machine, .. } if !machines.contains_key(machine) => {
-            unknown("machine", machine)
-        }
-        _ => Ok(()),
-    }
+    state
+        .check_scope(scope)
+        .map_err(|e| ApiError::Invalid(e.to_string()))
 }
 
 /// Machines whose should-be digest is not the last sent, or whose last send is unconfirmed.

@@ -3,7 +3,6 @@
 //! index. Snapshots are read from the tables (an MVCC view consistent with that index), never from
 //! memory, which may be ahead of the view.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use mesh_migrations::records::EpochRecord;
@@ -374,6 +373,3 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
 pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome, mesh_codec::CodecError> {
     mesh_codec::decode("outcome", bytes)
 }
-
-/// Sends per machine, for views that need the whole record.
-pub type SendsByMachine = BTreeMap<String, Vec<SendRecord>>;

@@ -324,7 +324,7 @@ impl DomainState {
 
     /// A scope must name machines and modules of the model: a layer for something that does not exist
     /// would silently apply to nothing.
-    fn check_scope(&self, scope: &Scope) -> Result<(), Refusal> {
+    pub fn check_scope(&self, scope: &Scope) -> Result<(), Refusal> {
         let machine_ok = |m: &str| self.mesh.machines.contains_key(m);
         let module_ok = |m: &str| self.mesh.modules.contains_key(m);
         let missing = match scope {
