@@ -8,8 +8,11 @@ use mesh::core::compose::{
 };
 use mesh::core::declaration::Digest;
 use mesh::core::model::{Machine, Mesh, Module, Mount, Need, Placement, Provide, Provision};
-use mesh::core::plan::{DigestCache, Known, PlanError, PlanInput, PushPlan, Reason, Target, plan};
+use mesh::core::plan::{
+    DigestCache, Known, PlanError, PlanInput, PushPlan, Reason, Target, lags, plan,
+};
 use mesh::core::settings::Scope;
+use mesh::core::summary::summarize;
 use proptest::prelude::*;
 
 fn machine(name: &str) -> Machine {
@@ -96,14 +99,16 @@ fn plan_push(
 }
 
 /// Everything sent as the current should-be and confirmed: nothing is behind.
-fn all_confirmed(cache: &DigestCache) -> BTreeMap<String, Known> {
+fn all_confirmed(world: &World, cache: &DigestCache) -> BTreeMap<String, Known> {
     cache
         .iter()
         .map(|(m, d)| {
+            let composed = compose(world, m).expect("compose");
             let k = Known {
                 last_sent: Some(*d),
                 confirmed: true,
                 running_mounts: BTreeMap::new(),
+                last_summary: Some(summarize(&composed.declaration)),
             };
             (m.clone(), k)
         })
@@ -138,7 +143,7 @@ fn g1_push_cascades_along_a_provider_chain_and_names_each_cause() {
     // G1: one push is enough; every cascaded machine is named with the machine whose mint caused it.
     let world = chain();
     let cache = DigestCache::build(&world).expect("cache");
-    let known = all_confirmed(&cache);
+    let known = all_confirmed(&world, &cache);
     let p = plan_push(&world, &cache, &known, Target::Machine("ace".into()), &[]).expect("plan");
     assert_eq!(sent_machines(&p), ["ace", "g14", "novox"]);
     assert_eq!(p.sends[0].reason, Reason::Named);
@@ -193,9 +198,9 @@ fn g1_consumer_gets_secret_and_endpoint_provider_gets_only_the_hash() {
 #[test]
 fn g1_unrelated_behind_machine_is_not_swept_in() {
     // G1: machines behind for reasons of their own wait for `push --behind`.
-    let world = chain();
+    let (mesh, provisions, mut known) = settled_chain(chain_mesh());
+    let world = World::new(mesh, provisions);
     let cache = DigestCache::build(&world).expect("cache");
-    let mut known = all_confirmed(&cache);
     if let Some(k) = known.get_mut("shanks") {
         k.last_sent = Some(Digest([7; 32]));
     }
@@ -206,17 +211,24 @@ fn g1_unrelated_behind_machine_is_not_swept_in() {
 }
 
 #[test]
-fn behind_counts_an_unconfirmed_send_and_cascades_its_mints() {
-    // G1: `--behind` takes unconfirmed machines, and their mints cascade too.
-    let world = chain();
+fn behind_counts_an_unconfirmed_send_and_pending_mints() {
+    // G1: `--behind` takes a machine whose last send is unconfirmed, and on a fresh mesh every
+    // machine whose mints (or grants) are pending, with their cascade.
+    let (mesh, provisions, mut known) = settled_chain(chain_mesh());
+    let world = World::new(mesh, provisions);
     let cache = DigestCache::build(&world).expect("cache");
-    let mut known = all_confirmed(&cache);
     if let Some(k) = known.get_mut("ace") {
         k.confirmed = false;
     }
     let p = plan_push(&world, &cache, &known, Target::Behind, &[]).expect("plan");
-    assert_eq!(sent_machines(&p), ["ace", "g14", "novox"]);
+    assert_eq!(sent_machines(&p), ["ace"]);
     assert_eq!(p.sends[0].reason, Reason::Behind);
+    let fresh = chain();
+    let cache = DigestCache::build(&fresh).expect("cache");
+    let known = all_confirmed(&fresh, &cache);
+    let p = plan_push(&fresh, &cache, &known, Target::Behind, &[]).expect("plan");
+    assert_eq!(sent_machines(&p), ["ace", "g14", "novox"], "shanks wants nothing");
+    assert_eq!(p.mints.len(), 2);
 }
 
 #[test]
@@ -231,14 +243,8 @@ fn a_push_after_its_mints_are_committed_mints_nothing_and_cascades_nowhere() {
     let mut cache = cache;
     cache.apply(&first);
     assert_eq!(cache, DigestCache::build(&world).expect("cache"));
-    let again = plan_push(
-        &world,
-        &cache,
-        &BTreeMap::new(),
-        Target::Machine("ace".into()),
-        &[],
-    )
-    .expect("plan");
+    let known = all_confirmed(&world, &cache);
+    let again = plan_push(&world, &cache, &known, Target::Machine("ace".into()), &[]).expect("plan");
     assert!(again.mints.is_empty());
     assert_eq!(sent_machines(&again), ["ace"]);
 }
@@ -251,6 +257,7 @@ fn running(module: &str, mount: &str, dir: &str) -> Known {
             module.to_string(),
             BTreeMap::from([(mount.to_string(), dir.to_string())]),
         )]),
+        last_summary: None,
     }
 }
 
@@ -550,7 +557,7 @@ proptest! {
         let base = World::new(mesh.clone(), []);
         let world = World::new(mesh.clone(), premint(&base, &minted));
         let cache = DigestCache::build(&world).expect("cache");
-        let mut known = all_confirmed(&cache);
+        let mut known = all_confirmed(&world, &cache);
         for (i, k) in known.values_mut().enumerate() {
             if stale[i] {
                 k.last_sent = Some(Digest([1; 32]));
@@ -652,4 +659,112 @@ fn provision_ids_differ_by_kind_consumer_and_provider() {
     assert_ne!(id, provision_id("sql", &a, &b));
     assert_ne!(id, provision_id("amqp", &b, &a));
     assert_eq!(id, provision_id("amqp", &a, &b));
+}
+
+/// The chain with every provision minted and every machine sent and confirmed as it stands.
+fn settled_chain(mesh: Mesh) -> (Mesh, Vec<Provision>, BTreeMap<String, Known>) {
+    let world = World::new(mesh.clone(), []);
+    let cache = DigestCache::build(&world).expect("cache");
+    let first = plan_push(&world, &cache, &BTreeMap::new(), Target::All, &[]).expect("plan");
+    let world = World::new(mesh.clone(), first.mints.clone());
+    let cache = DigestCache::build(&world).expect("cache");
+    let known = all_confirmed(&world, &cache);
+    (mesh, first.mints, known)
+}
+
+/// Plans a push of `target` after the model became `mesh`, from what was settled before.
+fn replan(
+    mesh: Mesh,
+    provisions: &[Provision],
+    known: &BTreeMap<String, Known>,
+    target: Target,
+) -> PushPlan {
+    let world = World::new(mesh, provisions.iter().cloned());
+    let cache = DigestCache::build(&world).expect("cache");
+    plan_push(&world, &cache, known, target, &[]).expect("plan")
+}
+
+fn chain_mesh() -> Mesh {
+    chain().to_mesh()
+}
+
+#[test]
+fn g1_a_provider_port_change_cascades_to_its_consumer_with_the_new_endpoint() {
+    // G1 (issue 9): db's port moves; one push of db's machine sends its consumer the new endpoint.
+    let (mut mesh, provisions, known) = settled_chain(chain_mesh());
+    let db = mesh.modules.get_mut("db").expect("db");
+    db.provides[0].port = Some(47111);
+    let p = replan(mesh, &provisions, &known, Target::Machine("novox".into()));
+    assert_eq!(sent_machines(&p), ["novox", "g14"]);
+    assert_eq!(
+        p.sends[1].reason,
+        Reason::Cascaded {
+            because: "novox".into()
+        }
+    );
+    let broker = &p.sends[1].declaration.modules[0];
+    assert_eq!(
+        broker.provisions[0].endpoint.as_deref(),
+        Some("10.0.0.5:47111")
+    );
+    assert!(p.mints.is_empty(), "the provision stays; only its endpoint moves");
+}
+
+#[test]
+fn g1_a_removed_consumer_revokes_its_grant_on_the_provider_in_the_same_push() {
+    // G1 (issue 9): a consumer leaves; one push of its machine takes the grant off the provider.
+    let mut mesh = chain_mesh();
+    let extra = consumes(module("report", "shanks"), "sql", "db");
+    mesh.modules.insert("report".into(), extra);
+    let (mut mesh, provisions, known) = settled_chain(mesh);
+    let granted = |p: &PushPlan, machine: &str| -> Vec<String> {
+        let send = p.sends.iter().find(|s| s.machine == machine).expect("sent");
+        let modules = &send.declaration.modules;
+        modules.iter().flat_map(|m| m.grants.iter().map(|g| g.consumer.to_string())).collect()
+    };
+    mesh.modules.remove("report");
+    let p = replan(mesh, &provisions, &known, Target::Machine("shanks".into()));
+    assert_eq!(sent_machines(&p), ["shanks", "novox"]);
+    assert_eq!(granted(&p, "novox"), ["broker@g14"]);
+}
+
+#[test]
+fn g1_a_module_moved_between_machines_sends_both_and_its_consumers_in_one_push() {
+    // G1 (issue 9): broker moves g14 → shanks; one push of shanks stops it on g14, re-mints its
+    // consumer's provision for the new place, and grants it on shanks.
+    let (mut mesh, provisions, known) = settled_chain(chain_mesh());
+    mesh.modules.get_mut("broker").expect("broker").machine = "shanks".into();
+    let p = replan(mesh, &provisions, &known, Target::Machine("shanks".into()));
+    let sent: BTreeSet<&str> = sent_machines(&p).into_iter().collect();
+    assert_eq!(sent, BTreeSet::from(["shanks", "g14", "ace", "novox"]));
+    let g14 = p.sends.iter().find(|s| s.machine == "g14").expect("g14");
+    assert!(g14.declaration.modules.is_empty(), "broker stops on g14");
+    assert!(matches!(&g14.reason, Reason::Moved { module, .. } if module == "broker"));
+    let ace = p.sends.iter().find(|s| s.machine == "ace").expect("ace");
+    let web = &ace.declaration.modules[0];
+    assert_eq!(web.provisions[0].provider.machine, "shanks");
+    assert_eq!(web.provisions[0].endpoint.as_deref(), Some("10.0.0.6:47100"));
+    let shanks = p.sends.iter().find(|s| s.machine == "shanks").expect("shanks");
+    let broker = shanks.declaration.modules.iter().find(|m| m.name == "broker").expect("broker");
+    assert_eq!(broker.grants.len(), 1, "web's new provision is granted on shanks");
+}
+
+#[test]
+fn g1_a_new_cross_machine_consume_shows_behind_on_both_sides_and_behind_sends_them() {
+    // G1 (issue 9): a consume added after the last push is pending on the consumer (a mint) and
+    // the provider (a grant); `--behind` sends both, a push of the provider alone does not mint.
+    let (mut mesh, provisions, known) = settled_chain(chain_mesh());
+    let report = consumes(module("report", "shanks"), "sql", "db");
+    mesh.modules.insert("report".into(), report);
+    let world = World::new(mesh.clone(), provisions.iter().cloned());
+    let cache = DigestCache::build(&world).expect("cache");
+    let lags = lags(&cache, &known);
+    assert_eq!(lags["shanks"].mints.len(), 1, "{:?}", lags["shanks"]);
+    assert_eq!(lags["novox"].grants.len(), 1, "{:?}", lags["novox"]);
+    assert!(!lags["ace"].is_behind() && !lags["g14"].is_behind());
+    let behind = plan_push(&world, &cache, &known, Target::Behind, &[]).expect("plan");
+    let sent: BTreeSet<&str> = sent_machines(&behind).into_iter().collect();
+    assert_eq!(sent, BTreeSet::from(["shanks", "novox"]));
+    let provider = replan(mesh, &provisions, &known, Target::Machine("novox".into()));
+    assert_eq!(sent_machines(&provider), ["novox"]);
 }

@@ -217,6 +217,29 @@ impl World {
         touched
     }
 
+    /// Machines linked to `machine` by the model or by a committed provision (live or stale):
+    /// those consuming from its modules, those its modules consume from, and the other side of
+    /// every provision issued to or from it. Never `machine` itself.
+    pub fn linked_machines(&self, machine: &str) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for module in self.modules_on(machine) {
+            out.extend(self.consumer_machines(&module.name));
+            for need in &module.consumes {
+                if let Some(provider) = self.modules.get(&need.from) {
+                    out.insert(provider.machine.clone());
+                }
+            }
+        }
+        for p in self.consumed_on(machine) {
+            out.insert(p.provider.machine.clone());
+        }
+        for p in self.provided_on(machine) {
+            out.insert(p.consumer.machine.clone());
+        }
+        out.remove(machine);
+        out
+    }
+
     fn consumer_machines(&self, provider: &str) -> BTreeSet<String> {
         let mut out = BTreeSet::new();
         for consumer in self.consumers_of.get(provider).into_iter().flatten() {

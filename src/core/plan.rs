@@ -7,16 +7,27 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::compose::{ComposeError, MintRequest, Pending, World, compose_with, digest, mint};
 use super::declaration::{Declaration, Digest};
 use super::model::Provision;
+use super::summary::{Summary, summarize};
 
 /// Backstop on cascade rounds. Each round sends at least one machine not yet planned, so a correct
 /// plan never needs more rounds than the mesh has machines; this catches a broken invariant.
 pub const cascade_rounds_max: u32 = 100_000;
 
-/// The should-be digest of every machine, built once for the whole mesh and refreshed only for the
-/// machines a change touches.
+/// What a push would leave one machine as, composed from the model and the committed provisions:
+/// its digest, and the mints its compose still wants (a push of it mints them first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShouldBe {
+    pub digest: Digest,
+    /// Sorted; empty once every need of the machine is minted.
+    pub wanted: Vec<MintRequest>,
+}
+
+/// The should-be of every machine, built once for the whole mesh and refreshed only for the
+/// machines a change touches. `status`, `apply`, `plan`, `push` and `push --behind` all read it
+/// through [`lags`]: there is no second definition of "behind".
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DigestCache {
-    digests: BTreeMap<String, Digest>,
+    entries: BTreeMap<String, ShouldBe>,
 }
 
 impl DigestCache {
@@ -37,30 +48,123 @@ impl DigestCache {
         for m in machines {
             let m = m.as_ref();
             if world.machine(m).is_none() {
-                self.digests.remove(m);
+                self.entries.remove(m);
                 continue;
             }
             let composed = compose_with(world, &Pending::default(), m)?;
-            self.digests
-                .insert(m.to_string(), digest(&composed.declaration));
+            let entry = ShouldBe {
+                digest: digest(&composed.declaration),
+                wanted: composed.wanted,
+            };
+            self.entries.insert(m.to_string(), entry);
         }
         Ok(())
     }
 
-    /// Records the should-be digests a plan computed, once its mints are committed.
+    /// Records the should-be digests a plan computed, once its mints are committed: every machine
+    /// the plan composed had all its wants minted.
     pub fn apply(&mut self, plan: &PushPlan) {
         for (m, d) in &plan.digests {
-            self.digests.insert(m.clone(), *d);
+            let entry = ShouldBe {
+                digest: *d,
+                wanted: Vec::new(),
+            };
+            self.entries.insert(m.clone(), entry);
         }
     }
 
+    /// The should-be digest of `machine`, as composed from what is committed.
     pub fn get(&self, machine: &str) -> Option<Digest> {
-        self.digests.get(machine).copied()
+        self.entries.get(machine).map(|e| e.digest)
+    }
+
+    pub fn should_be(&self, machine: &str) -> Option<&ShouldBe> {
+        self.entries.get(machine)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Digest)> {
-        self.digests.iter()
+        self.entries.iter().map(|(m, e)| (m, &e.digest))
     }
+}
+
+/// Why a machine is behind: what a push would still change on it. Empty when it is up to date.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lag {
+    /// Nothing was ever sent to it.
+    pub never_sent: bool,
+    /// The last send is not confirmed applied by a report.
+    pub unconfirmed: bool,
+    /// Its should-be declaration differs from the last send (new settings, endpoints, revoked
+    /// grants, modules...).
+    pub changed: bool,
+    /// Ids of provisions its modules consume that are not minted yet.
+    pub mints: Vec<String>,
+    /// Ids of provisions that would be issued from its modules once their consumers are pushed.
+    pub grants: Vec<String>,
+}
+
+impl Lag {
+    pub fn is_behind(&self) -> bool {
+        self.never_sent
+            || self.unconfirmed
+            || self.changed
+            || !self.mints.is_empty()
+            || !self.grants.is_empty()
+    }
+
+    /// Short words for one status line: `never sent`, `changed`, `2 mints pending`...
+    pub fn reasons(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.never_sent {
+            out.push("never sent".to_string());
+        } else if self.unconfirmed {
+            out.push("last send unconfirmed".to_string());
+        }
+        if self.changed && !self.never_sent {
+            out.push("declaration changed".to_string());
+        }
+        let count = |n: usize, what: &str| {
+            let plural = if n == 1 { "" } else { "s" };
+            format!("{n} {what}{plural} pending")
+        };
+        if !self.mints.is_empty() {
+            out.push(count(self.mints.len(), "mint"));
+        }
+        if !self.grants.is_empty() {
+            out.push(count(self.grants.len(), "grant"));
+        }
+        out
+    }
+}
+
+/// How far every machine of the cache is from its should-be: the one definition of "behind".
+pub fn lags(cache: &DigestCache, known: &BTreeMap<String, Known>) -> BTreeMap<String, Lag> {
+    let mut out: BTreeMap<String, Lag> = BTreeMap::new();
+    for (machine, should_be) in &cache.entries {
+        let lag = out.entry(machine.clone()).or_default();
+        match known.get(machine) {
+            None => {
+                lag.never_sent = true;
+                lag.changed = true;
+            }
+            Some(k) => {
+                lag.unconfirmed = !k.confirmed;
+                lag.changed = k.last_sent != Some(should_be.digest);
+            }
+        }
+        lag.mints = should_be.wanted.iter().map(|w| w.id()).collect();
+        for w in &should_be.wanted {
+            let provider = out.entry(w.provider.machine.clone()).or_default();
+            provider.grants.push(w.id());
+        }
+    }
+    // A provider entry made before its own machine's turn, or for a machine not in the cache.
+    out.retain(|m, _| cache.entries.contains_key(m));
+    for lag in out.values_mut() {
+        lag.grants.sort();
+        lag.grants.dedup();
+    }
+    out
 }
 
 /// What the controller knows of one machine. A machine missing from the map was never sent to.
@@ -71,6 +175,8 @@ pub struct Known {
     pub confirmed: bool,
     /// Running modules → mount name → host_dir, from the last send summary and the account.
     pub running_mounts: BTreeMap<String, BTreeMap<String, String>>,
+    /// The summary of the last send, for the cascade's links (G1).
+    pub last_summary: Option<Summary>,
 }
 
 /// Which machines a push starts from.
@@ -93,6 +199,11 @@ pub enum Reason {
     Cascaded {
         because: String,
     },
+    /// A module moved between this machine and `because` (G1: both machines in one push).
+    Moved {
+        module: String,
+        because: String,
+    },
     Behind,
     All,
 }
@@ -102,6 +213,9 @@ impl std::fmt::Display for Reason {
         match self {
             Reason::Named => write!(f, "named"),
             Reason::Cascaded { because } => write!(f, "cascaded from {because}"),
+            Reason::Moved { module, because } => {
+                write!(f, "cascaded from {because}: module {module} moved")
+            }
             Reason::Behind => write!(f, "behind"),
             Reason::All => write!(f, "all"),
         }
@@ -146,6 +260,8 @@ impl std::fmt::Display for Hold {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PushPlan {
     pub sends: Vec<PlannedSend>,
+    /// Machines held (see `holds`), with what they would have been sent, in plan order.
+    pub held: Vec<PlannedSend>,
     pub mints: Vec<Provision>,
     /// Sorted by machine, module, mount.
     pub holds: Vec<Hold>,
@@ -185,8 +301,11 @@ pub struct PlanInput<'a> {
     pub secret: &'a mut dyn FnMut(&MintRequest) -> String,
 }
 
-/// Plans one push: compose the targets (minting what they want), then cascade to every machine whose
-/// should-be digest those mints changed, round after round, then hold what would move a mount.
+/// Plans one push: compose the targets (minting what they want), then cascade (G1) to every machine
+/// whose declaration differs from its last send because of a target's part of the model — its links
+/// to a target (provisions from it, grants to it, endpoints) or a module that moved between them —
+/// and, round after round, to every machine the push's mints change; then hold what would move a
+/// mount. Machines behind for other reasons are not swept in.
 pub fn plan(input: PlanInput<'_>) -> Result<PushPlan, PlanError> {
     let PlanInput {
         world,
@@ -199,7 +318,8 @@ pub fn plan(input: PlanInput<'_>) -> Result<PushPlan, PlanError> {
     let mut order: Vec<(String, Reason)> = targets(world, cache, known, target)?;
     let mut planned: BTreeSet<String> = order.iter().map(|(m, _)| m.clone()).collect();
     let mut pending = Pending::default();
-    let mut frontier: Vec<String> = planned.iter().cloned().collect();
+    let targets: Vec<String> = planned.iter().cloned().collect();
+    let mut frontier = targets.clone();
     let mut rounds = 0u32;
     let machines = world.machine_count();
     while !frontier.is_empty() {
@@ -208,7 +328,15 @@ pub fn plan(input: PlanInput<'_>) -> Result<PushPlan, PlanError> {
             return Err(PlanError::TooManyRounds { rounds, machines });
         }
         let touched = mint_round(world, &mut pending, &frontier, secret)?;
-        frontier.clear();
+        let mut next = Vec::new();
+        if rounds == 1 {
+            for (machine, reason) in dependents(world, &pending, known, &targets)? {
+                if planned.insert(machine.clone()) {
+                    order.push((machine.clone(), reason));
+                    next.push(machine);
+                }
+            }
+        }
         for (machine, because) in touched {
             if planned.contains(&machine) {
                 continue;
@@ -217,11 +345,112 @@ pub fn plan(input: PlanInput<'_>) -> Result<PushPlan, PlanError> {
             if cache.get(&machine) != Some(d) {
                 planned.insert(machine.clone());
                 order.push((machine.clone(), Reason::Cascaded { because }));
-                frontier.push(machine);
+                next.push(machine);
+            }
+        }
+        frontier = next;
+    }
+    finish(world, known, moves, order, pending, rounds)
+}
+
+/// Machines outside `targets` whose declaration differs from their last send because of a target's
+/// part of the model: a module moved between them, or their links to the target changed (a new or
+/// re-minted provision, a moved endpoint, a grant added or revoked). In target order, then name.
+fn dependents(
+    world: &World,
+    pending: &Pending,
+    known: &BTreeMap<String, Known>,
+    targets: &[String],
+) -> Result<Vec<(String, Reason)>, PlanError> {
+    let is_target: BTreeSet<&String> = targets.iter().collect();
+    let mut out: Vec<(String, Reason)> = Vec::new();
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    for x in targets {
+        let last = known.get(x).and_then(|k| k.last_summary.as_ref());
+        for (y, module) in moved_between(world, known, x, last) {
+            if !is_target.contains(&y) && seen.insert(y.clone()) {
+                let reason = Reason::Moved {
+                    module,
+                    because: x.clone(),
+                };
+                out.push((y, reason));
+            }
+        }
+        let mut providers: BTreeSet<String> =
+            world.modules_on(x).map(|m| m.name.clone()).collect();
+        let mut candidates = world.linked_machines(x);
+        if let Some(last) = last {
+            providers.extend(last.modules.keys().cloned());
+            candidates.extend(last.linked_machines());
+        }
+        for y in candidates {
+            if is_target.contains(&y) || seen.contains(&y) || world.machine(&y).is_none() {
+                continue;
+            }
+            let composed = compose_with(world, pending, &y)?;
+            let mut now = summarize(&composed.declaration).links(&providers, x);
+            for w in &composed.wanted {
+                if providers.contains(&w.provider.module) {
+                    let key = format!("{} consumes {} from {}", w.consumer.module, w.kind, w.provider.module);
+                    now.consumed.insert(key, format!("{} from {} (to be minted)", w.kind, w.provider));
+                }
+            }
+            let was = known
+                .get(&y)
+                .and_then(|k| k.last_summary.as_ref())
+                .map(|s| s.links(&providers, x))
+                .unwrap_or_default();
+            if was.moved_by_other(&now) {
+                seen.insert(y.clone());
+                let reason = Reason::Cascaded { because: x.clone() };
+                out.push((y, reason));
             }
         }
     }
-    finish(world, known, moves, order, pending, rounds)
+    Ok(out)
+}
+
+/// Machines a module moved to or from `machine` since its last send, with the module: modules it
+/// last ran that the model now places elsewhere, and modules now placed on it that another
+/// machine last ran.
+fn moved_between(
+    world: &World,
+    known: &BTreeMap<String, Known>,
+    machine: &str,
+    last: Option<&Summary>,
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Some(last) = last {
+        for module in last.modules.keys() {
+            if let Some(now) = world.module(module)
+                && now.machine != machine
+            {
+                out.push((now.machine.clone(), module.clone()));
+            }
+        }
+    }
+    let arrived: Vec<&str> = world
+        .modules_on(machine)
+        .map(|m| m.name.as_str())
+        .filter(|m| last.is_none_or(|s| !s.modules.contains_key(*m)))
+        .collect();
+    if arrived.is_empty() {
+        return out;
+    }
+    for (other, k) in known {
+        if other == machine {
+            continue;
+        }
+        let Some(summary) = &k.last_summary else {
+            continue;
+        };
+        for module in &arrived {
+            if summary.modules.contains_key(*module) {
+                out.push((other.clone(), module.to_string()));
+            }
+        }
+    }
+    out
 }
 
 /// The machines a push starts from, in name order.
@@ -238,20 +467,16 @@ fn targets(
             .machine_names()
             .map(|m| (m.clone(), Reason::All))
             .collect(),
-        Target::Behind => world
-            .machine_names()
-            .filter(|m| is_behind(cache, known.get(*m), m))
-            .map(|m| (m.clone(), Reason::Behind))
-            .collect(),
+        Target::Behind => {
+            let lags = lags(cache, known);
+            world
+                .machine_names()
+                .filter(|m| lags.get(*m).is_some_and(Lag::is_behind))
+                .map(|m| (m.clone(), Reason::Behind))
+                .collect()
+        }
     };
     Ok(out)
-}
-
-fn is_behind(cache: &DigestCache, known: Option<&Known>, machine: &str) -> bool {
-    match known {
-        None => true,
-        Some(k) => !k.confirmed || k.last_sent != cache.get(machine),
-    }
 }
 
 /// Composes each frontier machine and mints what it wants. Returns every machine a mint touched
@@ -286,6 +511,7 @@ fn finish(
     rounds: u32,
 ) -> Result<PushPlan, PlanError> {
     let mut sends = Vec::new();
+    let mut held_sends = Vec::new();
     let mut holds = Vec::new();
     let mut moving = BTreeSet::new();
     let mut digests = BTreeMap::new();
@@ -308,12 +534,19 @@ fn finish(
             });
         } else {
             holds.extend(held);
+            held_sends.push(PlannedSend {
+                machine,
+                reason,
+                declaration,
+                digest: d,
+            });
         }
     }
     check_moves(world, moves, &digests, &moving)?;
     holds.sort();
     Ok(PushPlan {
         sends,
+        held: held_sends,
         mints: pending.into_provisions(),
         holds,
         rounds,

@@ -1,12 +1,14 @@
-//! Send summaries and their diff (G7): what a send record keeps of a declaration — names, commands,
-//! directories, and digests of values — so `plan --diff` can show what changes without the store
-//! ever holding file contents, setting values or secrets.
+//! Send summaries and their diff (G7): what a send record keeps of a declaration — every field a host
+//! receives, with values of settings, env, files and secrets as digests — so `plan --diff` can show
+//! what changes without the store ever holding file contents or secrets. The summary is derived by
+//! destructuring every declaration type whole (no `..`), so a field added to a declaration does not
+//! compile until the summary carries it.
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::declaration::{Declaration, DeclaredModule};
-use super::model::Probe;
+use super::declaration::{Declaration, DeclaredModule, Grant, ProvisionRef};
+use super::model::{Mount, Placement, Probe};
 
 /// Hex characters kept of a value's blake3: enough to see a change, too few to be a copy.
 pub const value_digest_hex_chars: usize = 16;
@@ -18,7 +20,7 @@ pub struct Summary {
     pub modules: BTreeMap<String, ModuleSummary>,
 }
 
-/// One module of a summary. Values appear only as digests.
+/// One module of a summary. Values of settings, env, files and secrets appear only as digests.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModuleSummary {
     pub command: String,
@@ -33,10 +35,31 @@ pub struct ModuleSummary {
     pub files: BTreeMap<String, String>,
     pub ready: Option<Probe>,
     pub after: Vec<String>,
-    /// Ids of provisions this module consumes (never their secrets).
-    pub provisions: BTreeSet<String>,
-    /// Ids of provisions granted from this module.
-    pub grants: BTreeSet<String>,
+    /// Provisions this module consumes, by id: everything but the secret, which is a digest.
+    pub provisions: BTreeMap<String, ProvisionSummary>,
+    /// Provisions granted from this module, by id.
+    pub grants: BTreeMap<String, GrantSummary>,
+}
+
+/// What a summary keeps of a consumed provision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProvisionSummary {
+    pub kind: String,
+    pub provider: Placement,
+    pub name: String,
+    /// Digest of the secret.
+    pub secret: String,
+    pub endpoint: Option<String>,
+}
+
+/// What a summary keeps of a grant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantSummary {
+    pub kind: String,
+    pub consumer: Placement,
+    pub name: String,
+    /// Digest of the secret's hash the provider checks against.
+    pub secret: String,
 }
 
 /// A short blake3 of a value, for summaries.
@@ -47,14 +70,13 @@ pub fn value_digest(value: &str) -> String {
 
 /// What a send record keeps of `declaration`.
 pub fn summarize(declaration: &Declaration) -> Summary {
-    let modules = declaration
-        .modules
-        .iter()
-        .map(|m| (m.name.clone(), summarize_module(m)))
-        .collect();
+    let Declaration { machine, modules } = declaration;
     Summary {
-        machine: declaration.machine.clone(),
-        modules,
+        machine: machine.clone(),
+        modules: modules
+            .iter()
+            .map(|m| (m.name.clone(), summarize_module(m)))
+            .collect(),
     }
 }
 
@@ -65,21 +87,155 @@ fn digests(map: &BTreeMap<String, String>) -> BTreeMap<String, String> {
 }
 
 fn summarize_module(m: &DeclaredModule) -> ModuleSummary {
+    // Whole destructuring: a new field of DeclaredModule is a compile error here until summarised.
+    let DeclaredModule {
+        name: _,
+        command,
+        args,
+        env,
+        settings,
+        files,
+        mounts,
+        ready,
+        after,
+        provisions,
+        grants,
+    } = m;
     ModuleSummary {
-        command: m.command.clone(),
-        args: m.args.clone(),
-        mounts: m
-            .mounts
+        command: command.clone(),
+        args: args.clone(),
+        mounts: mounts.iter().map(summarize_mount).collect(),
+        settings: digests(settings),
+        env: digests(env),
+        files: digests(files),
+        ready: ready.clone(),
+        after: after.clone(),
+        provisions: provisions.iter().map(summarize_provision).collect(),
+        grants: grants.iter().map(summarize_grant).collect(),
+    }
+}
+
+fn summarize_mount(m: &Mount) -> (String, (String, String)) {
+    let Mount {
+        name,
+        host_dir,
+        target,
+    } = m;
+    (name.clone(), (host_dir.clone(), target.clone()))
+}
+
+fn summarize_provision(p: &ProvisionRef) -> (String, ProvisionSummary) {
+    let ProvisionRef {
+        id,
+        kind,
+        provider,
+        name,
+        secret,
+        endpoint,
+    } = p;
+    let summary = ProvisionSummary {
+        kind: kind.clone(),
+        provider: provider.clone(),
+        name: name.clone(),
+        secret: value_digest(secret),
+        endpoint: endpoint.clone(),
+    };
+    (id.clone(), summary)
+}
+
+fn summarize_grant(g: &Grant) -> (String, GrantSummary) {
+    let Grant {
+        id,
+        kind,
+        consumer,
+        name,
+        secret_blake3,
+    } = g;
+    let summary = GrantSummary {
+        kind: kind.clone(),
+        consumer: consumer.clone(),
+        name: name.clone(),
+        secret: value_digest(secret_blake3),
+    };
+    (id.clone(), summary)
+}
+
+impl ProvisionSummary {
+    /// One line: `sql from db@ace as web-novox at 127.0.0.1:47101, secret 1a2b…`.
+    pub fn line(&self) -> String {
+        let at = match &self.endpoint {
+            Some(e) => format!(" at {e}"),
+            None => String::new(),
+        };
+        format!(
+            "{} from {} as {}{at}, secret {}",
+            self.kind, self.provider, self.name, self.secret
+        )
+    }
+}
+
+impl GrantSummary {
+    /// One line: `sql to web@novox as web-novox, secret 1a2b…`.
+    pub fn line(&self) -> String {
+        format!(
+            "{} to {} as {}, secret {}",
+            self.kind, self.consumer, self.name, self.secret
+        )
+    }
+}
+
+impl Summary {
+    /// The machines this one is linked to by a provision it consumes or a grant it gives.
+    pub fn linked_machines(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for m in self.modules.values() {
+            out.extend(m.provisions.values().map(|p| p.provider.machine.clone()));
+            out.extend(m.grants.values().map(|g| g.consumer.machine.clone()));
+        }
+        out.remove(&self.machine);
+        out
+    }
+
+    /// What this machine's declaration takes from another machine's part of the model: the
+    /// provisions it consumes from `providers` (modules placed there now or at its last send),
+    /// keyed by consumer, kind and provider module so that a moved provider or endpoint shows as
+    /// a changed value; and the grants it gives to consumers placed on `machine`.
+    pub fn links(&self, providers: &BTreeSet<String>, machine: &str) -> Links {
+        let mut links = Links::default();
+        for (module, m) in &self.modules {
+            for p in m.provisions.values() {
+                if providers.contains(&p.provider.module) {
+                    let key = format!("{module} consumes {} from {}", p.kind, p.provider.module);
+                    links.consumed.insert(key, p.line());
+                }
+            }
+            for (id, g) in &m.grants {
+                if g.consumer.machine == machine {
+                    links.granted.insert(format!("{module} grant {id}"), g.line());
+                }
+            }
+        }
+        links
+    }
+}
+
+/// See [`Summary::links`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Links {
+    pub consumed: BTreeMap<String, String>,
+    pub granted: BTreeMap<String, String>,
+}
+
+impl Links {
+    /// Whether `now` differs from `self` (the last send) because of the other machine's part of
+    /// the model: a consumed provision whose provider, endpoint or secret changed, or any grant
+    /// added, re-minted or revoked. A consumption added or dropped is the consumer's own change.
+    pub fn moved_by_other(&self, now: &Links) -> bool {
+        let changed = self
+            .consumed
             .iter()
-            .map(|x| (x.name.clone(), (x.host_dir.clone(), x.target.clone())))
-            .collect(),
-        settings: digests(&m.settings),
-        env: digests(&m.env),
-        files: digests(&m.files),
-        ready: m.ready.clone(),
-        after: m.after.clone(),
-        provisions: m.provisions.iter().map(|p| p.id.clone()).collect(),
-        grants: m.grants.iter().map(|g| g.id.clone()).collect(),
+            .any(|(k, was)| now.consumed.get(k).is_some_and(|v| v != was));
+        changed || self.granted != now.granted
     }
 }
 
@@ -177,8 +333,14 @@ fn diff_module(name: &str, a: &ModuleSummary, b: &ModuleSummary, out: &mut Vec<I
     diff_map(name, "setting", &a.settings, &b.settings, out);
     diff_map(name, "env", &a.env, &b.env, out);
     diff_map(name, "file", &a.files, &b.files, out);
-    diff_set(name, "provision", &a.provisions, &b.provisions, out);
-    diff_set(name, "grant", &a.grants, &b.grants, out);
+    let provisions = |m: &BTreeMap<String, ProvisionSummary>| -> BTreeMap<String, String> {
+        m.iter().map(|(id, p)| (id.clone(), p.line())).collect()
+    };
+    let grants = |m: &BTreeMap<String, GrantSummary>| -> BTreeMap<String, String> {
+        m.iter().map(|(id, g)| (id.clone(), g.line())).collect()
+    };
+    diff_map(name, "provision", &provisions(&a.provisions), &provisions(&b.provisions), out);
+    diff_map(name, "grant", &grants(&a.grants), &grants(&b.grants), out);
 }
 
 fn diff_map(
@@ -207,21 +369,6 @@ fn diff_map(
         if !a.contains_key(k) {
             out.push(item(module, &format!("{kind} {k}"), added(now)));
         }
-    }
-}
-
-fn diff_set(
-    module: &str,
-    kind: &str,
-    a: &BTreeSet<String>,
-    b: &BTreeSet<String>,
-    out: &mut Vec<ItemChange>,
-) {
-    for id in a.difference(b) {
-        out.push(item(module, &format!("{kind} {id}"), removed("")));
-    }
-    for id in b.difference(a) {
-        out.push(item(module, &format!("{kind} {id}"), added("")));
     }
 }
 
@@ -344,8 +491,9 @@ mod tests {
             assert!(!bytes.windows(secret.len()).any(|w| w == secret.as_bytes()));
         }
         let m = &s.modules["a"];
-        assert_eq!(m.provisions, BTreeSet::from(["p-1".to_string()]));
-        assert_eq!(m.grants, BTreeSet::from(["p-2".to_string()]));
+        assert_eq!(m.provisions["p-1"].secret, value_digest("provision-secret"));
+        assert_eq!(m.provisions["p-1"].provider.to_string(), "b@g14");
+        assert_eq!(m.grants["p-2"].consumer.to_string(), "c@novox");
         assert_eq!(m.settings["password"], value_digest("setting-secret-value"));
     }
 
@@ -372,7 +520,10 @@ mod tests {
                 value_digest("other")
             ),
             "~ a: mount data: /srv/a -> data => /srv/b -> data".to_string(),
-            "- a: provision p-1".to_string(),
+            format!(
+                "- a: provision p-1: amqp from b@g14 as a-ace, secret {}",
+                value_digest("provision-secret")
+            ),
             "- a: setting password: ".to_string() + &value_digest("setting-secret-value"),
             "+ module fresh: perl".to_string(),
             "- module gone: perl".to_string(),
