@@ -534,4 +534,81 @@ mod tests {
         let first = diff(None, &new);
         assert_eq!(first.changes.len(), 2);
     }
+
+    /// Every field a host receives, changed one at a time: `(what, change)`.
+    fn field_changes() -> Vec<(&'static str, fn(&mut DeclaredModule))> {
+        vec![
+            ("command", |m| m.command.push('x')),
+            ("args", |m| m.args.push("x".into())),
+            ("env key", |m| {
+                m.env.insert("NEW".into(), "v".into());
+            }),
+            ("env value", |m| {
+                m.env.insert("TOKEN".into(), "other".into());
+            }),
+            ("setting value", |m| {
+                m.settings.insert("password".into(), "other".into());
+            }),
+            ("file content", |m| {
+                m.files.insert("conf/x".into(), "other".into());
+            }),
+            ("file path", |m| {
+                m.files.insert("conf/y".into(), "c".into());
+            }),
+            ("mount name", |m| m.mounts[0].name.push('x')),
+            ("mount host_dir", |m| m.mounts[0].host_dir.push('x')),
+            ("mount target", |m| m.mounts[0].target.push('x')),
+            ("ready", |m| {
+                m.ready = Some(Probe::File {
+                    path: "up".into(),
+                    timeout_ms: 1,
+                })
+            }),
+            ("after", |m| m.after.push("b".into())),
+            ("provision id", |m| m.provisions[0].id.push('x')),
+            ("provision kind", |m| m.provisions[0].kind.push('x')),
+            ("provision provider module", |m| {
+                m.provisions[0].provider.module.push('x')
+            }),
+            ("provision provider machine", |m| {
+                m.provisions[0].provider.machine.push('x')
+            }),
+            ("provision name", |m| m.provisions[0].name.push('x')),
+            ("provision secret", |m| m.provisions[0].secret.push('x')),
+            ("provision endpoint", |m| {
+                m.provisions[0].endpoint = Some("10.0.0.1:1".into())
+            }),
+            ("grant id", |m| m.grants[0].id.push('x')),
+            ("grant kind", |m| m.grants[0].kind.push('x')),
+            ("grant consumer module", |m| m.grants[0].consumer.module.push('x')),
+            ("grant consumer machine", |m| {
+                m.grants[0].consumer.machine.push('x')
+            }),
+            ("grant name", |m| m.grants[0].name.push('x')),
+            ("grant secret hash", |m| m.grants[0].secret_blake3.push('x')),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn g7_changing_any_field_of_a_declaration_changes_its_summary_and_shows_in_the_diff(
+            value in "[a-z0-9]{1,12}",
+            port in 1u16..,
+        ) {
+            // G7 (issue 9): a summary cannot miss a field; each change is one diff line at least.
+            let mut base = declared("a");
+            base.env.insert("V".into(), value.clone());
+            base.provisions[0].endpoint = Some(format!("10.0.0.9:{port}"));
+            base.grants[0].name = value;
+            let old = summarize(&declaration(vec![base.clone()]));
+            for (what, change) in field_changes() {
+                let mut m = base.clone();
+                change(&mut m);
+                proptest::prop_assert_ne!(&m, &base, "{} changed nothing", what);
+                let new = summarize(&declaration(vec![m]));
+                proptest::prop_assert_ne!(&new, &old, "{} is not in the summary", what);
+                proptest::prop_assert!(!diff(Some(&old), &new).is_empty(), "{} shows no diff", what);
+            }
+        }
+    }
 }
