@@ -643,6 +643,7 @@ async fn push_named(bed: &Bed, via: u64, machine: &str, above: u64) -> Result<u6
         target: PushTarget::Machine(machine.into()),
         why: "bench failover".into(),
         moves: vec![],
+        plan: None,
     };
     let Body::Push(view) = bed.ok(via, &request).await? else {
         bail!("not a push answer");
@@ -791,6 +792,7 @@ async fn push_behind_once(bed: &Bed, leader: u64) -> Result<mesh::controller::ap
         target: PushTarget::Behind,
         why: "bench push --behind".into(),
         moves: vec![],
+        plan: None,
     };
     match bed.ok(leader, &request).await? {
         Body::Push(view) => Ok(view),

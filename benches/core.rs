@@ -171,6 +171,7 @@ fn main() {
                     last_sent: Some(*d),
                     confirmed: true,
                     running_mounts: BTreeMap::new(),
+                    last_summary: None,
                 },
             )
         })

@@ -63,6 +63,7 @@ async fn g13_push_through_a_follower_is_forwarded_and_says_so() {
         target: PushTarget::Machine("ace".into()),
         why: "via a follower".into(),
         moves: vec![],
+        plan: None,
     };
     let answer = bed.ask(follower, &request).await;
     assert_eq!(answer.forwarded_by, Some(follower));
@@ -86,6 +87,7 @@ async fn push_without_a_reason_or_to_an_unknown_machine_is_invalid_and_sends_not
         target: PushTarget::Machine("ace".into()),
         why: "  ".into(),
         moves: vec![],
+        plan: None,
     };
     let answer = bed.ask(leader, &no_why).await;
     assert!(
@@ -224,12 +226,16 @@ async fn g7_plan_diff_is_empty_after_a_leader_change_alone() {
     let leader = bed.wait_leader().await;
     bed.apply(leader, &mount_mesh("/srv/a")).await;
     let plan = Request::Plan {
-        machine: "ace".into(),
+        target: PushTarget::Machine("ace".into()),
+        moves: vec![],
     };
     let Body::Plan(before) = bed.ok(leader, &plan).await else {
         panic!("plan")
     };
-    assert!(!before.diff.is_empty(), "never sent: the diff shows it all");
+    assert!(
+        !before.machines[0].changes.is_empty(),
+        "never sent: the diff shows it all"
+    );
     bed.push(leader, "ace", &[]).await.expect("push");
     let term = bed
         .service(leader)
@@ -243,7 +249,8 @@ async fn g7_plan_diff_is_empty_after_a_leader_change_alone() {
     let Body::Plan(after) = bed.ok(new_leader, &plan).await else {
         panic!("plan")
     };
-    assert!(after.diff.is_empty(), "{:?}", after.diff);
+    let changes: Vec<_> = after.machines.iter().flat_map(|m| &m.changes).collect();
+    assert!(changes.is_empty(), "{changes:?}");
     bed.shutdown().await;
 }
 
@@ -512,5 +519,55 @@ async fn g5_host_reports_reach_the_leader_and_confirm_the_send() {
         })
     };
     wait_until("a report confirms the send", ace_confirmed).await;
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_and_settings_set_refuse_the_validation_holes_before_proposing() {
+    // Issue 9: a request that skipped meshctl's local checks is refused by the controller itself
+    // (Invalid, exit 2 — a state-machine refusal would be Refused): two modules on one port at
+    // apply, a placement scope off the module's machine and a control character at settings set.
+    let bed = Bed::start(&["ace", "g14"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &provider_consumer_mesh()).await;
+    let revision = |body: Body| match body {
+        Body::Status(s) => s.revision,
+        other => panic!("{other:?}"),
+    };
+    let before = revision(bed.ok(leader, &Request::Status).await);
+    let mut mesh = provider_consumer_mesh();
+    let mut rogue = sleeper("rogue", "ace");
+    rogue.provides.push(mesh::core::model::Provide {
+        kind: "pg2".into(),
+        port: Some(5999),
+    });
+    mesh.modules.insert("rogue".into(), rogue);
+    let apply = Request::Apply {
+        mesh,
+        why: "skip meshctl".into(),
+    };
+    let set = |scope: Scope, value: &str| Request::SettingsSet {
+        scope,
+        layer: BTreeMap::from([("k".to_string(), value.to_string())]),
+        remove: BTreeSet::new(),
+        replace: false,
+        why: "skip meshctl".into(),
+    };
+    let off_machine = Scope::Placement {
+        module: "db".into(),
+        machine: "g14".into(),
+    };
+    for (request, says) in [
+        (apply, "where module `db` listens too"),
+        (set(off_machine, "v"), "module `db` runs on ace, not on g14"),
+        (set(Scope::Mesh, "a\u{1b}b"), "control character (U+001B)"),
+    ] {
+        let answer = bed.ask(leader, &request).await;
+        assert!(
+            matches!(&answer.body, Err(ApiError::Invalid(m)) if m.contains(says)),
+            "{says}: {answer:?}"
+        );
+    }
+    assert_eq!(revision(bed.ok(leader, &Request::Status).await), before);
     bed.shutdown().await;
 }

@@ -59,10 +59,10 @@ pub fn read_mesh(path: &Path) -> Result<Mesh, CliError> {
 pub fn render_text(via: Via, revision: u64, changes: &[String], ignored: &[String]) -> String {
     let mut out = format!("stored model revision {revision}\n");
     if changes.is_empty() {
-        out.push_str("no machine's declaration changes\n");
+        out.push_str("every machine is up to date with its last send\n");
     } else {
         out.push_str(&format!(
-            "declarations change on: {} (nothing sent; `meshctl plan <machine> --diff` shows how, `meshctl push` sends)\n",
+            "behind their last send: {} (nothing sent; `meshctl plan <machine> --diff` shows how, `meshctl push` sends)\n",
             render::list(changes)
         ));
     }

@@ -239,6 +239,7 @@ async fn drive(
         target: PushTarget::All,
         why,
         moves: Vec::new(),
+        plan: None,
     };
     let (replica, body) = retry(context, &push_all, deadline, "push --all", &logs).await?;
     if let Body::Push(view) = &body {

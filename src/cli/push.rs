@@ -1,14 +1,41 @@
 //! `meshctl push`: send declarations to one machine (and what it cascades to, G1), to every machine
-//! that is `--behind`, or to `--all`. One line per machine; exit 3 if anything was held, 1 if
-//! anything failed or was refused. A bare push and a push without `--why` are refused here (G7).
+//! that is `--behind`, or to `--all`. One line per machine; exit 1 if any send was not confirmed
+//! applied (failed, refused, or sent without an answer), else 3 if anything was held. A bare push
+//! and a push without `--why` are refused here (G7). With `--wait`, meshctl then polls `status`
+//! until every machine sent reports its modules for that send ready, or any failing (exit 4), or
+//! the timeout passes (exit 5); it judges nothing itself: the replica sums up each report's health.
 
+use serde::Serialize;
+use std::io::Write;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use super::render::{self, Via};
-use super::{CliError, Output, exit_done, exit_failed, exit_held};
-use crate::controller::api::{Body, PushLine, PushOutcome, PushTarget, PushView, Request};
+use super::status::{ModuleJson, module_text};
+use super::{
+    CliError, Output, exit_done, exit_failed, exit_held, exit_module_failed, exit_wait_timeout,
+};
+use crate::controller::api::{
+    Body, MachineView, PushLine, PushOutcome, PushTarget, PushView, Request, StatusView,
+};
+use crate::core::report::{Settled, settled};
+
+/// `--wait` without a value waits this long.
+pub const wait_ms_default: u64 = 60_000;
+/// The longest `--wait=TIMEOUT` accepted.
+pub const wait_ms_max: u64 = 3_600_000;
+/// Pause between two `status` polls while waiting.
+pub const wait_poll_ms: u64 = 250;
+
+const push_help: &str = "Exit codes: 0 every machine sent applied it (and with --wait, reported \
+its modules ready); 1 a send was not confirmed applied: failed (no [hosts] address, the push \
+stopped), refused by the host, or sent without a readable answer (host down, timeout); 2 bad \
+usage or input, nothing sent; 3 a machine was held (a mount move waits for --move); 4 with \
+--wait, a module failed on a machine sent to; 5 with --wait, a machine did not report its modules \
+ready before the timeout. When several apply, the lowest of 1, 4, 5, 3 in that order wins.";
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = push_help)]
 pub struct PushArgs {
     /// The machine to push (its cascade follows it).
     pub machine: Option<String>,
@@ -24,38 +51,76 @@ pub struct PushArgs {
     /// Release a held mount move of this module (repeat for several).
     #[arg(long = "move", value_name = "MODULE")]
     pub moves: Vec<String>,
+    /// Send exactly the plan `meshctl plan ... --out FILE` wrote (its machine, `--behind`/`--all`
+    /// and `--move`); refused, naming what moved, if the store changed since.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["machine", "behind", "all", "moves"])]
+    pub plan: Option<std::path::PathBuf>,
+    /// After the push, wait until every machine sent reports its modules ready (or any failed),
+    /// printing one line per machine as it settles. TIMEOUT: `90s`, `500ms`, `2m` or seconds;
+    /// 60s when left out.
+    #[arg(long, value_name = "TIMEOUT", num_args = 0..=1, require_equals = true,
+        default_missing_value = "60s", value_parser = parse_wait)]
+    pub wait: Option<Duration>,
     /// Print the answer as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
+/// `90s`, `500ms`, `2m`, or a bare number of seconds; at most [`wait_ms_max`].
+pub fn parse_wait(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit_ms) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1000)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60_000)
+    } else {
+        (text, 1000)
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a timeout; write e.g. 90s, 500ms or 2m"))?;
+    let ms = n.saturating_mul(unit_ms);
+    if ms == 0 || ms > wait_ms_max {
+        return Err(format!(
+            "`{text}` is out of range: a wait lasts from 1ms to {}m",
+            wait_ms_max / 60_000
+        ));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
 /// The request a push's arguments make, or why they are refused before anything is sent.
 pub fn request(args: &PushArgs) -> Result<Request, CliError> {
+    let why = || super::require_why("push", args.why.as_deref());
+    if let Some(path) = &args.plan {
+        let saved = super::plan::read_plan(path)?;
+        return Ok(Request::Push {
+            target: saved.target.clone(),
+            why: why()?,
+            moves: saved.moves.clone(),
+            plan: Some(Box::new(saved)),
+        });
+    }
     let target = match (&args.machine, args.behind, args.all) {
-        (Some(m), false, false) => PushTarget::Machine(m.clone()),
-        (None, true, false) => PushTarget::Behind,
-        (None, false, true) => PushTarget::All,
         (None, false, false) => {
             return Err(CliError::Usage(
                 "push needs a machine, --behind or --all: a bare push would send everything unseen; run `meshctl plan <machine> --diff` first".into(),
             ));
         }
-        _ => {
-            return Err(CliError::Usage(
-                "push takes one of a machine, --behind or --all, not several".into(),
-            ));
-        }
+        (m, behind, all) => super::plan::target(m.as_ref(), behind, all, "push")?,
     };
     if !args.moves.is_empty() && !matches!(target, PushTarget::Machine(_)) {
         return Err(CliError::Usage(
             "--move releases a hold on one machine; name the machine: `meshctl push <machine> --move <module>`".into(),
         ));
     }
-    let why = super::require_why("push", args.why.as_deref())?;
     Ok(Request::Push {
         target,
-        why,
+        why: why()?,
         moves: args.moves.clone(),
+        plan: None,
     })
 }
 
@@ -65,34 +130,286 @@ pub fn run(ctx: Option<&Path>, args: &PushArgs) -> Result<Output, CliError> {
     let Body::Push(view) = body else {
         return Err(render::unexpected(via, "push", &body));
     };
-    let code = exit_code(&view);
+    let Some(timeout) = args.wait else {
+        let code = exit_code(&view, None);
+        if args.json {
+            return render::json(via, &view, code);
+        }
+        return Ok(Output {
+            text: render_text(via, &view),
+            code,
+        });
+    };
+    let waited = if args.json {
+        wait(ctx, &view, timeout, &mut std::io::sink())
+    } else {
+        let mut stdout = std::io::stdout().lock();
+        // The push's own lines first: the wait may take a while.
+        let _ = stdout.write_all(render_text(via, &view).as_bytes());
+        let _ = stdout.flush();
+        wait(ctx, &view, timeout, &mut stdout)
+    };
+    let code = exit_code(&view, Some(&waited));
     if args.json {
-        return render::json(via, &view, code);
+        let doc = PushJson {
+            view: &view,
+            wait: waited.iter().map(WaitJson::from).collect(),
+        };
+        return render::json(via, &doc, code);
     }
     Ok(Output {
-        text: render_text(via, &view),
+        text: String::new(),
         code,
     })
 }
 
-/// 1 if anything failed or was refused, else 3 if anything was held, else 0.
-pub fn exit_code(view: &PushView) -> u8 {
-    let failed = view.lines.iter().any(|l| {
-        matches!(
-            l.outcome,
-            PushOutcome::Failed { .. } | PushOutcome::Refused { .. }
-        )
+/// The exit code: 1 if any send was not confirmed applied (failed, refused, or sent without an
+/// answer that `--wait` did not confirm either), else 4 if `--wait` saw a module fail, else 5 if
+/// it timed out, else 3 if anything was held, else 0.
+pub fn exit_code(view: &PushView, waited: Option<&[Waited]>) -> u8 {
+    let confirmed_later = |machine: &str| {
+        waited.is_some_and(|w| {
+            w.iter()
+                .any(|x| x.machine == machine && !matches!(x.outcome, WaitOutcome::TimedOut { .. }))
+        })
+    };
+    let failed = view.lines.iter().any(|l| match l.outcome {
+        PushOutcome::Failed { .. } | PushOutcome::Refused { .. } => true,
+        PushOutcome::Sent { .. } => !confirmed_later(&l.machine),
+        PushOutcome::Applied { .. } | PushOutcome::Held { .. } => false,
     });
+    let waited = waited.unwrap_or_default();
+    let module_failed = waited
+        .iter()
+        .any(|w| matches!(w.outcome, WaitOutcome::Failing { .. }));
+    let timed_out = waited
+        .iter()
+        .any(|w| matches!(w.outcome, WaitOutcome::TimedOut { .. }));
     let held = view
         .lines
         .iter()
         .any(|l| matches!(l.outcome, PushOutcome::Held { .. }));
     if failed {
         exit_failed
+    } else if module_failed {
+        exit_module_failed
+    } else if timed_out {
+        exit_wait_timeout
     } else if held {
         exit_held
     } else {
         exit_done
+    }
+}
+
+/// How one machine sent by the push settled.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Waited {
+    pub machine: String,
+    /// The sequence the push sent it.
+    pub sequence: u64,
+    pub outcome: WaitOutcome,
+    /// Its modules as the last report seen showed them.
+    pub view: Option<MachineView>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum WaitOutcome {
+    /// Its report for this send shows every module ready.
+    Ready,
+    /// Its report for this send shows these modules failing.
+    Failing { modules: Vec<String> },
+    /// No settled report within the timeout; `last` says what was seen last.
+    TimedOut { last: String },
+}
+
+/// Polls `status` until every machine the push sent (applied, or sent without an answer) has
+/// settled or `timeout` passes, writing one line to `out` per machine as it settles.
+pub fn wait(
+    ctx: Option<&Path>,
+    view: &PushView,
+    timeout: Duration,
+    out: &mut dyn Write,
+) -> Vec<Waited> {
+    let mut pending: Vec<(String, u64)> = view
+        .lines
+        .iter()
+        .filter_map(|l| match l.outcome {
+            PushOutcome::Applied { sequence, .. } | PushOutcome::Sent { sequence, .. } => {
+                Some((l.machine.clone(), sequence))
+            }
+            _ => None,
+        })
+        .collect();
+    let mut done = Vec::new();
+    if pending.is_empty() {
+        return done;
+    }
+    let width = pending.iter().map(|(m, _)| m.len()).max().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "waiting up to {} for {} machine(s) to report their modules",
+        seconds(timeout),
+        pending.len()
+    );
+    let _ = out.flush();
+    let deadline = Instant::now() + timeout;
+    let mut last_seen: Option<StatusView> = None;
+    let mut last_error: Option<String>;
+    loop {
+        match render::ask(ctx, &Request::Status) {
+            Ok((_, Body::Status(status))) => {
+                last_error = None;
+                pending.retain(|(machine, sequence)| {
+                    let Some(m) = status.machines.iter().find(|m| m.name == *machine) else {
+                        return true;
+                    };
+                    let Some(outcome) = settle(m, *sequence) else {
+                        return true;
+                    };
+                    let waited = Waited {
+                        machine: machine.clone(),
+                        sequence: *sequence,
+                        outcome,
+                        view: Some(m.clone()),
+                    };
+                    let _ = out.write_all(wait_line(&waited, width).as_bytes());
+                    let _ = out.flush();
+                    done.push(waited);
+                    false
+                });
+                last_seen = Some(status);
+            }
+            Ok((via, body)) => {
+                last_error = Some(render::unexpected(via, "status", &body).to_string())
+            }
+            Err(e) => last_error = Some(e.to_string()),
+        }
+        if pending.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(wait_poll_ms).min(deadline - Instant::now()));
+    }
+    for (machine, sequence) in pending {
+        let seen = last_seen
+            .as_ref()
+            .and_then(|s| s.machines.iter().find(|m| m.name == machine))
+            .cloned();
+        let last = match (&last_error, &seen) {
+            (Some(e), _) => format!("status failed: {e}"),
+            (None, Some(m)) => not_settled(m, sequence),
+            (None, None) => "no status answer".into(),
+        };
+        let waited = Waited {
+            machine,
+            sequence,
+            outcome: WaitOutcome::TimedOut { last },
+            view: seen,
+        };
+        let _ = out.write_all(wait_line(&waited, width).as_bytes());
+        done.push(waited);
+    }
+    let _ = out.flush();
+    done
+}
+
+/// The replica's verdict on the machine's last report, for the send of `sequence`.
+fn settle(m: &MachineView, sequence: u64) -> Option<WaitOutcome> {
+    let reported = m.last_report.map(|(_, s, _, _)| s);
+    let health = m.health.as_ref()?;
+    match settled(sequence, reported, health) {
+        Settled::Pending => None,
+        Settled::Ready => Some(WaitOutcome::Ready),
+        Settled::Failing(modules) => Some(WaitOutcome::Failing { modules }),
+    }
+}
+
+/// What a machine that did not settle showed last.
+fn not_settled(m: &MachineView, sequence: u64) -> String {
+    match m.last_report {
+        Some((_, s, _, _)) if s >= sequence => {
+            let waiting: Vec<String> = m
+                .modules
+                .iter()
+                .filter(|x| !matches!(x.state, crate::core::report::ModuleState::Ready))
+                .map(|x| format!("{} {}", x.name, module_text(x)))
+                .collect();
+            format!("its modules are not ready: {}", render::list(&waiting))
+        }
+        Some((_, s, _, _)) => format!("its last report is for #{s}, not yet for #{sequence}"),
+        None => "no report from it yet".into(),
+    }
+}
+
+fn seconds(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+/// One line per settled machine: `ace  ready    #3`, `g14  FAILING  #2 crash FAILED: …`.
+fn wait_line(w: &Waited, width: usize) -> String {
+    let m = &w.machine;
+    let sequence = w.sequence;
+    match &w.outcome {
+        WaitOutcome::Ready => format!("{m:width$}  ready    #{sequence}: every module ready\n"),
+        WaitOutcome::Failing { modules } => {
+            let detail: Vec<String> = w
+                .view
+                .iter()
+                .flat_map(|v| v.modules.iter())
+                .filter(|x| modules.contains(&x.name))
+                .map(|x| format!("module {} {}", x.name, module_text(x)))
+                .collect();
+            format!("{m:width$}  FAILING  #{sequence}: {}\n", detail.join("; "))
+        }
+        WaitOutcome::TimedOut { last } => {
+            format!("{m:width$}  TIMEOUT  #{sequence}: not settled in time; {last}\n")
+        }
+    }
+}
+
+/// `push --wait --json`: the push's answer and how each machine settled.
+#[derive(Serialize)]
+struct PushJson<'a> {
+    #[serde(flatten)]
+    view: &'a PushView,
+    wait: Vec<WaitJson>,
+}
+
+#[derive(Serialize)]
+struct WaitJson {
+    machine: String,
+    sequence: u64,
+    /// `ready`, `failing` or `timeout`.
+    settled: &'static str,
+    /// For a timeout, what was seen last.
+    detail: Option<String>,
+    modules: Vec<ModuleJson>,
+}
+
+impl From<&Waited> for WaitJson {
+    fn from(w: &Waited) -> WaitJson {
+        let (settled, detail) = match &w.outcome {
+            WaitOutcome::Ready => ("ready", None),
+            WaitOutcome::Failing { .. } => ("failing", None),
+            WaitOutcome::TimedOut { last } => ("timeout", Some(last.clone())),
+        };
+        WaitJson {
+            machine: w.machine.clone(),
+            sequence: w.sequence,
+            settled,
+            detail,
+            modules: w
+                .view
+                .iter()
+                .flat_map(|v| v.modules.iter())
+                .map(ModuleJson::from)
+                .collect(),
+        }
     }
 }
 
@@ -162,6 +479,8 @@ mod tests {
             all,
             why: why.map(String::from),
             moves: Vec::new(),
+            plan: None,
+            wait: None,
             json: false,
         }
     }
@@ -224,14 +543,64 @@ mod tests {
             },
         };
         let view = |lines: Vec<PushLine>| PushView { epoch: 2, lines };
-        assert_eq!(exit_code(&view(vec![applied.clone()])), 0);
-        assert_eq!(exit_code(&view(vec![applied.clone(), held.clone()])), 3);
-        assert_eq!(exit_code(&view(vec![held.clone(), failed])), 1);
+        assert_eq!(exit_code(&view(vec![applied.clone()]), None), 0);
+        assert_eq!(
+            exit_code(&view(vec![applied.clone(), held.clone()]), None),
+            3
+        );
+        assert_eq!(exit_code(&view(vec![held.clone(), failed]), None), 1);
         let via = Via {
             replica: 1,
             forwarded_by: None,
         };
         let text = render_text(via, &view(vec![applied, held]));
         assert!(text.contains("meshctl push g14 --move broker"), "{text}");
+    }
+
+    #[test]
+    fn a_send_not_confirmed_applied_exits_1_unless_wait_sees_its_report() {
+        // Issue 9 part 6: `Sent` (host down, no answer, unreadable answer) is not "applied"; a
+        // report for that send seen by --wait confirms it. Part 5: a failing module exits 4, a
+        // machine that did not settle exits 5.
+        let sent = PushLine {
+            machine: "ace".into(),
+            outcome: PushOutcome::Sent {
+                reason: "named".into(),
+                sequence: 4,
+                digest: Digest([2; 32]),
+                error: "no answer".into(),
+            },
+        };
+        let view = PushView {
+            epoch: 2,
+            lines: vec![sent],
+        };
+        let waited = |outcome| Waited {
+            machine: "ace".into(),
+            sequence: 4,
+            outcome,
+            view: None,
+        };
+        assert_eq!(exit_code(&view, None), 1);
+        assert_eq!(exit_code(&view, Some(&[waited(WaitOutcome::Ready)])), 0);
+        let failing = WaitOutcome::Failing {
+            modules: vec!["crash".into()],
+        };
+        assert_eq!(exit_code(&view, Some(&[waited(failing)])), 4);
+        let late = WaitOutcome::TimedOut {
+            last: "no report".into(),
+        };
+        assert_eq!(exit_code(&view, Some(&[waited(late)])), 1);
+    }
+
+    #[test]
+    fn wait_timeouts_parse_with_units_and_refuse_zero_and_too_long() {
+        assert_eq!(parse_wait("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_wait("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_wait("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_wait("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_wait("0s").is_err());
+        assert!(parse_wait("2h").is_err());
+        assert!(parse_wait("61m").is_err());
     }
 }

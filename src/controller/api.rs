@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 
 use crate::core::declaration::Digest;
 use crate::core::model::Mesh;
+use crate::core::report::{Health, ModuleStatus};
 use crate::core::settings::{Layer, Scope};
 use crate::store::command::{HeldMount, SendRecord, SettingsChange};
 
@@ -19,14 +20,18 @@ pub enum Request {
         mesh: Mesh,
         why: String,
     },
-    /// What a push of `machine` would send, cascade to and hold, diffed against the last send (G7).
+    /// What a push would send (named and cascaded), mint, revoke and hold, each machine diffed
+    /// against its last send (G7). Writes nothing.
     Plan {
-        machine: String,
+        target: PushTarget,
+        moves: Vec<String>,
     },
     Push {
         target: PushTarget,
         why: String,
         moves: Vec<String>,
+        /// `push --plan FILE`: send only if the leader would plan exactly this (same token).
+        plan: Option<Box<PlanView>>,
     },
     SettingsShow {
         scope: Option<Scope>,
@@ -79,7 +84,7 @@ pub struct Answer {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Body {
     Status(StatusView),
-    /// A new model revision and the machines whose declarations it changes.
+    /// A new model revision and the machines behind their last send once it is stored.
     Applied {
         revision: u64,
         changes: Vec<String>,
@@ -158,18 +163,72 @@ pub struct MachineView {
     pub behind: bool,
     pub holds: Vec<HeldMount>,
     pub refused_reports: u64,
+    /// Every module as the last accepted report shows it; empty before any report.
+    pub modules: Vec<ModuleStatus>,
+    /// Those modules summed up (failing, settling, ready); `None` before any report.
+    pub health: Option<Health>,
+    /// When the leader filed that report: its wall clock, ms since the Unix epoch.
+    pub report_filed_ms: Option<u64>,
+    /// How long before this answer that was, on the answering replica's clock.
+    pub report_age_ms: Option<u64>,
 }
 
-/// `meshctl plan <machine> --diff`.
+/// `meshctl plan`: everything the push would do, machine by machine, like `terraform plan`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PlanView {
+    pub target: PushTarget,
+    pub moves: Vec<String>,
+    /// The model revision planned from.
+    pub revision: u64,
+    /// Every machine the push would send or hold, in plan order (targets, then each cascade round).
+    pub machines: Vec<PlannedMachine>,
+    /// Provisions the push would mint, committed before any send carries them.
+    pub mints: Vec<PlannedMint>,
+    /// blake3 over what this plan would do (secrets of new mints left out); `push --plan` sends
+    /// the plan only while the leader would still plan exactly this.
+    pub token: String,
+}
+
+impl PlanView {
+    /// Whether the push would change anything on any machine.
+    pub fn changes_anything(&self) -> bool {
+        self.machines
+            .iter()
+            .any(|m| !m.changes.is_empty() || !m.holds.is_empty())
+            || !self.mints.is_empty()
+    }
+}
+
+/// One machine of a plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedMachine {
     pub machine: String,
-    /// Rendered diff of the would-send against the last send summary; empty when nothing would change.
-    pub diff: Vec<String>,
-    /// Machines a push would send to, with the reason rendered (`named`, `cascaded because of g14`).
-    pub sends: Vec<(String, String)>,
-    pub holds: Vec<(String, HeldMount)>,
-    pub mints: Vec<String>,
+    /// `named`, `behind`, `all`, `cascaded from ace`, `cascaded from ace: module db moved`.
+    pub reason: String,
+    /// The would-send against the last send, sorted by module then item.
+    pub changes: Vec<PlannedChange>,
+    /// Non-empty when the machine would be held instead of sent (G8).
+    pub holds: Vec<HeldMount>,
+}
+
+/// One changed item. `was`/`now` hold the value in the clear for settings and env (the store has
+/// them), digests for files and secrets; `None` on the side where the item is absent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedChange {
+    pub module: String,
+    /// `module` for the module as a whole, else e.g. `setting log_level`, `provision p-…`.
+    pub item: String,
+    pub was: Option<String>,
+    pub now: Option<String>,
+}
+
+/// A provision a push would mint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedMint {
+    pub id: String,
+    pub kind: String,
+    pub consumer: String,
+    pub provider: String,
 }
 
 /// `meshctl push`: one line per machine.
@@ -193,7 +252,8 @@ pub enum PushOutcome {
         sequence: u64,
         digest: Digest,
     },
-    /// Recorded and sent, but the host did not answer in time; its report will settle it.
+    /// Recorded and perhaps sent, but not confirmed: the host was unreachable, did not answer in
+    /// time, or its answer was unreadable. Its report will settle it; meshctl exits 1.
     Sent {
         reason: String,
         sequence: u64,
@@ -207,7 +267,8 @@ pub enum PushOutcome {
     },
     /// The host refused the envelope.
     Refused { reason: String, refusal: String },
-    /// Not sent: the push stopped (gate closed, leadership lost, store refused).
+    /// Not sent: the push stopped (gate closed, leadership lost, store refused), the machine has
+    /// no address in `[hosts]`, or the envelope could not be sealed.
     Failed { reason: String, error: String },
 }
 

@@ -3,6 +3,7 @@ pub mod api;
 pub mod config;
 pub mod floor;
 mod ops;
+mod planview;
 mod push;
 pub mod restore;
 pub mod service;

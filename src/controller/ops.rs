@@ -1,16 +1,18 @@
 //! The operator requests other than push and plan: apply a model, settings (G6), status, history and
 //! snapshots. Each validates before it proposes, so a refused request writes nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::api::{ApiError, Body, HistoryItem, MachineView, ReplicaView, SettingsView, StatusView};
 use super::push::known_of;
-use super::service::Service;
+use super::service::{Service, now_ms};
 use crate::core::compose::{World, compose};
 use crate::core::model::Mesh;
-use crate::core::plan::DigestCache;
+use crate::core::plan::{DigestCache, lags};
+use crate::core::report::Health;
 use crate::core::settings::{Edit, Layer, Scope, clear_layer, edit_layer, effective};
+use crate::core::validate::validate;
 use crate::store::app::MeshApp;
 use crate::store::command::{Applied, Command};
 use crate::store::state::DomainState;
@@ -19,19 +21,20 @@ use crate::store::state::DomainState;
 pub const status_ping_ms: u64 = 300;
 
 impl Service {
-    /// `Request::Apply`: every machine must compose with the new model; then one CAS write.
+    /// `Request::Apply`: the model keeps the rules `meshctl check` checks and every machine must
+    /// compose with it; then one CAS write.
     pub(crate) async fn apply(
         &self,
         actor: &str,
         mesh: Mesh,
         why: String,
     ) -> Result<Body, ApiError> {
+        validate(&mesh).map_err(|e| ApiError::Invalid(format!("{e}\nnothing was stored")))?;
         let mut work = self.work.lock().await;
         let lease = self.lease().await?;
         let state = self.state()?;
         work.refresh(&state)?;
         check_composes(&state, &mesh)?;
-        let old: BTreeMap<String, _> = work.cache.iter().map(|(m, d)| (m.clone(), *d)).collect();
         let applied = self
             .propose(
                 lease.term(),
@@ -49,14 +52,11 @@ impl Service {
                 "the store answered apply with {applied:?}"
             )));
         };
-        work.advance(&state, &self.state()?)?;
-        let mut changes: BTreeSet<String> = BTreeSet::new();
-        for (m, d) in work.cache.iter() {
-            if old.get(m) != Some(d) {
-                changes.insert(m.clone());
-            }
-        }
-        changes.extend(old.keys().filter(|m| work.cache.get(m).is_none()).cloned());
+        let new_state = self.state()?;
+        work.advance(&state, &new_state)?;
+        // Compared with what was last sent, not with the previous revision: a machine already
+        // behind stays named, and a machine this revision brings back to its last send is not.
+        let changes: BTreeSet<String> = behind_of(&new_state, &work.cache);
         Ok(Body::Applied {
             revision,
             changes: changes.into_iter().collect(),
@@ -175,11 +175,12 @@ impl Service {
                 behind_of(&state, &cache)
             }
         };
+        let now = now_ms();
         let machines = state
             .mesh
             .machines
             .keys()
-            .map(|m| machine_view(&state, m, behind.contains(m)))
+            .map(|m| machine_view(&state, m, behind.contains(m), now))
             .collect();
         Ok(Body::Status(StatusView {
             replicas: self.replica_views().await,
@@ -308,20 +309,13 @@ fn check_scope(state: &DomainState, scope: &Scope) -> Result<(), ApiError> {
         .map_err(|e| ApiError::Invalid(e.to_string()))
 }
 
-/// Machines whose should-be digest is not the last sent, or whose last send is unconfirmed.
+/// Machines a push would still change, by the one definition of behind ([`lags`]).
 fn behind_of(state: &DomainState, cache: &DigestCache) -> BTreeSet<String> {
-    let known = known_of(state);
-    let mut behind = BTreeSet::new();
-    for m in state.mesh.machines.keys() {
-        let is_behind = match known.get(m) {
-            None => true,
-            Some(k) => !k.confirmed || k.last_sent != cache.get(m),
-        };
-        if is_behind {
-            behind.insert(m.clone());
-        }
-    }
-    behind
+    lags(cache, &known_of(state))
+        .into_iter()
+        .filter(|(_, lag)| lag.is_behind())
+        .map(|(m, _)| m)
+        .collect()
 }
 
 /// The (module, machine) placement a module or placement scope names.
@@ -337,9 +331,10 @@ fn placement_of(state: &DomainState, scope: &Scope) -> Option<(String, String)> 
     }
 }
 
-fn machine_view(state: &DomainState, machine: &str, behind: bool) -> MachineView {
+fn machine_view(state: &DomainState, machine: &str, behind: bool, now_ms: u64) -> MachineView {
     let account = state.accounts.get(machine);
     let report = account.and_then(|a| a.report.as_ref());
+    let filed_ms = account.and_then(|a| a.filed_ms);
     MachineView {
         name: machine.to_string(),
         last_send: state
@@ -350,5 +345,10 @@ fn machine_view(state: &DomainState, machine: &str, behind: bool) -> MachineView
         behind,
         holds: state.holds.get(machine).cloned().unwrap_or_default(),
         refused_reports: account.map_or(0, |a| a.refused_older),
+        modules: report.map(|r| r.modules.clone()).unwrap_or_default(),
+        health: report.map(|r| Health::of(&r.modules)),
+        report_filed_ms: filed_ms,
+        // A leader's clock ahead of this replica's reads as age 0, not as a report from the future.
+        report_age_ms: filed_ms.map(|f| now_ms.saturating_sub(f)),
     }
 }

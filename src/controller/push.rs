@@ -11,12 +11,14 @@ use mesh_raft::Lease;
 use mesh_transport::{MessageKind, Peer, Principal};
 
 use super::api::{ApiError, Body, PlanView, PushLine, PushOutcome, PushTarget, PushView};
+use super::planview::{Reveal, plan_view, what_moved};
 use super::service::{Service, now_ms};
-use crate::core::compose::{MintRequest, Pending, compose_with};
+use crate::core::compose::MintRequest;
 use crate::core::envelope::{Envelope, seal};
 use crate::core::plan::{Known, PlanError, PlanInput, PlannedSend, PushPlan, Target, plan};
 use crate::core::report::ModuleState;
-use crate::core::summary::{diff, summarize};
+use crate::core::summary::summarize;
+use crate::store::app::MeshApp;
 use crate::core::wire::{EnvelopeReply, envelope_reply_what};
 use crate::store::command::{Applied, Command, HeldMount, SendRecord};
 use crate::store::state::DomainState;
@@ -60,10 +62,25 @@ pub(crate) fn known_of(state: &DomainState) -> BTreeMap<String, Known> {
                 last_sent: Some(send.digest),
                 confirmed,
                 running_mounts,
+                last_summary: Some(send.summary.clone()),
             },
         );
     }
     known
+}
+
+/// The planning target of a push or plan request; an unknown machine is bad input.
+fn target_of(state: &DomainState, target: PushTarget) -> Result<Target, ApiError> {
+    Ok(match target {
+        PushTarget::Machine(m) if !state.mesh.machines.contains_key(&m) => {
+            return Err(ApiError::Invalid(format!(
+                "there is no machine {m} in the mesh; `meshctl status` lists them"
+            )));
+        }
+        PushTarget::Machine(m) => Target::Machine(m),
+        PushTarget::Behind => Target::Behind,
+        PushTarget::All => Target::All,
+    })
 }
 
 fn plan_error(e: PlanError) -> ApiError {
@@ -100,51 +117,34 @@ fn holds_by_machine(plan: &PushPlan) -> BTreeMap<String, Vec<HeldMount>> {
 }
 
 impl Service {
-    /// `Request::Plan`: what a push of `machine` would do, and the diff of its would-send against
-    /// its last send (G7). Nothing is minted or written.
-    pub(crate) async fn plan(&self, machine: &str) -> Result<Body, ApiError> {
+    /// `Request::Plan`: everything a push of `target` would do, each machine diffed against its
+    /// last send (G7). Plans exactly as the push does, with placeholder secrets; writes nothing.
+    pub(crate) async fn plan(
+        &self,
+        target: PushTarget,
+        moves: Vec<String>,
+    ) -> Result<Body, ApiError> {
         let state = self.state()?;
-        if !state.mesh.machines.contains_key(machine) {
-            return Err(ApiError::Invalid(format!(
-                "there is no machine {machine} in the mesh; `meshctl status` lists them"
-            )));
-        }
+        let planned_target = target_of(&state, target.clone())?;
+        let history = MeshApp::settings_history(self.replica.database())
+            .map_err(|e| ApiError::Failed(format!("cannot read settings history: {e}")))?;
         let mut work = self.work.lock().await;
         work.refresh(&state)?;
         let known = known_of(&state);
+        let moves_set: BTreeSet<String> = moves.iter().cloned().collect();
         let mut secret = |_: &MintRequest| placeholder_secret.to_string();
         let planned = plan(PlanInput {
             world: &work.world,
             cache: &work.cache,
             known: &known,
-            target: &Target::Machine(machine.to_string()),
-            moves: &BTreeSet::new(),
+            target: &planned_target,
+            moves: &moves_set,
             secret: &mut secret,
         })
         .map_err(plan_error)?;
-        let mut pending = Pending::default();
-        for p in &planned.mints {
-            pending.insert(p.clone());
-        }
-        let composed = compose_with(&work.world, &pending, machine)
-            .map_err(|e| ApiError::Invalid(e.to_string()))?;
-        let last = state.last_sends.get(machine).map(|s| &s.summary);
-        let changes = diff(last, &summarize(&composed.declaration));
-        Ok(Body::Plan(PlanView {
-            machine: machine.to_string(),
-            diff: changes.changes.iter().map(|c| c.to_string()).collect(),
-            sends: planned
-                .sends
-                .iter()
-                .map(|s| (s.machine.clone(), s.reason.to_string()))
-                .collect(),
-            holds: planned
-                .holds
-                .iter()
-                .map(|h| (h.machine.clone(), held_view(h)))
-                .collect(),
-            mints: planned.mints.iter().map(|p| p.id.clone()).collect(),
-        }))
+        drop(work);
+        let reveal = Reveal::new(&state, &history);
+        Ok(Body::Plan(plan_view(&state, target, moves, &planned, &reveal)))
     }
 
     /// `Request::Push`.
@@ -154,6 +154,7 @@ impl Service {
         target: PushTarget,
         why: String,
         moves: Vec<String>,
+        saved: Option<Box<PlanView>>,
     ) -> Result<Body, ApiError> {
         if why.trim().is_empty() {
             return Err(ApiError::Invalid(
@@ -165,16 +166,7 @@ impl Service {
         let lease = self.lease().await?;
         let epoch = lease.term();
         let state = self.state()?;
-        let target = match target {
-            PushTarget::Machine(m) if !state.mesh.machines.contains_key(&m) => {
-                return Err(ApiError::Invalid(format!(
-                    "there is no machine {m} in the mesh; `meshctl status` lists them"
-                )));
-            }
-            PushTarget::Machine(m) => Target::Machine(m),
-            PushTarget::Behind => Target::Behind,
-            PushTarget::All => Target::All,
-        };
+        let planned_target = target_of(&state, target.clone())?;
         work.refresh(&state)?;
         let known = known_of(&state);
         let moves_set: BTreeSet<String> = moves.iter().cloned().collect();
@@ -189,11 +181,21 @@ impl Service {
             world: &work.world,
             cache: &work.cache,
             known: &known,
-            target: &target,
+            target: &planned_target,
             moves: &moves_set,
             secret: &mut secret,
         })
         .map_err(plan_error)?;
+        if let Some(saved) = saved {
+            let now = plan_view(&state, target, moves.clone(), &planned, &Reveal::none());
+            if now.token != saved.token {
+                return Err(ApiError::Refused(format!(
+                    "the saved plan {} no longer holds: {}; nothing was sent; review it again with `meshctl plan`",
+                    saved.token,
+                    what_moved(&saved, &now)
+                )));
+            }
+        }
         if random_failed {
             return Err(ApiError::Failed(
                 "the OS random source failed while minting secrets; nothing was written".into(),
@@ -433,16 +435,25 @@ impl Service {
             digest: record.digest,
             error,
         };
+        // Recorded but never sent: nothing left, so the line says failed, not sent.
+        let not_sent = |error: String| PushOutcome::Failed {
+            reason: reason.clone(),
+            error,
+        };
         let Some(addr) = self.config.hosts().get(&send.machine).copied() else {
-            return line(sent(format!(
-                "no address for machine {} in [hosts] of {}; add it and push again",
+            return line(not_sent(format!(
+                "not sent: no address for machine {} in [hosts] of {}; add it, restart meshd and push again",
                 send.machine,
                 self.config.file().display()
             )));
         };
         let bytes = match seal(&envelope, &self.key) {
             Ok(b) => b,
-            Err(e) => return line(sent(format!("could not seal the envelope: {e}"))),
+            Err(e) => {
+                return line(not_sent(format!(
+                    "not sent: could not seal the envelope: {e}"
+                )));
+            }
         };
         tracing::info!(machine = %send.machine, epoch = record.epoch, sequence = record.sequence, "sending envelope");
         let peer = Peer::expecting(addr, Principal::Host(send.machine.clone()));

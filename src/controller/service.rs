@@ -511,8 +511,13 @@ impl Service {
         match request {
             Request::Status => self.status().await,
             Request::Apply { mesh, why } => self.apply(actor, mesh, why).await,
-            Request::Plan { machine } => self.plan(&machine).await,
-            Request::Push { target, why, moves } => self.push(actor, target, why, moves).await,
+            Request::Plan { target, moves } => self.plan(target, moves).await,
+            Request::Push {
+                target,
+                why,
+                moves,
+                plan,
+            } => self.push(actor, target, why, moves, plan).await,
             Request::SettingsShow { scope, history } => self.settings_show(scope, history),
             Request::SettingsSet {
                 scope,

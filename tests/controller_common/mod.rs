@@ -280,6 +280,7 @@ impl Bed {
             target: PushTarget::Machine(machine.into()),
             why: "test push".into(),
             moves: moves.iter().map(|m| m.to_string()).collect(),
+            plan: None,
         };
         self.ask(via, &request).await.body
     }
