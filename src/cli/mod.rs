@@ -32,6 +32,10 @@ pub const exit_failed: u8 = 1;
 pub const exit_bad_input: u8 = 2;
 /// Exit code: something was held (a mount move waits for `--move`).
 pub const exit_held: u8 = 3;
+/// Exit code of `push --wait`: a module failed on a machine the push sent to.
+pub const exit_module_failed: u8 = 4;
+/// Exit code of `push --wait`: a machine did not report its modules ready before the timeout.
+pub const exit_wait_timeout: u8 = 5;
 
 /// The operator command line of mesh.
 #[derive(Debug, Parser)]
@@ -39,8 +43,10 @@ pub const exit_held: u8 = 3;
     name = "meshctl",
     version,
     about = "Operate a mesh: declare, plan and push, from any controller replica",
-    after_help = "Exit codes: 0 done; 1 failed; 2 bad usage or input (nothing was changed); \
-3 something was held (a mount move waits for `push <machine> --move <module>`).\n\
+    after_help = "Exit codes: 0 done; 1 failed (for push: a send not confirmed applied); \
+2 bad usage or input (nothing was changed); \
+3 something was held (a mount move waits for `push <machine> --move <module>`); \
+4 push --wait: a module failed; 5 push --wait: not settled before the timeout.\n\
 The context (replica addresses, operator certificate) comes from --context, else MESH_CONTEXT, \
 else ./.mesh/context.toml."
 )]

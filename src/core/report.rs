@@ -24,8 +24,28 @@ pub struct Report {
 pub struct ModuleStatus {
     pub name: String,
     pub state: ModuleState,
+    /// Restarts since its supervisor started (an apply that changes the module starts a new one).
     pub restarts: u32,
     pub pid: Option<u32>,
+    /// How its last run ended, kept while it is restarted: a crash loop shows its exit code.
+    pub last_exit: Option<Exit>,
+}
+
+/// How a module's process ended. (The lowercase names are for JSON; bincode encodes the index.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code(code) => write!(f, "exit {code}"),
+            Exit::Signal(signal) => write!(f, "signal {signal}"),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,6 +61,80 @@ pub enum ModuleState {
         error: String,
     },
     Stopped,
+}
+
+impl ModuleState {
+    /// One word for the operator: `starting`, `waiting`, `ready`, `running`, `failed`, `stopped`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            ModuleState::Starting => "starting",
+            ModuleState::Waiting { .. } => "waiting",
+            ModuleState::Ready => "ready",
+            ModuleState::Running => "running",
+            ModuleState::Failed { .. } => "failed",
+            ModuleState::Stopped => "stopped",
+        }
+    }
+}
+
+/// A machine's modules, as its last report shows them, summed up: what `status` says instead of
+/// a plain "up to date", and what `push --wait` waits on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Health {
+    /// Every module is ready (its probe passed, or it has none and stayed up).
+    Ready,
+    /// None failed, but these are still starting, waiting, or running before their probe passed.
+    Settling { modules: Vec<String> },
+    /// These modules failed (or were stopped); a restart may be pending.
+    Failing { modules: Vec<String> },
+}
+
+impl Health {
+    /// The health of `modules`: failing outranks settling, which outranks ready.
+    pub fn of(modules: &[ModuleStatus]) -> Health {
+        let mut failing = Vec::new();
+        let mut settling = Vec::new();
+        for m in modules {
+            match m.state {
+                ModuleState::Ready => {}
+                ModuleState::Failed { .. } | ModuleState::Stopped => failing.push(m.name.clone()),
+                ModuleState::Starting | ModuleState::Waiting { .. } | ModuleState::Running => {
+                    settling.push(m.name.clone())
+                }
+            }
+        }
+        if !failing.is_empty() {
+            Health::Failing { modules: failing }
+        } else if !settling.is_empty() {
+            Health::Settling { modules: settling }
+        } else {
+            Health::Ready
+        }
+    }
+}
+
+/// Where a machine stands after a send, for `push --wait`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// No report of this send (or a later one) yet, or its modules are still settling.
+    Pending,
+    /// Its report for this send (or a later one) shows every module ready.
+    Ready,
+    /// Its report for this send (or a later one) shows these modules failing.
+    Failing(Vec<String>),
+}
+
+/// Whether the send of `sent_sequence` has settled, from the machine's last report: its sequence
+/// and its modules' health. A later send's report settles it too: that is what the machine runs.
+pub fn settled(sent_sequence: u64, reported_sequence: Option<u64>, health: &Health) -> Settled {
+    if reported_sequence.is_none_or(|s| s < sent_sequence) {
+        return Settled::Pending;
+    }
+    match health {
+        Health::Ready => Settled::Ready,
+        Health::Settling { .. } => Settled::Pending,
+        Health::Failing { modules } => Settled::Failing(modules.clone()),
+    }
 }
 
 /// Where a report sits in a machine's order: `(epoch, sequence, report_sequence)`, compared in
@@ -82,6 +176,9 @@ pub struct Account {
     pub report: Option<Report>,
     pub refused_older: u64,
     pub last_refused: Option<ReportPosition>,
+    /// When the leader filed `report`: its wall clock (ms since the Unix epoch) in the proposal
+    /// that filed it, so every replica stores the same value. Shown as the report's age.
+    pub filed_ms: Option<u64>,
 }
 
 /// What filing one report did.
@@ -96,6 +193,15 @@ pub enum Filed {
 }
 
 impl Account {
+    /// Files `report` if it is strictly newer than the last one filed (G5), stamped `filed_ms`.
+    pub fn file_at(&mut self, report: Report, filed_ms: u64) -> Filed {
+        let filed = self.file(report);
+        if filed == Filed::Accepted {
+            self.filed_ms = Some(filed_ms);
+        }
+        filed
+    }
+
     /// Files `report` if it is strictly newer than the last one filed (G5).
     pub fn file(&mut self, report: Report) -> Filed {
         let got = report.position();
@@ -145,6 +251,83 @@ mod tests {
             Filed::RefusedOlder { .. }
         ));
         assert_eq!(account.file(report(3, 1, 12)), Filed::Accepted);
+    }
+
+    fn module(name: &str, state: ModuleState) -> ModuleStatus {
+        ModuleStatus {
+            name: name.into(),
+            state,
+            restarts: 0,
+            pid: None,
+            last_exit: None,
+        }
+    }
+
+    #[test]
+    fn a_failing_module_outranks_a_settling_one_and_ready_needs_every_module_ready() {
+        // Issue 9 part 5: health is part of the account; "applied" alone is not "up to date".
+        let ready = module("db", ModuleState::Ready);
+        let waiting = module(
+            "app",
+            ModuleState::Waiting {
+                on: "endpoint 127.0.0.1:5432 of provision p1".into(),
+            },
+        );
+        let failed = module(
+            "crash",
+            ModuleState::Failed {
+                error: "exited with code 3".into(),
+            },
+        );
+        assert_eq!(Health::of(&[ready.clone()]), Health::Ready);
+        assert_eq!(
+            Health::of(&[ready.clone(), waiting.clone()]),
+            Health::Settling {
+                modules: vec!["app".into()]
+            }
+        );
+        let failing = Health::of(&[ready, waiting, failed]);
+        assert_eq!(
+            failing,
+            Health::Failing {
+                modules: vec!["crash".into()]
+            }
+        );
+        let running = Health::of(&[module("web", ModuleState::Running)]);
+        assert!(matches!(running, Health::Settling { .. }), "{running:?}");
+    }
+
+    #[test]
+    fn a_send_settles_only_on_a_report_of_it_or_a_later_send() {
+        // Issue 9 part 5: `push --wait` waits for the report of its own send.
+        assert_eq!(settled(4, None, &Health::Ready), Settled::Pending);
+        assert_eq!(settled(4, Some(3), &Health::Ready), Settled::Pending);
+        assert_eq!(settled(4, Some(4), &Health::Ready), Settled::Ready);
+        assert_eq!(settled(4, Some(5), &Health::Ready), Settled::Ready);
+        let settling = Health::Settling {
+            modules: vec!["app".into()],
+        };
+        assert_eq!(settled(4, Some(4), &settling), Settled::Pending);
+        let failing = Health::Failing {
+            modules: vec!["crash".into()],
+        };
+        assert_eq!(
+            settled(4, Some(4), &failing),
+            Settled::Failing(vec!["crash".into()])
+        );
+    }
+
+    #[test]
+    fn filing_stamps_the_time_only_of_an_accepted_report() {
+        // G5: a refused report changes nothing, not even the filing time.
+        let mut account = Account::default();
+        assert_eq!(account.file_at(report(1, 2, 3), 1_000), Filed::Accepted);
+        assert_eq!(account.filed_ms, Some(1_000));
+        assert!(matches!(
+            account.file_at(report(1, 2, 2), 2_000),
+            Filed::RefusedOlder { .. }
+        ));
+        assert_eq!(account.filed_ms, Some(1_000));
     }
 
     proptest! {

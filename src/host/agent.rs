@@ -2,9 +2,12 @@
 //! calls [`Agent::receive`] with the exact bytes it got from a replica; everything else is here.
 
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{Mutex, watch};
+use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::board::Board;
 use super::config::HostConfig;
 use super::durable;
 use super::layout::Layout;
@@ -16,7 +19,24 @@ use super::validate::{DeclarationRefusal, check_declaration, check_mount_moves};
 use crate::core::compose::digest;
 use crate::core::declaration::{Declaration, Digest};
 use crate::core::envelope::{Envelope, Position, Refusal, open};
-use crate::core::report::{ModuleStatus, Report};
+use crate::core::report::{Exit, ModuleState, ModuleStatus, Report};
+
+/// After a module changes state, the board must be quiet this long before the change is
+/// reported: a start, an exit and a restart often follow each other within milliseconds.
+pub const change_settle_ms: u64 = 200;
+/// Longest a change waits for the board to be quiet before it is reported anyway.
+pub const change_settle_ms_max: u64 = 1_000;
+
+/// What a change of module states must alter to be reported before the next reconcile: restart
+/// counts and pids alone wait for it.
+type Shape = Vec<(String, ModuleState, Option<Exit>)>;
+
+fn shape_of(modules: &[ModuleStatus]) -> Shape {
+    modules
+        .iter()
+        .map(|m| (m.name.clone(), m.state.clone(), m.last_exit))
+        .collect()
+}
 
 /// Why the agent did not apply an envelope, or could not keep its state. [`HostError::is_fatal`]
 /// separates a refused envelope (the host carries on) from storage trouble (the host must stop).
@@ -72,6 +92,10 @@ pub struct Agent {
     files: StateFiles,
     reporter: Arc<Reporter>,
     inner: Mutex<Inner>,
+    /// The runtime's board, watched without the state lock for module state changes.
+    board: Board,
+    /// The module states of the last report queued, so a change is reported once.
+    reported: std::sync::Mutex<Shape>,
 }
 
 impl Agent {
@@ -102,6 +126,8 @@ impl Agent {
         Ok(Agent {
             files,
             reporter,
+            board: runtime.board(),
+            reported: std::sync::Mutex::new(Vec::new()),
             inner: Mutex::new(Inner {
                 high_water,
                 applied,
@@ -217,17 +243,42 @@ impl Agent {
         Ok(self.reporter.flush().await?)
     }
 
-    /// Reports every `reconcile_interval` until `stop` turns true; returns early only on an error
+    /// Reports every `reconcile_interval`, and soon after a module's state changes (it fails,
+    /// becomes ready, starts waiting), until `stop` turns true; returns early only on an error
     /// that must stop the host.
     pub async fn reconcile(&self, mut stop: watch::Receiver<bool>) -> Result<(), HostError> {
         let interval = self.config.reconcile_interval();
+        let mut board = self.board.subscribe();
+        let mut next = Instant::now() + interval;
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
+                _ = tokio::time::sleep_until(next) => {
+                    next = Instant::now() + interval;
+                    self.report_now().await?;
+                }
+                changed = board.changed() => {
+                    if changed.is_err() {
+                        // The runtime is gone; only the periodic reports are left.
+                        board = watch::channel(Default::default()).1;
+                        continue;
+                    }
+                    if !settle(&mut board, &mut stop).await {
+                        return Ok(());
+                    }
+                    if shape_of(&self.board.snapshot()) != *self.last_reported() {
+                        self.report_now().await?;
+                    }
+                }
                 _ = super::supervise::stopped(&mut stop) => return Ok(()),
             }
-            self.report_now().await?;
         }
+    }
+
+    fn last_reported(&self) -> std::sync::MutexGuard<'_, Shape> {
+        // A panic while holding this lock leaves a shape that is at worst stale: one report more.
+        self.reported
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Stops every module and refuses every later envelope. The state on disk stays, so the next
@@ -296,7 +347,9 @@ impl Agent {
     /// always describes a state at least as new (G5 on the host's side).
     async fn enqueue_report(&self, inner: &Inner) -> Result<Report, HostError> {
         let report = self.build_report(inner)?;
-        Ok(self.reporter.enqueue(report).await?)
+        let report = self.reporter.enqueue(report).await?;
+        *self.last_reported() = shape_of(&report.modules);
+        Ok(report)
     }
 
     fn build_report(&self, inner: &Inner) -> Result<Report, HostError> {
@@ -326,5 +379,25 @@ impl Agent {
             }
         };
         tokio::spawn(flush.instrument(span));
+    }
+}
+
+/// Waits until `board` has been quiet for [`change_settle_ms`], or [`change_settle_ms_max`] has
+/// passed; false if told to stop first.
+async fn settle(
+    board: &mut watch::Receiver<std::collections::BTreeMap<String, super::board::Entry>>,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    let deadline = Instant::now() + Duration::from_millis(change_settle_ms_max);
+    loop {
+        let quiet = Instant::now() + Duration::from_millis(change_settle_ms);
+        tokio::select! {
+            _ = tokio::time::sleep_until(quiet.min(deadline)) => return true,
+            changed = board.changed() => if changed.is_err() { return true; },
+            _ = super::supervise::stopped(stop) => return false,
+        }
+        if Instant::now() >= deadline {
+            return true;
+        }
     }
 }

@@ -45,6 +45,7 @@ impl Board {
                         state: ModuleState::Starting,
                         restarts: 0,
                         pid: None,
+                        last_exit: None,
                     },
                 },
             );

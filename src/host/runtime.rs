@@ -66,6 +66,11 @@ impl Runtime {
         self.board.snapshot()
     }
 
+    /// The board the supervisors write to, for watching module states change.
+    pub fn board(&self) -> Board {
+        self.board.clone()
+    }
+
     /// Makes the machine run `decl` (already validated), touching only what changed.
     pub async fn apply(&mut self, decl: &Declaration) -> ApplyOutcome {
         let mut outcome = ApplyOutcome::default();

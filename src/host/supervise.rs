@@ -17,7 +17,7 @@ use super::board::{Board, is_ready};
 use super::leftovers;
 use super::logs;
 use super::probe::{self, Check};
-use crate::core::report::ModuleState;
+use crate::core::report::{Exit, ModuleState};
 
 /// First pause before a restart.
 pub const restart_backoff_ms_min: u64 = 200;
@@ -29,6 +29,9 @@ pub const stable_run_ms: u64 = 10_000;
 pub const stop_grace_ms: u64 = 5_000;
 /// Time a killed process has to be reaped before the supervisor gives up waiting on it.
 const reap_timeout_ms: u64 = 5_000;
+/// How long a module without a readiness probe must stay up before it counts as ready: a command
+/// that exits at once (a crash loop) never reads as ready.
+pub const ready_without_probe_ms: u64 = 1_000;
 
 /// Everything a supervisor needs to run one module, computed once per declaration.
 #[derive(Clone, Debug)]
@@ -47,7 +50,7 @@ pub struct Spec {
     pub after: Vec<String>,
     /// `(provision id, endpoint)` a consumer waits on before each start.
     pub endpoints: Vec<(String, String)>,
-    /// The readiness probe; `None` means ready once started.
+    /// The readiness probe; `None` means ready once it stayed up [`ready_without_probe_ms`].
     pub ready: Option<Check>,
 }
 
@@ -124,6 +127,7 @@ async fn supervise(
                     board.update(name, generation, |s| {
                         s.state = ModuleState::Failed { error };
                         s.pid = None;
+                        s.last_exit = exit_of(status);
                     });
                     if started.elapsed() >= Duration::from_millis(stable_run_ms) {
                         backoff = restart_backoff_ms_min;
@@ -221,24 +225,26 @@ async fn run(
     if let Some(err) = child.stderr.take() {
         tokio::spawn(logs::capture(name.into(), spec.stderr_log.clone(), err));
     }
-    let state = match spec.ready {
-        Some(_) => ModuleState::Running,
-        None => ModuleState::Ready,
-    };
     tracing::info!(module = name, pid, "module started");
     board.update(name, generation, |s| {
-        s.state = state;
+        s.state = ModuleState::Running;
         s.pid = pid;
     });
     let mut probe_stop = stop.clone();
     let probe = async {
         match &spec.ready {
             Some(check) => probe::wait_until(check, &mut probe_stop).await,
-            None => false,
+            None => {
+                let up = Duration::from_millis(ready_without_probe_ms);
+                tokio::select! {
+                    _ = tokio::time::sleep(up) => true,
+                    _ = stopped(&mut probe_stop) => false,
+                }
+            }
         }
     };
     tokio::pin!(probe);
-    let mut probing = spec.ready.is_some();
+    let mut probing = true;
     loop {
         tokio::select! {
             status = child.wait() => {
@@ -312,6 +318,14 @@ pub fn kill_group(pgid: u32, signal: Signal) {
     match nix::sys::signal::killpg(nix::unistd::Pid::from_raw(raw), signal) {
         Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
         Err(e) => tracing::warn!(pgid, %signal, error = %e, "cannot signal process group"),
+    }
+}
+
+fn exit_of(status: ExitStatus) -> Option<Exit> {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Some(Exit::Code(code)),
+        (None, Some(signal)) => Some(Exit::Signal(signal)),
+        (None, None) => None,
     }
 }
 

@@ -153,7 +153,8 @@ impl DomainState {
             Command::RecordSends { sends } => self.record_sends(sends, changed),
             Command::RecordReport { report } => {
                 let account = self.accounts.entry(report.machine.clone()).or_default();
-                let accepted = matches!(account.file(report.clone()), Filed::Accepted);
+                let filed = account.file_at(report.clone(), p.time_ms);
+                let accepted = matches!(filed, Filed::Accepted);
                 changed.push(Changed::Account(report.machine.clone()));
                 Ok(Applied::Report {
                     machine: report.machine.clone(),
