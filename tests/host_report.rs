@@ -7,7 +7,7 @@ mod host_common;
 use host_common::*;
 use mesh::core::compose::digest as declaration_digest;
 use mesh::core::declaration::Declaration;
-use mesh::core::report::Report;
+use mesh::core::report::{Exit, ModuleState, Report};
 use mesh::host::{ReportSink, SinkFuture};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -146,4 +146,49 @@ async fn g5_the_reconcile_loop_reports_on_its_interval() {
         .await
         .expect("join")
         .expect("reconcile ends cleanly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_that_fails_is_reported_with_its_exit_before_the_next_reconcile() {
+    // Issue 9 part 5 (health is part of the account): a module that exits 3 is reported failed,
+    // with exit 3, soon after it fails, not only on the reconcile interval (an hour here), and a
+    // module that exits at once is never reported ready.
+    let fx = Fixture::new();
+    let text = fx.config_text().replace(
+        "reconcile_interval_ms = 100",
+        "reconcile_interval_ms = 3600000",
+    );
+    let file = fx.dir.path().join("host.toml");
+    let config = mesh::host::HostConfig::parse(&text, &file, fx.dir.path()).expect("config");
+    let agent = Arc::new(mesh::host::Agent::open(config, fx.sink.clone()).expect("open"));
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let looping = {
+        let agent = Arc::clone(&agent);
+        tokio::spawn(async move { agent.reconcile(stop_rx).await })
+    };
+    agent
+        .receive(&fx.seal(1, 1, vec![shell("crash", "exit 3")]))
+        .await
+        .expect("applied");
+    let crash = |r: &Report| r.modules.iter().find(|m| m.name == "crash").cloned();
+    wait_for("a report of crash failed with exit 3", || async {
+        fx.sink.reports().iter().filter_map(crash).any(|m| {
+            matches!(m.state, ModuleState::Failed { .. }) && m.last_exit == Some(Exit::Code(3))
+        })
+    })
+    .await;
+    let reports = fx.sink.reports();
+    assert!(
+        !reports
+            .iter()
+            .filter_map(crash)
+            .any(|m| m.state == ModuleState::Ready),
+        "{reports:?}"
+    );
+    stop.send(true).expect("stop");
+    looping
+        .await
+        .expect("join")
+        .expect("reconcile ends cleanly");
+    agent.shutdown().await;
 }

@@ -151,6 +151,17 @@ impl Bed {
         Ok(())
     }
 
+    /// Stops machine `name`'s mesh-host (SIGTERM, so it stops its modules) and forgets it; a
+    /// later [`Bed::start_host`] starts it again on the same state.
+    pub fn stop_host(&mut self, name: &str) -> anyhow::Result<()> {
+        let mut child = self
+            .hosts
+            .remove(name)
+            .ok_or_else(|| anyhow!("no running host {name} in this bed"))?;
+        child.stop();
+        Ok(())
+    }
+
     /// Runs meshctl with the bed's context.
     pub fn meshctl(&self, args: &[&str]) -> anyhow::Result<Run> {
         self.meshctl_in(&self.context, args)
