@@ -116,3 +116,109 @@ fn check_of_a_missing_file_exits_2_naming_the_path() {
     assert!(out.stdout.is_empty());
     assert!(text(&out.stderr).contains("/nonexistent/mesh.toml"));
 }
+
+/// Runs `check` and `apply` on one file and returns both runs' stderr; `apply` is given a context
+/// that does not exist, so it can only refuse the file locally (it parses before it connects).
+fn check_and_apply(dir: &tempfile::TempDir, content: &str) -> (String, String) {
+    let file = write(dir, "mesh.toml", content);
+    let check = meshctl(&["check", "-f", &file]);
+    let context = dir.path().join("no-context.toml").display().to_string();
+    let apply = meshctl(&[
+        "--context",
+        &context,
+        "apply",
+        "-f",
+        &file,
+        "--why",
+        "issue 9",
+    ]);
+    for (name, out) in [("check", &check), ("apply", &apply)] {
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", text(&out.stderr));
+        assert!(out.stdout.is_empty(), "{name}: {}", text(&out.stdout));
+    }
+    (text(&check.stderr), text(&apply.stderr))
+}
+
+/// The example with `extra` appended.
+fn example_with(extra: &str) -> String {
+    let original = std::fs::read_to_string(example()).expect("read example");
+    format!("{original}\n{extra}")
+}
+
+#[test]
+fn check_and_apply_refuse_two_modules_on_one_port() {
+    // Issue 9: a second module on ace listening on db's port is refused by the same validation at
+    // check and at apply, in one line naming both modules, with exit code 2.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (check, apply) = check_and_apply(
+        &dir,
+        &example_with(
+            "[modules.rogue]\nmachine = \"ace\"\ncommand = \"sh\"\nprovides = [{ kind = \"pg\", port = 47101 }]\n",
+        ),
+    );
+    assert_eq!(check, apply);
+    assert_eq!(check.lines().count(), 1, "{check}");
+    assert!(
+        check.contains("modules.rogue.provides[0].port: module `rogue` would listen on 127.0.0.1:47101 on machine ace, where module `db` listens too"),
+        "{check}"
+    );
+}
+
+#[test]
+fn check_and_apply_refuse_a_placement_scope_on_a_machine_the_module_does_not_run_on() {
+    // Issue 9: `module/broker@ace` when broker runs on g14 would apply to nothing.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (check, apply) = check_and_apply(
+        &dir,
+        &example_with("[settings.\"module/broker@ace\"]\nk = \"v\"\n"),
+    );
+    assert_eq!(check, apply);
+    assert_eq!(check.lines().count(), 1, "{check}");
+    assert!(
+        check.contains("settings.\"module/broker@ace\": module `broker` runs on g14, not on ace"),
+        "{check}"
+    );
+}
+
+#[test]
+fn check_and_apply_refuse_control_characters_and_oversized_values_in_settings() {
+    // Issue 9: one line per problem, control characters shown escaped, the size limit named.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let big = "x".repeat(mesh::core::settings::setting_value_bytes_max + 1);
+    let (check, apply) = check_and_apply(
+        &dir,
+        &example_with(&format!(
+            "[settings.\"machine/g14\"]\nbanner = \"\\u001b[31mred\"\nmotd = \"two\\nlines\"\nblob = \"{big}\"\n"
+        )),
+    );
+    assert_eq!(check, apply);
+    assert_eq!(check.lines().count(), 3, "{check}");
+    for want in [
+        "settings.\"machine/g14\".banner: setting `banner` has a control character (U+001B) in its value",
+        "settings.\"machine/g14\".motd: setting `motd` has a control character (U+000A) in its value",
+        "settings.\"machine/g14\".blob: setting `blob` has a value of 65537 bytes, over the limit of 65536 bytes (setting_value_bytes_max)",
+    ] {
+        assert!(check.contains(want), "missing {want:?} in {check}");
+    }
+}
+
+#[test]
+fn check_and_apply_refuse_a_model_over_what_one_proposal_carries() {
+    // Issue 9: the encoded model is over model_bytes_max: the error says the size, the limit and
+    // the way out, before anything is sent.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let blob = "x".repeat(mesh::core::validate::model_bytes_max);
+    let (check, apply) = check_and_apply(
+        &dir,
+        &format!(
+            "[machines.ace]\naddress = \"127.0.0.1\"\n[modules.a]\nmachine = \"ace\"\ncommand = \"sh\"\nfiles = {{ \"blob\" = \"{blob}\" }}\n"
+        ),
+    );
+    assert_eq!(check, apply);
+    assert_eq!(check.lines().count(), 1, "{check}");
+    let limit = mesh::core::validate::model_bytes_max;
+    assert!(
+        check.contains("model: the model encodes to ") && check.contains(&format!("bytes, over the limit of {limit} bytes that one proposal carries (model_bytes_max); make it smaller")),
+        "{check}"
+    );
+}

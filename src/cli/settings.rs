@@ -277,4 +277,22 @@ mod tests {
         });
         assert_eq!(bad_scope.expect_err("bad scope").exit_code(), 2);
     }
+
+    #[test]
+    fn g6_settings_set_with_a_repeated_key_or_a_control_character_is_refused_before_sending() {
+        // Issue 9: `settings set mesh a=1 a=2` does not let the last win, and a tab, newline or
+        // ESC never reaches a replica; each is bad input (exit 2) in one line naming the key.
+        for (words, names) in [
+            (&["a=1", "a=2"][..], "`a` is given twice"),
+            (&["a=x\ny"], "control character (U+000A)"),
+            (&["a=\u{1b}[31m"], "control character (U+001B)"),
+            (&["k\tey=1"], "`k\\tey`"),
+        ] {
+            let e = set(words, false, Some("w")).expect_err("refused");
+            assert_eq!(e.exit_code(), 2, "{words:?}");
+            let line = e.to_string();
+            assert!(line.contains(names), "{line}");
+            assert_eq!(line.lines().count(), 1, "{line}");
+        }
+    }
 }

@@ -24,7 +24,11 @@
 //! log_level = "info"                    # strings, integers, floats or booleans
 //! ```
 //!
-//! Machine, module, mount and kind names are `[a-z0-9-]`, 1 to 63 bytes.
+//! Machine, module, mount and kind names are `[a-z0-9-]`, 1 to 63 bytes. The rules that hold for a
+//! model wherever it comes from (no two modules of a machine on one listen address, scopes that name
+//! what the file declares, one-line settings within `setting_value_bytes_max`, the encoded model
+//! within `model_bytes_max`) are [`validate`]'s, reported here at the line and column they were
+//! written.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
@@ -33,7 +37,8 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
 use super::model::{Machine, Mesh, Module, Mount, Need, Probe, Provide};
-use super::settings::{Layer, Scope, is_valid_key, is_valid_name};
+use super::settings::{Layer, Scope, is_valid_name, printable};
+use super::validate::{Subject, validate};
 
 /// Largest mesh file read, in bytes.
 pub const mesh_file_bytes_max: usize = 32 * 1024 * 1024;
@@ -56,13 +61,23 @@ pub struct FileError {
     pub fix: String,
 }
 
+/// One line whatever the file held: control characters in a quoted name are shown escaped. An
+/// empty `fix` means `problem` already says what to do.
 impl std::fmt::Display for FileError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}:{}:{}: {}: {}; {}",
-            self.file, self.line, self.col, self.field, self.problem, self.fix
-        )
+            "{}:{}:{}: {}: {}",
+            self.file,
+            self.line,
+            self.col,
+            printable(&self.field),
+            printable(&self.problem)
+        )?;
+        if !self.fix.is_empty() {
+            write!(f, "; {}", printable(&self.fix))?;
+        }
+        Ok(())
     }
 }
 
@@ -134,7 +149,8 @@ struct Spans {
     needs: BTreeMap<(String, usize), Range<usize>>,
     /// (module, index in `after`) → the name.
     after: BTreeMap<(String, usize), Range<usize>>,
-    scopes: Vec<(Scope, Range<usize>)>,
+    /// What [`validate`] names → the field as written and where.
+    subjects: BTreeMap<Subject, (String, Range<usize>)>,
 }
 
 struct Reader<'t> {
@@ -492,7 +508,7 @@ impl Reader<'_> {
             m.mounts = self.mounts(v, &f("mounts"));
         }
         if let Some(v) = t.get("ready") {
-            m.ready = self.probe(v, &f("ready"));
+            m.ready = self.probe(&m.name, v, &f("ready"));
         }
         if let Some(v) = t.get("after") {
             for (i, (name, span)) in self.strings(v, &f("after")).into_iter().enumerate() {
@@ -501,7 +517,7 @@ impl Reader<'_> {
             }
         }
         if let Some(v) = t.get("provides") {
-            m.provides = self.provides(v, &f("provides"));
+            m.provides = self.provides(&m.name, v, &f("provides"));
         }
         if let Some(v) = t.get("consumes") {
             m.consumes = self.consumes(&m.name, v, &f("consumes"));
@@ -607,7 +623,7 @@ impl Reader<'_> {
         out
     }
 
-    fn probe(&mut self, v: &Val<'_>, field: &str) -> Option<Probe> {
+    fn probe(&mut self, module: &str, v: &Val<'_>, field: &str) -> Option<Probe> {
         let t = self.table(v, field)?;
         self.known_keys(t, field, &["tcp", "file", "command", "args", "timeout_ms"]);
         let timeout_ms = match t.get("timeout_ms") {
@@ -649,6 +665,10 @@ impl Reader<'_> {
                     );
                     return None;
                 }
+                let subject = Subject::Probe {
+                    module: module.to_string(),
+                };
+                self.spans.subjects.insert(subject, (f.clone(), at.span()));
                 Some(Probe::Tcp {
                     addr: value,
                     timeout_ms,
@@ -687,7 +707,7 @@ impl Reader<'_> {
         }
     }
 
-    fn provides(&mut self, v: &Val<'_>, field: &str) -> Vec<Provide> {
+    fn provides(&mut self, module: &str, v: &Val<'_>, field: &str) -> Vec<Provide> {
         let mut out: Vec<Provide> = Vec::new();
         for (i, item) in self.array(v, field).iter().enumerate() {
             let f = format!("{field}[{i}]");
@@ -702,7 +722,7 @@ impl Reader<'_> {
             };
             let port = match t.get("port") {
                 Some(p) => match self.integer(p, &format!("{f}.port"), 1, u64::from(u16::MAX)) {
-                    Some(n) => u16::try_from(n).ok(),
+                    Some(n) => Some((u16::try_from(n).ok(), p.span())),
                     None => continue,
                 },
                 None => None,
@@ -719,6 +739,16 @@ impl Reader<'_> {
                 );
                 continue;
             }
+            if let Some((_, span)) = &port {
+                let subject = Subject::Port {
+                    module: module.to_string(),
+                    index: out.len(),
+                };
+                self.spans
+                    .subjects
+                    .insert(subject, (format!("{f}.port"), span.clone()));
+            }
+            let port = port.and_then(|(p, _)| p);
             out.push(Provide { kind, port });
         }
         out
@@ -787,23 +817,28 @@ impl Reader<'_> {
             let Some(body) = self.table(item, &field) else {
                 continue;
             };
+            // Keys and values are checked by `validate`, the rule `settings set` follows too.
             let mut layer = Layer::new();
             for (key, value) in body.iter() {
                 let f = format!("{field}.{}", key.get_ref());
-                if !is_valid_key(key.get_ref()) {
-                    self.err(
-                        key.span(),
-                        &f,
-                        "is not a valid settings key",
-                        "start with a letter or digit, then use [A-Za-z0-9_.-]",
-                    );
-                    continue;
-                }
                 if let Some(text) = self.setting_value(value, &f) {
-                    layer.insert(key.get_ref().to_string(), text);
+                    let name = key.get_ref().to_string();
+                    let key_at = Subject::SettingKey {
+                        scope: scope.clone(),
+                        key: name.clone(),
+                    };
+                    let value_at = Subject::SettingValue {
+                        scope: scope.clone(),
+                        key: name.clone(),
+                    };
+                    let subjects = &mut self.spans.subjects;
+                    subjects.insert(key_at, (f.clone(), key.span()));
+                    subjects.insert(value_at, (f, value.span()));
+                    layer.insert(name, text);
                 }
             }
-            self.spans.scopes.push((scope.clone(), k.span()));
+            let subject = Subject::Scope(scope.clone());
+            self.spans.subjects.insert(subject, (field, k.span()));
             out.insert(scope, layer);
         }
         out
@@ -811,7 +846,7 @@ impl Reader<'_> {
 
     fn setting_value(&mut self, v: &Val<'_>, field: &str) -> Option<String> {
         match v.get_ref() {
-            DeValue::String(s) if !s.is_empty() && !s.contains('\0') => Some(s.to_string()),
+            DeValue::String(s) => Some(s.to_string()),
             DeValue::Integer(i) => match i128::from_str_radix(i.as_str(), i.radix()) {
                 Ok(n) => Some(n.to_string()),
                 Err(_) => {
@@ -827,11 +862,7 @@ impl Reader<'_> {
             DeValue::Float(x) => Some(x.as_str().to_string()),
             DeValue::Boolean(b) => Some(b.to_string()),
             other => {
-                let got = if other.is_str() {
-                    "empty or hold a NUL"
-                } else {
-                    other.type_str()
-                };
+                let got = other.type_str();
                 self.err(
                     v.span(),
                     field,
@@ -854,7 +885,21 @@ impl Reader<'_> {
             self.check_after(mesh, m);
         }
         self.check_cycles(mesh);
-        self.check_scopes(mesh);
+        self.check_rules(mesh);
+    }
+
+    /// [`validate`]'s problems, each at the place its subject was written.
+    fn check_rules(&mut self, mesh: &Mesh) {
+        let Err(invalid) = validate(mesh) else {
+            return;
+        };
+        for p in invalid.problems {
+            let (field, span) = match self.spans.subjects.get(&p.subject) {
+                Some((field, span)) => (field.clone(), span.clone()),
+                None => (p.subject.to_string(), 0..0),
+            };
+            self.err(span, field, p.message, "");
+        }
     }
 
     fn check_placement(&mut self, mesh: &Mesh, m: &Module) {
@@ -969,39 +1014,6 @@ impl Reader<'_> {
                         cycle.join(" -> ")
                     ),
                     "remove one of these `after` entries",
-                );
-            }
-        }
-    }
-
-    fn check_scopes(&mut self, mesh: &Mesh) {
-        let scopes = std::mem::take(&mut self.spans.scopes);
-        for (scope, span) in scopes {
-            let field = format!("settings.\"{scope}\"");
-            let problem = match &scope {
-                Scope::Mesh => None,
-                Scope::Machine(m) if !mesh.machines.contains_key(m) => {
-                    Some(format!("machine `{m}` is not declared"))
-                }
-                Scope::Module(m) if !mesh.modules.contains_key(m) => {
-                    Some(format!("module `{m}` is not declared"))
-                }
-                Scope::Placement { module, machine } => match mesh.modules.get(module) {
-                    None => Some(format!("module `{module}` is not declared")),
-                    Some(m) if m.machine != *machine => Some(format!(
-                        "module `{module}` runs on {}, not on {machine}",
-                        m.machine
-                    )),
-                    Some(_) => None,
-                },
-                _ => None,
-            };
-            if let Some(problem) = problem {
-                self.err(
-                    span,
-                    field,
-                    problem,
-                    "name a declared machine or module (and the machine it runs on)",
                 );
             }
         }

@@ -4,6 +4,8 @@
 use super::*;
 use crate::core::compose::{World, compose};
 use crate::core::plan::{DigestCache, PlanInput, Target, plan};
+use crate::core::settings::setting_value_bytes_max;
+use crate::core::validate::model_bytes_max;
 use proptest::prelude::*;
 
 const example: &str = include_str!("../../examples/mesh.toml");
@@ -204,4 +206,151 @@ proptest! {
             }
         }
     }
+}
+
+const two_on_ace: &str = r#"
+[machines.ace]
+address = "127.0.0.1"
+
+[machines.g14]
+address = "127.0.0.1"
+
+[modules.a]
+machine = "ace"
+command = "sh"
+provides = [{ kind = "http", port = 47100 }]
+
+[modules.b]
+machine = "ace"
+command = "sh"
+provides = [{ kind = "amqp", port = 47200 }, { kind = "sql", port = 47100 }]
+
+[modules.c]
+machine = "ace"
+command = "sh"
+ready = { tcp = "127.0.0.1:47200" }
+
+[modules.d]
+machine = "g14"
+command = "sh"
+provides = [{ kind = "http", port = 47100 }]
+ready = { tcp = "127.0.0.1:47100" }
+"#;
+
+#[test]
+fn two_modules_of_one_machine_on_one_listen_address_are_refused_at_the_later_one() {
+    // Issue 9: a provided port or a tcp probe of one machine already taken by another module is
+    // refused at its line and column, naming both modules; another machine's ports are its own.
+    let got = errors(two_on_ace);
+    assert_eq!(
+        got,
+        [
+            "mesh.toml:16:69: modules.b.provides[1].port: module `b` would listen on 127.0.0.1:47100 on machine ace, where module `a` listens too (modules.a.provides[0].port); give one of them another port",
+            "mesh.toml:21:17: modules.c.ready.tcp: module `c` would listen on 127.0.0.1:47200 on machine ace, where module `b` listens too (modules.b.provides[0].port); give one of them another port",
+        ],
+        "{}",
+        got.join("\n")
+    );
+}
+
+#[test]
+fn a_placement_scope_for_a_machine_the_module_does_not_run_on_is_refused_at_its_line() {
+    // Issue 9: `module/<mod>@<m>` with <mod> placed elsewhere would apply to nothing.
+    let text = format!("{example}\n[settings.\"module/broker@ace\"]\nk = \"v\"\n");
+    let line = text.lines().count() - 1;
+    let got = errors(&text);
+    assert_eq!(
+        got,
+        [format!(
+            "mesh.toml:{line}:11: settings.\"module/broker@ace\": module `broker` runs on g14, not on ace; name a declared machine or module (and the machine it runs on)"
+        )]
+    );
+}
+
+#[test]
+fn control_characters_in_setting_keys_and_values_are_refused_one_line_each() {
+    // Issue 9: a tab, newline, NUL or ESC in a settings key or value is refused at its position,
+    // and the error shows it escaped so it stays one line.
+    let text = concat!(
+        "[machines.ace]\naddress = \"127.0.0.1\"\n[settings.mesh]\n",
+        "tab = \"a\\tb\"\n",
+        "newline = \"a\\nb\"\n",
+        "nul = \"a\\u0000b\"\n",
+        "esc = \"\\u001b[31m\"\n",
+        "\"bad\\u001bkey\" = \"v\"\n",
+        "fine = \"one line, with unicode: é\"\n",
+    );
+    let got = errors(text);
+    assert_eq!(got.len(), 5, "{}", got.join("\n"));
+    for (want, code) in [
+        (
+            "mesh.toml:4:7: settings.\"mesh\".tab: setting `tab` has a control character (U+0009) in its value",
+            "U+0009",
+        ),
+        (
+            "mesh.toml:5:11: settings.\"mesh\".newline: setting `newline` has a control character (U+000A) in its value",
+            "U+000A",
+        ),
+        (
+            "mesh.toml:6:7: settings.\"mesh\".nul: setting `nul` has a control character (U+0000) in its value",
+            "U+0000",
+        ),
+        (
+            "mesh.toml:7:7: settings.\"mesh\".esc: setting `esc` has a control character (U+001B) in its value",
+            "U+001B",
+        ),
+        (
+            "mesh.toml:8:1: settings.\"mesh\".bad\\u{1b}key: setting `bad\\u{1b}key` has a control character (U+001B) in its key",
+            "U+001B",
+        ),
+    ] {
+        assert!(
+            got.iter().any(|g| g.starts_with(want) && g.contains(code)),
+            "missing {want:?} in:\n{}",
+            got.join("\n")
+        );
+    }
+    assert!(
+        got.iter().all(|g| !g.chars().any(char::is_control)),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn a_setting_value_over_setting_value_bytes_max_is_refused_naming_the_limit() {
+    // Issue 9: settings are small knobs; a value past the named limit is refused with the limit.
+    let at_limit = "x".repeat(setting_value_bytes_max);
+    let text = format!(
+        "[machines.ace]\naddress = \"127.0.0.1\"\n[settings.mesh]\nok = \"{at_limit}\"\nbig = \"{at_limit}y\"\n"
+    );
+    let got = errors(&text);
+    assert_eq!(
+        got,
+        [format!(
+            "mesh.toml:5:7: settings.\"mesh\".big: setting `big` has a value of {} bytes, over the limit of {setting_value_bytes_max} bytes (setting_value_bytes_max); put large content in a module file (`files`) and keep the setting small",
+            setting_value_bytes_max + 1
+        )]
+    );
+}
+
+#[test]
+fn a_model_over_model_bytes_max_is_refused_with_its_size_the_limit_and_the_way_out() {
+    // Issue 9: the model travels in one proposal; a file whose encoded model is larger is refused
+    // at check and apply with its size, the limit and what to do, not at the replica.
+    let file = |bytes: usize| {
+        format!(
+            "[machines.ace]\naddress = \"127.0.0.1\"\n[modules.a]\nmachine = \"ace\"\ncommand = \"sh\"\nfiles = {{ \"big\" = \"{}\" }}\n",
+            "x".repeat(bytes)
+        )
+    };
+    assert_eq!(errors(&file(model_bytes_max - 1024)), Vec::<String>::new());
+    let got = errors(&file(model_bytes_max));
+    let mesh = parse_mesh("m", &file(model_bytes_max - 1024)).expect("parses");
+    let size = mesh_codec::encode("model", &mesh).expect("encodes").len() + 1024;
+    assert_eq!(
+        got,
+        [format!(
+            "mesh.toml:1:1: model: the model encodes to {size} bytes, over the limit of {model_bytes_max} bytes that one proposal carries (model_bytes_max); make it smaller: move large `files` contents onto a mount the module reads, or split the mesh"
+        )]
+    );
 }

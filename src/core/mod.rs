@@ -10,4 +10,5 @@ pub mod plan;
 pub mod report;
 pub mod settings;
 pub mod summary;
+pub mod validate;
 pub mod wire;

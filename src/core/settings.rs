@@ -31,6 +31,9 @@ pub struct Settings {
 pub const name_bytes_max: usize = 63;
 /// Longest settings key, in bytes.
 pub const setting_key_bytes_max: usize = 128;
+/// Largest settings value, in bytes: settings are small knobs; large content belongs in a module's
+/// files.
+pub const setting_value_bytes_max: usize = 64 * 1024;
 
 /// Whether `name` is a valid machine, module, mount or kind name: `[a-z0-9-]`, 1 to 63 bytes.
 pub fn is_valid_name(name: &str) -> bool {
@@ -53,6 +56,75 @@ pub fn is_valid_key(key: &str) -> bool {
         && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
+/// `text` with every control character escaped (`\n`, `\t`, `\u{1b}`), so an error that quotes
+/// what an operator wrote stays one line.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Whether a settings key can be stored, whoever wrote it (the mesh file, `settings set`, a
+/// committed proposal): no control character, and [`is_valid_key`].
+pub fn check_key(key: &str) -> Result<(), SettingsError> {
+    if let Some(c) = key.chars().find(|c| c.is_control()) {
+        return Err(SettingsError::ControlCharacter {
+            key: printable(key),
+            part: "key",
+            code: u32::from(c),
+        });
+    }
+    if !is_valid_key(key) {
+        return Err(SettingsError::BadKey {
+            key: printable(key),
+        });
+    }
+    Ok(())
+}
+
+/// Whether a settings value can be stored under `key`, whoever wrote it: not empty, at most
+/// [`setting_value_bytes_max`] bytes, and one line of printable text (no `char::is_control`).
+pub fn check_value(key: &str, value: &str) -> Result<(), SettingsError> {
+    if value.is_empty() {
+        return Err(SettingsError::EmptyValue {
+            key: printable(key),
+        });
+    }
+    if value.len() > setting_value_bytes_max {
+        return Err(SettingsError::ValueTooLarge {
+            key: printable(key),
+            bytes: value.len(),
+            max: setting_value_bytes_max,
+        });
+    }
+    if let Some(c) = value.chars().find(|c| c.is_control()) {
+        return Err(SettingsError::ControlCharacter {
+            key: printable(key),
+            part: "value",
+            code: u32::from(c),
+        });
+    }
+    Ok(())
+}
+
+/// Every key and value of an edit against [`check_key`] and [`check_value`].
+pub fn check_edit(edit: &Edit) -> Result<(), SettingsError> {
+    for (key, value) in &edit.set {
+        check_key(key)?;
+        check_value(key, value)?;
+    }
+    for key in &edit.remove {
+        check_key(key)?;
+    }
+    Ok(())
+}
+
 /// Why a scope string does not parse.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
@@ -68,7 +140,7 @@ impl std::str::FromStr for Scope {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let fail = |reason| ScopeError {
-            given: s.to_string(),
+            given: printable(s),
             reason,
         };
         if s == "mesh" {
@@ -146,11 +218,35 @@ pub enum SettingsError {
     )]
     BadAssignment { given: String },
     #[error(
-        "setting `{key}` has an empty value; a setting cannot be empty: to remove it write `-{key}` with `--replace`"
+        "setting `{key}` has an empty value; a setting cannot be empty: give it a value, or remove the key (`-{key}` with `--replace`)"
     )]
     EmptyValue { key: String },
     #[error("setting `{key}` is both set and removed in one write; say one or the other")]
     SetAndRemoved { key: String },
+    #[error(
+        "setting `{key}` is given twice in one write; give each key once (the last would silently win)"
+    )]
+    RepeatedKey { key: String },
+    #[error(
+        "setting key `{key}` is not valid; start with a letter or digit, then use [A-Za-z0-9_.-], at most {setting_key_bytes_max} bytes"
+    )]
+    BadKey { key: String },
+    #[error(
+        "setting `{key}` has a control character (U+{code:04X}) in its {part}; settings are one line of printable text: remove it (multi-line content belongs in a module file)"
+    )]
+    ControlCharacter {
+        key: String,
+        part: &'static str,
+        code: u32,
+    },
+    #[error(
+        "setting `{key}` has a value of {bytes} bytes, over the limit of {max} bytes (setting_value_bytes_max); put large content in a module file (`files`) and keep the setting small"
+    )]
+    ValueTooLarge {
+        key: String,
+        bytes: usize,
+        max: usize,
+    },
 }
 
 /// What an operator asked to write to one layer: keys to set and keys to remove (`-key`).
@@ -161,34 +257,50 @@ pub struct Edit {
 }
 
 /// Parses `key=value` (set) and `-key` (remove) words. An empty value is refused rather than read
-/// as a removal, so a removal is always explicit (docs/decisions/0010-settings-removal.md).
+/// as a removal, so a removal is always explicit (docs/decisions/0010-settings-removal.md); a key
+/// given twice is refused rather than letting the last word win.
 pub fn parse_assignments<S: AsRef<str>>(words: &[S]) -> Result<Edit, SettingsError> {
     let mut edit = Edit::default();
     for word in words {
         let word = word.as_ref();
         let bad = || SettingsError::BadAssignment {
-            given: word.to_string(),
+            given: printable(word),
         };
-        if let Some(key) = word.strip_prefix('-') {
-            if !is_valid_key(key) {
-                return Err(bad());
+        let (key, value) = match word.strip_prefix('-') {
+            Some(key) => (key, None),
+            None => {
+                let (key, value) = word.split_once('=').ok_or_else(bad)?;
+                (key, Some(value))
             }
-            edit.remove.insert(key.to_string());
-            continue;
-        }
-        let (key, value) = word.split_once('=').ok_or_else(bad)?;
-        if !is_valid_key(key) {
-            return Err(bad());
-        }
-        if value.is_empty() {
-            return Err(SettingsError::EmptyValue {
+        };
+        check_key(key).map_err(|e| match e {
+            SettingsError::BadKey { .. } => bad(),
+            other => other,
+        })?;
+        let (seen_set, seen_removed) = (edit.set.contains_key(key), edit.remove.contains(key));
+        let repeated = match value {
+            Some(_) => seen_set,
+            None => seen_removed,
+        };
+        if repeated {
+            return Err(SettingsError::RepeatedKey {
                 key: key.to_string(),
             });
         }
-        edit.set.insert(key.to_string(), value.to_string());
-    }
-    if let Some(key) = edit.set.keys().find(|k| edit.remove.contains(*k)) {
-        return Err(SettingsError::SetAndRemoved { key: key.clone() });
+        if seen_set || seen_removed {
+            return Err(SettingsError::SetAndRemoved {
+                key: key.to_string(),
+            });
+        }
+        match value {
+            Some(value) => {
+                check_value(key, value)?;
+                edit.set.insert(key.to_string(), value.to_string());
+            }
+            None => {
+                edit.remove.insert(key.to_string());
+            }
+        }
     }
     Ok(edit)
 }
@@ -255,13 +367,15 @@ pub fn set_layer(
     Ok(out)
 }
 
-/// Applies an operator's [`Edit`]: removals are refused unless `replace`; with `replace` the set
-/// keys become the whole layer (a `-key` then only confirms what goes).
+/// Applies an operator's [`Edit`]: every key and value must pass [`check_edit`]; removals are
+/// refused unless `replace`; with `replace` the set keys become the whole layer (a `-key` then only
+/// confirms what goes). The controller calls this before it proposes and the state machine at apply.
 pub fn edit_layer(
     current: Option<&Layer>,
     edit: Edit,
     replace: bool,
 ) -> Result<SetOutcome, SettingsError> {
+    check_edit(&edit)?;
     if !replace && !edit.remove.is_empty() {
         return Err(SettingsError::RemovalWithoutReplace {
             keys: edit.remove.into_iter().collect(),
@@ -351,5 +465,76 @@ mod tests {
         assert!(parse_assignments(&["a=1", "-a"]).is_err());
         let edit = parse_assignments(&["a=x=y"]).expect("parse");
         assert_eq!(edit.set, layer(&[("a", "x=y")]));
+    }
+
+    #[test]
+    fn g6_settings_set_with_a_repeated_key_is_refused() {
+        // Issue 9: `settings set mesh a=1 a=2` is refused rather than letting the last word win.
+        for words in [&["a=1", "a=2"][..], &["a=1", "a=1"], &["-a", "-a"]] {
+            assert_eq!(
+                parse_assignments(words),
+                Err(SettingsError::RepeatedKey { key: "a".into() }),
+                "{words:?}"
+            );
+        }
+        assert_eq!(
+            parse_assignments(&["a=1", "-a"]),
+            Err(SettingsError::SetAndRemoved { key: "a".into() })
+        );
+    }
+
+    #[test]
+    fn control_characters_and_oversized_values_are_refused_by_the_one_setting_rule() {
+        // Issue 9: the rule `settings set` parses with is the rule the controller and the state
+        // machine apply (edit_layer), so a request that skips meshctl is refused too.
+        for (word, code) in [
+            ("a=x\ty", 0x09),
+            ("a=x\ny", 0x0a),
+            ("a=\0", 0),
+            ("a=\u{1b}[0m", 0x1b),
+        ] {
+            let e = parse_assignments(&[word]).expect_err("control character");
+            assert_eq!(
+                e,
+                SettingsError::ControlCharacter {
+                    key: "a".into(),
+                    part: "value",
+                    code
+                }
+            );
+            assert!(!e.to_string().chars().any(char::is_control), "{e}");
+        }
+        let e = parse_assignments(&["a\tb=1"]).expect_err("control character in a key");
+        assert!(
+            matches!(e, SettingsError::ControlCharacter { part: "key", .. }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("a\\tb"), "{e}");
+        let big = format!("a={}", "x".repeat(setting_value_bytes_max + 1));
+        let e = parse_assignments(&[big]).expect_err("too large");
+        assert!(
+            e.to_string().contains(&format!(
+                "over the limit of {setting_value_bytes_max} bytes"
+            )),
+            "{e}"
+        );
+        let at_limit = format!("a={}", "x".repeat(setting_value_bytes_max));
+        assert!(parse_assignments(&[at_limit]).is_ok());
+        let edit = Edit {
+            set: layer(&[("a", "x\ny")]),
+            remove: BTreeSet::new(),
+        };
+        assert!(matches!(
+            edit_layer(None, edit, false),
+            Err(SettingsError::ControlCharacter { part: "value", .. })
+        ));
+        let edit = Edit {
+            set: layer(&[("", "v")]),
+            remove: BTreeSet::new(),
+        };
+        assert!(matches!(
+            edit_layer(None, edit, false),
+            Err(SettingsError::BadKey { .. })
+        ));
     }
 }
