@@ -32,7 +32,7 @@ its modules ready); 1 a send was not confirmed applied: failed (no [hosts] addre
 stopped), refused by the host, or sent without a readable answer (host down, timeout); 2 bad \
 usage or input, nothing sent; 3 a machine was held (a mount move waits for --move); 4 with \
 --wait, a module failed on a machine sent to; 5 with --wait, a machine did not report its modules \
-ready before the timeout. When several apply, the lowest of 1, 4, 5, 3 in that order wins.";
+ready before the timeout. When several apply, the first of 1, 4, 5, 3 wins.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = push_help)]
