@@ -99,6 +99,11 @@ fn g1_a_new_consume_after_apply_shows_both_machines_behind_and_push_behind_sends
     let applied = bed.apply(consumer, "app needs sql")?;
     assert!(applied.stdout.contains("behind their last send: ace, g14"), "{}", applied.stdout);
     wait_behind(&bed, &["ace", "g14"])?;
+    let history = bed.meshctl_ok(&["history"])?;
+    let model = history.stdout.lines().rfind(|l| l.contains("model revision 2 applied"));
+    let model = model.unwrap_or_default();
+    assert!(model.contains("should-be changed on ace, g14"), "{}", history.stdout);
+    assert!(model.ends_with("app needs sql"), "{}", history.stdout);
     let run = bed.meshctl(&["push", "--behind", "--why", "app needs sql"])?;
     assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
     let grants = bed.grants_file("ace", "db");

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mesh::core::meshfile::parse_mesh;
-use mesh::core::settings::Scope;
+use mesh::core::model::Provide;
+use mesh::core::settings::{Scope, setting_value_bytes_max};
 use mesh::store::app::{MeshApp, decode_outcome};
 use mesh::store::command::{Applied, Command, Outcome, Proposal, Refusal};
 use mesh_raft::router::Router;
@@ -88,6 +89,7 @@ async fn g4_stale_epoch_and_moved_revision_are_refused_and_change_nothing() {
             Command::ApplyModel {
                 mesh: example(),
                 why: "first".into(),
+                changes: vec![],
             },
         )
         .await;
@@ -107,6 +109,7 @@ async fn g4_stale_epoch_and_moved_revision_are_refused_and_change_nothing() {
             Command::ApplyModel {
                 mesh: Default::default(),
                 why: "x".into(),
+                changes: vec![],
             },
         )
         .await;
@@ -124,6 +127,7 @@ async fn g4_stale_epoch_and_moved_revision_are_refused_and_change_nothing() {
             Command::ApplyModel {
                 mesh: Default::default(),
                 why: "x".into(),
+                changes: vec![],
             },
         )
         .await;
@@ -153,6 +157,7 @@ async fn g6_settings_history_is_kept_and_removal_needs_replace() {
         Command::ApplyModel {
             mesh: example(),
             why: "first".into(),
+            changes: vec![],
         },
     )
     .await;
@@ -238,6 +243,7 @@ async fn g9_epoch_floor_follows_terms_and_state_survives_restart() {
         Command::ApplyModel {
             mesh: example(),
             why: "first".into(),
+            changes: vec![],
         },
     )
     .await;
@@ -271,6 +277,7 @@ async fn g9_epoch_floor_follows_terms_and_state_survives_restart() {
             Command::ApplyModel {
                 mesh: changed_file,
                 why: "again".into(),
+                changes: vec![],
             },
         )
         .await;
@@ -286,4 +293,79 @@ async fn g9_epoch_floor_follows_terms_and_state_survives_restart() {
         before.mesh.settings
     );
     again.replica.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn models_and_settings_that_break_the_rules_are_refused_at_apply_and_change_nothing() {
+    // Issue 9: a proposal that skipped the controller's checks (two modules on one port, a
+    // placement scope off the module's machine, a control character, an oversized value) is
+    // refused by the state machine with the same rules; nothing is written.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = start(dir.path()).await;
+    one.propose(
+        one.term,
+        None,
+        Command::ApplyModel {
+            mesh: example(),
+            why: "first".into(),
+            changes: vec![],
+        },
+    )
+    .await;
+    let before = one.app.state().expect("state").clone();
+    let history = MeshApp::settings_history(one.replica.database())
+        .expect("history")
+        .len();
+
+    let mut two_on_one_port = example();
+    let mut rogue = two_on_one_port.modules["backup"].clone();
+    rogue.name = "rogue".into();
+    rogue.after.clear();
+    rogue.provides.push(Provide {
+        kind: "pg".into(),
+        port: Some(47101),
+    });
+    two_on_one_port.modules.insert("rogue".into(), rogue);
+    let set = |scope: &str, key: &str, value: &str| Command::SetSettings {
+        scope: scope.parse().expect("scope"),
+        set: BTreeMap::from([(key.to_string(), value.to_string())]),
+        remove: BTreeSet::new(),
+        replace: false,
+        why: "skip meshctl".into(),
+    };
+    let big = "x".repeat(setting_value_bytes_max + 1);
+    let cases = [
+        (
+            Command::ApplyModel {
+                mesh: two_on_one_port,
+                why: "w".into(),
+                changes: vec![],
+            },
+            "where module `db` listens too",
+        ),
+        (
+            set("module/broker@ace", "k", "v"),
+            "runs on g14, not on ace",
+        ),
+        (set("mesh", "k", "a\nb"), "control character (U+000A)"),
+        (set("mesh", "k\u{1b}", "v"), "control character (U+001B)"),
+        (set("mesh", "k", &big), "setting_value_bytes_max"),
+    ];
+    for (command, says) in cases {
+        let out = one.propose(one.term, None, command).await;
+        assert!(
+            matches!(&out, Outcome::Refused(Refusal::Invalid(m)) if m.contains(says)),
+            "{says}: {out:?}"
+        );
+    }
+    let mut after = one.app.state().expect("state").clone();
+    after.epoch_floor = before.epoch_floor;
+    assert_eq!(after, before, "a refused command changed the state");
+    assert_eq!(
+        MeshApp::settings_history(one.replica.database())
+            .expect("history")
+            .len(),
+        history
+    );
+    one.replica.shutdown().await.expect("shutdown");
 }

@@ -8,6 +8,7 @@ mod m0001_initial;
 mod m0002_controller_epoch;
 mod m0003_settings_history;
 mod m0004_epoch_record;
+mod m0005_model_history;
 pub mod records;
 pub mod tables;
 
@@ -18,7 +19,7 @@ use redb::{Database, ReadableDatabase, TableError, WriteTransaction};
 pub use mesh_codec::CodecError;
 
 /// The schema version this binary writes: the version of its last migration.
-pub const schema_version_latest: u64 = m0004_epoch_record::VERSION;
+pub const schema_version_latest: u64 = m0005_model_history::VERSION;
 
 /// Why a migration step failed: it names the storage or encoding fault underneath.
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +112,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: m0004_epoch_record::VERSION,
         name: m0004_epoch_record::NAME,
         step: m0004_epoch_record::step,
+    },
+    Migration {
+        version: m0005_model_history::VERSION,
+        name: m0005_model_history::NAME,
+        step: m0005_model_history::step,
     },
 ];
 

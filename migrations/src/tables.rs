@@ -51,6 +51,9 @@ pub const CONTROLLER_EPOCH_KEY: &str = "highest";
 /// Settings layers replaced or cleared (since 0003): history id → encoded domain record.
 pub const SETTINGS_HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("settings_history");
 
+/// Model applies (since 0005): revision → encoded domain record (why, who, when, machines changed).
+pub const MODEL_HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("model_history");
+
 /// Table shapes that a later migration replaced. Only migrations and fixture tests use them.
 pub mod superseded {
     use redb::TableDefinition;
@@ -74,4 +77,5 @@ pub const CATALOGUE: &[(&str, u64)] = &[
     ("holds", 1),
     ("controller_epoch", 2),
     ("settings_history", 3),
+    ("model_history", 5),
 ];

@@ -73,7 +73,7 @@ fn write_fixture_rows(db: &Database, version: u64) {
         }
     }
     txn.commit().expect("commit");
-    if version >= 2 {
+    if (2..4).contains(&version) {
         let txn = db.begin_write().expect("begin write");
         {
             let mut epochs = txn
@@ -86,8 +86,28 @@ fn write_fixture_rows(db: &Database, version: u64) {
         }
         txn.commit().expect("commit");
     }
+    if version >= 4 {
+        let txn = db.begin_write().expect("begin write");
+        {
+            let mut epochs = txn
+                .open_table(tables::CONTROLLER_EPOCH)
+                .expect("open controller_epoch");
+            for (key, epoch) in [(tables::CONTROLLER_EPOCH_KEY, 41), ("other", 7)] {
+                let record = EpochRecord {
+                    epoch,
+                    raised_at_index: None,
+                };
+                let bytes = record.encode().expect("encode record");
+                epochs.insert(key, bytes.as_slice()).expect("insert epoch");
+            }
+        }
+        txn.commit().expect("commit");
+    }
     if version >= 3 {
         fill_u64_table(db, tables::SETTINGS_HISTORY, "settings_history");
+    }
+    if version >= 5 {
+        fill_u64_table(db, tables::MODEL_HISTORY, "model_history");
     }
 }
 
@@ -145,6 +165,9 @@ fn check_fixture_rows(db: &Database, version: u64) {
     drop(txn);
     if version >= 3 {
         check_u64_table(db, tables::SETTINGS_HISTORY, "settings_history");
+    }
+    if version >= 5 {
+        check_u64_table(db, tables::MODEL_HISTORY, "model_history");
     }
 }
 

@@ -1,11 +1,12 @@
-//! `meshctl history`: every send and settings change, oldest first, with why, who, when and epoch.
+//! `meshctl history`: every model apply, send and settings change, oldest first, with why, who,
+//! when and epoch.
 
 use std::path::Path;
 
 use super::render::{self, Via};
 use super::{CliError, JsonArgs, Output};
 use crate::controller::api::{Body, HistoryItem, Request};
-use crate::store::command::{SendRecord, SettingsChange};
+use crate::store::command::{ModelChange, SendRecord, SettingsChange};
 
 pub fn run(ctx: Option<&Path>, args: &JsonArgs) -> Result<Output, CliError> {
     let (via, body) = render::ask(ctx, &Request::History)?;
@@ -22,12 +23,13 @@ pub fn run(ctx: Option<&Path>, args: &JsonArgs) -> Result<Output, CliError> {
 pub fn render_text(via: Via, items: &[HistoryItem]) -> String {
     let mut out = String::new();
     if items.is_empty() {
-        out.push_str("no sends or settings changes yet\n");
+        out.push_str("no model applies, sends or settings changes yet\n");
     }
     for item in items {
         match item {
             HistoryItem::Send(s) => out.push_str(&send_line(s)),
             HistoryItem::Settings(c) => out.push_str(&settings_line(c)),
+            HistoryItem::Model(m) => out.push_str(&model_line(m)),
         }
     }
     out.push_str(&via.note());
@@ -49,6 +51,22 @@ fn send_line(s: &SendRecord) -> String {
         s.digest.short(),
         s.actor,
         s.why
+    )
+}
+
+fn model_line(m: &ModelChange) -> String {
+    let changed = if m.changes.is_empty() {
+        "no machine's should-be changed".to_string()
+    } else {
+        format!("should-be changed on {}", render::list(&m.changes))
+    };
+    format!(
+        "{}  epoch {}  model revision {} applied ({changed})  by {}: {}\n",
+        render::time_ms(m.time_ms),
+        m.epoch,
+        m.revision,
+        m.actor,
+        m.why
     )
 }
 

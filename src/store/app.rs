@@ -11,7 +11,7 @@ use mesh_raft::{App, AppError, EntryAt};
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
-use super::command::{Outcome, Proposal, Refusal, SendRecord, SettingsChange};
+use super::command::{ModelChange, Outcome, Proposal, Refusal, SendRecord, SettingsChange};
 use super::state::{Changed, DomainState};
 use crate::core::model::Mesh;
 use crate::core::settings::Scope;
@@ -26,6 +26,7 @@ pub struct DomainSnapshot {
     pub state: DomainState,
     pub sends: Vec<SendRecord>,
     pub history: Vec<SettingsChange>,
+    pub models: Vec<ModelChange>,
 }
 
 /// The domain state machine of one replica.
@@ -80,6 +81,12 @@ impl MeshApp {
         }
         out.sort_by_key(|s: &SendRecord| s.time_ms);
         Ok(out)
+    }
+
+    /// Every model apply, oldest first.
+    pub fn model_history(db: &redb::Database) -> Result<Vec<ModelChange>, AppError> {
+        let txn = db.begin_read()?;
+        read_models(&txn)
     }
 
     /// Every replaced or cleared settings layer, oldest first.
@@ -187,6 +194,13 @@ fn write_changes(
                 t.insert(
                     entry.id,
                     mesh_codec::encode("settings change", entry)?.as_slice(),
+                )?;
+            }
+            Changed::ModelHistory(entry) => {
+                let mut t = txn.open_table(tables::MODEL_HISTORY)?;
+                t.insert(
+                    entry.revision,
+                    mesh_codec::encode("model change", entry)?.as_slice(),
                 )?;
             }
             Changed::Provision(id) => {
@@ -299,11 +313,22 @@ fn read_snapshot(txn: &ReadTransaction) -> Result<DomainSnapshot, AppError> {
         state.epoch_floor = EpochRecord::decode(v.value())?.epoch;
     }
     let history = read_history(txn)?;
+    let models = read_models(txn)?;
     Ok(DomainSnapshot {
         state,
         sends,
         history,
+        models,
     })
+}
+
+fn read_models(txn: &ReadTransaction) -> Result<Vec<ModelChange>, AppError> {
+    let mut out = Vec::new();
+    for row in txn.open_table(tables::MODEL_HISTORY)?.iter()? {
+        let (_, v) = row?;
+        out.push(mesh_codec::decode("model change", v.value())?);
+    }
+    Ok(out)
 }
 
 fn read_history(txn: &ReadTransaction) -> Result<Vec<SettingsChange>, AppError> {
@@ -331,6 +356,7 @@ fn clear_domain_tables(txn: &WriteTransaction) -> Result<(), AppError> {
     clear(txn, tables::ACCOUNTS)?;
     clear(txn, tables::HOLDS)?;
     clear(txn, tables::SETTINGS_HISTORY)?;
+    clear(txn, tables::MODEL_HISTORY)?;
     Ok(())
 }
 
@@ -365,6 +391,10 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
     let mut history = txn.open_table(tables::SETTINGS_HISTORY)?;
     for h in &snap.history {
         history.insert(h.id, mesh_codec::encode("settings change", h)?.as_slice())?;
+    }
+    let mut models = txn.open_table(tables::MODEL_HISTORY)?;
+    for m in &snap.models {
+        models.insert(m.revision, mesh_codec::encode("model change", m)?.as_slice())?;
     }
     Ok(())
 }

@@ -31,7 +31,13 @@ pub struct Proposal {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Command {
     /// Replace the model (machines and modules; settings are kept as they are) with a new revision.
-    ApplyModel { mesh: Mesh, why: String },
+    /// `changes` names the machines whose should-be the proposer found this revision changes; it is
+    /// kept in the model history.
+    ApplyModel {
+        mesh: Mesh,
+        why: String,
+        changes: Vec<String>,
+    },
     /// Set keys in a layer (merged, or the whole layer with `replace`) and remove keys (only with
     /// `replace`), keeping the old layer in history.
     SetSettings {
@@ -74,6 +80,18 @@ pub struct SendRecord {
     pub time_ms: u64,
     /// Modules whose mounts this send may move.
     pub moves: Vec<String>,
+}
+
+/// A model apply, kept in the model history (`meshctl history`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelChange {
+    pub revision: u64,
+    pub why: String,
+    pub actor: String,
+    pub epoch: u64,
+    pub time_ms: u64,
+    /// Machines whose should-be declaration this revision changed.
+    pub changes: Vec<String>,
 }
 
 /// A held mount, as `status` shows it.

@@ -7,11 +7,13 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 use super::command::{
-    Applied, Command, HeldMount, Outcome, Proposal, Refusal, SendRecord, SettingsChange,
+    Applied, Command, HeldMount, ModelChange, Outcome, Proposal, Refusal, SendRecord,
+    SettingsChange,
 };
 use crate::core::model::{Mesh, Provision};
 use crate::core::report::{Account, Filed};
 use crate::core::settings::{self, Scope};
+use crate::core::validate::{scope_problem, validate};
 
 /// What one replica knows of the mesh. Everything here is replicated through the Raft log.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -37,6 +39,7 @@ pub enum Changed {
     Model,
     SettingsLayer(Scope),
     SettingsHistory(SettingsChange),
+    ModelHistory(ModelChange),
     Provision(String),
     Send { machine: String, sequence: u64 },
     Account(String),
@@ -103,7 +106,20 @@ impl DomainState {
         changed: &mut Vec<Changed>,
     ) -> Result<Applied, Refusal> {
         match &p.command {
-            Command::ApplyModel { mesh, why } => Ok(self.apply_model(p, mesh, why, changed)),
+            Command::ApplyModel { mesh, why, changes } => {
+                // The controller validates before proposing; this holds for any proposer.
+                validate(mesh).map_err(|e| Refusal::Invalid(e.to_string()))?;
+                let applied = self.apply_model(p, mesh, why, changed);
+                changed.push(Changed::ModelHistory(ModelChange {
+                    revision: self.revision,
+                    why: why.clone(),
+                    actor: p.actor.clone(),
+                    epoch: p.epoch,
+                    time_ms: p.time_ms,
+                    changes: changes.clone(),
+                }));
+                Ok(applied)
+            }
             Command::SetSettings {
                 scope,
                 set,
@@ -323,28 +339,13 @@ impl DomainState {
         changed.push(Changed::SettingsLayer(scope.clone()));
     }
 
-    /// A scope must name machines and modules of the model: a layer for something that does not exist
-    /// would silently apply to nothing.
+    /// A scope must name machines, modules and placements of the model: a layer for something that
+    /// does not exist would silently apply to nothing. The rule is [`scope_problem`], the one the mesh
+    /// file follows too.
     pub fn check_scope(&self, scope: &Scope) -> Result<(), Refusal> {
-        let machine_ok = |m: &str| self.mesh.machines.contains_key(m);
-        let module_ok = |m: &str| self.mesh.modules.contains_key(m);
-        let missing = match scope {
-            Scope::Mesh => None,
-            Scope::Machine(m) => (!machine_ok(m)).then(|| format!("machine {m}")),
-            Scope::Module(m) => (!module_ok(m)).then(|| format!("module {m}")),
-            Scope::Placement { module, machine } => {
-                if !module_ok(module) {
-                    Some(format!("module {module}"))
-                } else if !machine_ok(machine) {
-                    Some(format!("machine {machine}"))
-                } else {
-                    None
-                }
-            }
-        };
-        match missing {
-            Some(what) => Err(Refusal::Invalid(format!(
-                "settings scope {scope} names {what}, which is not in the model; check `meshctl status`"
+        match scope_problem(&self.mesh, scope) {
+            Some(problem) => Err(Refusal::Invalid(format!(
+                "settings scope {scope}: {problem}; name a machine or module of the model (and the machine it runs on), see `meshctl status`"
             ))),
             None => Ok(()),
         }
