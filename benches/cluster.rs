@@ -508,6 +508,7 @@ async fn throughput() -> Result<()> {
     let apply = Request::Apply {
         mesh,
         why: "bench".into(),
+        drain: false,
     };
     bed.ok(leader, &apply).await?;
     for clients in throughput_clients {
@@ -598,6 +599,7 @@ async fn failover(label: &str, raft: RaftSettings) -> Result<()> {
         &Request::Apply {
             mesh,
             why: "bench".into(),
+            drain: false,
         },
     )
     .await?;
@@ -735,6 +737,7 @@ async fn push_behind() -> Result<()> {
             &Request::Apply {
                 mesh,
                 why: "bench".into(),
+                drain: false,
             },
         )
         .await?;
@@ -915,6 +918,7 @@ async fn memory() -> Result<()> {
         Request::Apply {
             mesh,
             why: "bench memory".into(),
+            drain: false,
         }
     };
     let bytes = mesh_codec::encode("request", &request)?.len();

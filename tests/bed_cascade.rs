@@ -138,3 +138,55 @@ fn g1_a_module_moved_between_machines_leaves_one_and_starts_on_the_other_in_one_
     wait_behind(&bed, &[])?;
     Ok(())
 }
+
+/// pair.toml without g14 and its module.
+const ace_only: &str = r#"
+[machines.ace]
+address = "127.0.0.1"
+
+[modules.db]
+machine = "ace"
+command = "sleep"
+args = ["600"]
+mounts = [{ name = "data", host_dir = "/srv/db/a", target = "data" }]
+provides = [{ kind = "sql", port = 5432 }]
+
+[settings.mesh]
+region = "lab"
+"#;
+
+#[test]
+fn a_machine_that_runs_modules_leaves_the_model_only_through_a_drain_that_stops_them_first()
+-> anyhow::Result<()> {
+    // Issue 9 part 8: dropping g14 while it runs app is refused (exit 2, nothing stored); with
+    // `--drain` g14 stays empty, the push stops app, and the next apply removes g14; its settings
+    // layer can still be shown and cleared.
+    let bed = settled(pair)?;
+    bed.meshctl_ok(&["settings", "set", "machine/g14", "tier=edge", "--why", "tag"])?;
+    let revision = |bed: &Bed| -> anyhow::Result<u64> {
+        bed.status()?["revision"].as_u64().ok_or_else(|| anyhow::anyhow!("no revision"))
+    };
+    let before = revision(&bed)?;
+    let file = bed.dir.join("ace-only.toml");
+    std::fs::write(&file, ace_only)?;
+    let file = file.display().to_string();
+    let refused = bed.meshctl(&["apply", "-f", &file, "--why", "retire g14"])?;
+    assert_eq!(refused.code, Some(2), "{}{}", refused.stdout, refused.stderr);
+    assert!(refused.stderr.contains("machine g14 cannot leave the model: it still runs app"), "{}", refused.stderr);
+    assert_eq!(revision(&bed)?, before, "nothing was stored");
+    let drained = bed.meshctl_ok(&["apply", "-f", &file, "--drain", "--why", "retire g14"])?;
+    assert!(drained.stdout.contains("draining g14"), "{}", drained.stdout);
+    bed.meshctl_ok(&["push", "g14", "--why", "stop app before g14 goes"])?;
+    let app = bed.host_root("g14").join("modules/app");
+    bed.wait_for("app stopped on g14", wait_ms_default, || Ok((!app.exists()).then_some(())))?;
+    bed.wait_for("g14's empty send confirmed", wait_ms_default, || {
+        let run = bed.meshctl(&["apply", "-f", &file, "--why", "g14 is empty now"])?;
+        Ok((run.code == Some(0)).then_some(()))
+    })?;
+    let status = bed.status()?;
+    assert!(Bed::machine(&status, "g14").is_none(), "{status}");
+    let shown = bed.meshctl_ok(&["settings", "show", "machine/g14"])?;
+    assert!(shown.stdout.contains("tier"), "{}", shown.stdout);
+    bed.meshctl_ok(&["settings", "clear", "machine/g14", "--why", "g14 is gone"])?;
+    Ok(())
+}

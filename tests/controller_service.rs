@@ -545,6 +545,7 @@ async fn apply_and_settings_set_refuse_the_validation_holes_before_proposing() {
     let apply = Request::Apply {
         mesh,
         why: "skip meshctl".into(),
+        drain: false,
     };
     let set = |scope: Scope, value: &str| Request::SettingsSet {
         scope,

@@ -17,6 +17,10 @@ pub struct ApplyArgs {
     /// Why the model changes; kept with the revision.
     #[arg(long)]
     pub why: Option<String>,
+    /// Let the file drop machines that still run modules: they stay in the model with no modules
+    /// until a push stops them; apply again afterwards to remove them.
+    #[arg(long)]
+    pub drain: bool,
     /// Print the answer as JSON.
     #[arg(long)]
     pub json: bool,
@@ -25,11 +29,17 @@ pub struct ApplyArgs {
 pub fn run(ctx: Option<&Path>, args: &ApplyArgs) -> Result<Output, CliError> {
     let why = super::require_why("apply", args.why.as_deref())?;
     let mesh = read_mesh(&args.file)?;
-    let (via, body) = render::ask(ctx, &Request::Apply { mesh, why })?;
+    let request = Request::Apply {
+        mesh,
+        why,
+        drain: args.drain,
+    };
+    let (via, body) = render::ask(ctx, &request)?;
     let Body::Applied {
         revision,
         changes,
         settings_ignored,
+        draining,
     } = &body
     else {
         return Err(render::unexpected(via, "apply", &body));
@@ -37,12 +47,12 @@ pub fn run(ctx: Option<&Path>, args: &ApplyArgs) -> Result<Output, CliError> {
     if args.json {
         return render::json(via, &body, super::exit_done);
     }
-    Ok(Output::done(render_text(
-        via,
-        *revision,
+    let lists = Lists {
         changes,
-        settings_ignored,
-    )))
+        ignored: settings_ignored,
+        draining,
+    };
+    Ok(Output::done(render_text(via, *revision, &lists)))
 }
 
 /// Reads and parses a mesh file; every problem is reported at once with its position.
@@ -55,8 +65,20 @@ pub fn read_mesh(path: &Path) -> Result<Mesh, CliError> {
     parse_mesh(&name, &text).map_err(CliError::BadFile)
 }
 
+/// What `apply` answered besides the revision.
+pub struct Lists<'a> {
+    pub changes: &'a [String],
+    pub ignored: &'a [String],
+    pub draining: &'a [String],
+}
+
 /// The lines `apply` prints.
-pub fn render_text(via: Via, revision: u64, changes: &[String], ignored: &[String]) -> String {
+pub fn render_text(via: Via, revision: u64, lists: &Lists<'_>) -> String {
+    let Lists {
+        changes,
+        ignored,
+        draining,
+    } = lists;
     let mut out = format!("stored model revision {revision}\n");
     if changes.is_empty() {
         out.push_str("every machine is up to date with its last send\n");
@@ -66,9 +88,14 @@ pub fn render_text(via: Via, revision: u64, changes: &[String], ignored: &[Strin
             render::list(changes)
         ));
     }
-    for scope in ignored {
+    for scope in *ignored {
         out.push_str(&format!(
             "settings [{scope}] in the file differ from the store and were NOT applied; settings change only with `meshctl settings set {scope} ...`\n"
+        ));
+    }
+    for machine in *draining {
+        out.push_str(&format!(
+            "draining {machine}: kept with no modules; `meshctl push {machine} --why ...` stops them, then apply the file again to remove it\n"
         ));
     }
     out.push_str(&via.note());

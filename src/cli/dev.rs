@@ -229,6 +229,7 @@ async fn drive(
     let apply = Request::Apply {
         mesh,
         why: why.clone(),
+        drain: false,
     };
     let answer = retry(context, &apply, deadline, "apply", &logs).await?;
     println!(

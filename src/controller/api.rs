@@ -15,10 +15,12 @@ use crate::store::command::{HeldMount, ModelChange, SendRecord, SettingsChange};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Request {
     Status,
-    /// Store a new model revision; sends nothing.
+    /// Store a new model revision; sends nothing. A machine the model drops while it still runs
+    /// modules is refused, unless `drain`: then it stays, with no modules, until a push empties it.
     Apply {
         mesh: Mesh,
         why: String,
+        drain: bool,
     },
     /// What a push would send (named and cascaded), mint, revoke and hold, each machine diffed
     /// against its last send (G7). Writes nothing.
@@ -90,6 +92,8 @@ pub enum Body {
         changes: Vec<String>,
         /// Settings scopes where the file differs from the store; not written (use `settings set`).
         settings_ignored: Vec<String>,
+        /// Machines the file drops that still run modules, kept with none (`--drain`).
+        draining: Vec<String>,
     },
     Plan(PlanView),
     Push(PushView),

@@ -15,25 +15,28 @@ use crate::core::settings::{Edit, Layer, Scope, clear_layer, edit_layer, effecti
 use crate::core::validate::validate;
 use crate::store::app::MeshApp;
 use crate::store::command::{Applied, Command};
-use crate::store::state::DomainState;
+use crate::store::state::{DomainState, leave_refused};
 
 /// How long `status` waits for a replica that is not replicating from this one.
 pub const status_ping_ms: u64 = 300;
 
 impl Service {
     /// `Request::Apply`: the model keeps the rules `meshctl check` checks and every machine must
-    /// compose with it; then one CAS write.
+    /// compose with it; a machine it drops must run nothing (or is kept empty with `drain`); then
+    /// one CAS write.
     pub(crate) async fn apply(
         &self,
         actor: &str,
-        mesh: Mesh,
+        mut mesh: Mesh,
         why: String,
+        drain: bool,
     ) -> Result<Body, ApiError> {
-        let _ = validate;
+        validate(&mesh).map_err(|e| ApiError::Invalid(format!("{e}\nnothing was stored")))?;
         let mut work = self.work.lock().await;
         let lease = self.lease().await?;
         let state = self.state()?;
         work.refresh(&state)?;
+        let draining = keep_draining(&state, &mut mesh, drain)?;
         let changes = should_be_changes(&state, &work.cache, &mesh)?;
         let applied = self
             .propose(
@@ -61,6 +64,7 @@ impl Service {
             revision,
             changes: changes.into_iter().collect(),
             settings_ignored,
+            draining,
         })
     }
 
@@ -70,7 +74,9 @@ impl Service {
         history: bool,
     ) -> Result<Body, ApiError> {
         let state = self.state()?;
-        if let Some(s) = &scope {
+        if let Some(s) = &scope
+            && !state.mesh.settings.layers.contains_key(s)
+        {
             check_scope(&state, s)?;
         }
         let layers = state
@@ -144,7 +150,10 @@ impl Service {
         let mut work = self.work.lock().await;
         let lease = self.lease().await?;
         let state = self.state()?;
-        check_scope(&state, &scope)?;
+        // A layer left behind by a machine or module the model dropped can still be cleared.
+        if !state.mesh.settings.layers.contains_key(&scope) {
+            check_scope(&state, &scope)?;
+        }
         clear_layer(state.mesh.settings.layers.get(&scope))
             .map_err(|e| ApiError::Invalid(format!("settings {scope}: {e}")))?;
         let command = Command::ClearSettings {
@@ -284,6 +293,30 @@ fn settings_answer(scope: Scope, applied: Applied) -> Result<Body, ApiError> {
 }
 
 /// Every machine composes with `mesh` (the store keeps its own settings after the first apply).
+/// Machines `mesh` drops that may still run modules: refused, or with `drain` put back into
+/// `mesh` with no modules (their modules are already gone from the file), so the next push stops
+/// them and a later apply can drop the machine.
+fn keep_draining(state: &DomainState, mesh: &mut Mesh, drain: bool) -> Result<Vec<String>, ApiError> {
+    let mut draining = Vec::new();
+    for (name, machine) in &state.mesh.machines {
+        if mesh.machines.contains_key(name) {
+            continue;
+        }
+        let Some(why) = state.still_runs(name) else {
+            continue;
+        };
+        if !drain {
+            return Err(ApiError::Invalid(format!(
+                "{}; nothing was stored",
+                leave_refused(name, &why)
+            )));
+        }
+        mesh.machines.insert(name.clone(), machine.clone());
+        draining.push(name.clone());
+    }
+    Ok(draining)
+}
+
 /// Composes every machine with the new model (refusing one that does not compose) and names the
 /// machines whose should-be it changes against `cache`, the should-be at the current revision.
 fn should_be_changes(

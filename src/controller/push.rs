@@ -35,9 +35,7 @@ pub(crate) fn known_of(state: &DomainState) -> BTreeMap<String, Known> {
     let mut known = BTreeMap::new();
     for (machine, send) in &state.last_sends {
         let report = state.accounts.get(machine).and_then(|a| a.report.as_ref());
-        let confirmed = report.is_some_and(|r| {
-            r.epoch == send.epoch && r.sequence == send.sequence && r.applied == Some(send.digest)
-        });
+        let confirmed = state.confirmed(machine);
         let mut running_mounts = BTreeMap::new();
         for (module, summary) in &send.summary.modules {
             let stopped = report.is_some_and(|r| {

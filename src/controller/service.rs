@@ -510,7 +510,7 @@ impl Service {
     pub async fn handle(&self, actor: &str, request: Request) -> Result<Body, ApiError> {
         match request {
             Request::Status => self.status().await,
-            Request::Apply { mesh, why } => self.apply(actor, mesh, why).await,
+            Request::Apply { mesh, why, drain } => self.apply(actor, mesh, why, drain).await,
             Request::Plan { target, moves } => self.plan(target, moves).await,
             Request::Push {
                 target,

@@ -109,6 +109,14 @@ impl DomainState {
             Command::ApplyModel { mesh, why, changes } => {
                 // The controller validates before proposing; this holds for any proposer.
                 validate(mesh).map_err(|e| Refusal::Invalid(e.to_string()))?;
+                for machine in self.mesh.machines.keys() {
+                    if mesh.machines.contains_key(machine) {
+                        continue;
+                    }
+                    if let Some(why) = self.still_runs(machine) {
+                        return Err(Refusal::Invalid(leave_refused(machine, &why)));
+                    }
+                }
                 let applied = self.apply_model(p, mesh, why, changed);
                 changed.push(Changed::ModelHistory(ModelChange {
                     revision: self.revision,
@@ -351,8 +359,47 @@ impl DomainState {
         }
     }
 
+    /// Whether a report confirmed `machine`'s last send applied.
+    pub fn confirmed(&self, machine: &str) -> bool {
+        let Some(send) = self.last_sends.get(machine) else {
+            return false;
+        };
+        let report = self.accounts.get(machine).and_then(|a| a.report.as_ref());
+        report.is_some_and(|r| {
+            r.epoch == send.epoch && r.sequence == send.sequence && r.applied == Some(send.digest)
+        })
+    }
+
+    /// Why `machine` may still run modules, so it cannot leave the model yet: its last send has
+    /// modules, or its last (empty) send is not confirmed applied. `None` when it runs nothing.
+    pub fn still_runs(&self, machine: &str) -> Option<String> {
+        let send = self.last_sends.get(machine)?;
+        let modules: Vec<&str> = send.summary.modules.keys().map(String::as_str).collect();
+        if !modules.is_empty() {
+            return Some(format!(
+                "it still runs {} (send #{})",
+                modules.join(", "),
+                send.sequence
+            ));
+        }
+        if !self.confirmed(machine) {
+            return Some(format!(
+                "its send #{} without modules is not confirmed applied yet",
+                send.sequence
+            ));
+        }
+        None
+    }
+
     fn bump(&mut self, changed: &mut Vec<Changed>) {
         self.revision += 1;
         changed.push(Changed::Revision);
     }
+}
+
+/// The refusal of a model that drops a machine still running modules (issue 9, part 8).
+pub fn leave_refused(machine: &str, why: &str) -> String {
+    format!(
+        "machine {machine} cannot leave the model: {why}; apply with `--drain` to keep it with no modules, push it, then apply again"
+    )
 }

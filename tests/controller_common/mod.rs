@@ -270,6 +270,7 @@ impl Bed {
             &Request::Apply {
                 mesh: mesh.clone(),
                 why: "test".into(),
+                drain: false,
             },
         )
         .await
