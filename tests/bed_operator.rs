@@ -171,3 +171,75 @@ fn bad_input_is_one_line_nonzero_and_leaves_the_store_unchanged() -> anyhow::Res
     assert_eq!(bed.status()?["revision"], revision);
     Ok(())
 }
+
+#[test]
+fn validation_holes_are_refused_at_apply_and_settings_set_with_exit_2_and_the_store_unchanged()
+-> anyhow::Result<()> {
+    // Issue 9: two modules on one port, a placement scope off the module's machine, a repeated
+    // key, control characters and an oversized value: each refused in one line naming it, exit 2,
+    // and neither history nor the model revision moves.
+    let bed = ready(pair)?;
+    let before = bed.meshctl_ok(&["history", "--json"])?.json()?["answer"].clone();
+    let revision = bed.status()?["revision"].clone();
+    let clash = bed.dir.join("clash.toml");
+    std::fs::write(
+        &clash,
+        format!(
+            "{pair}\n[modules.rogue]\nmachine = \"ace\"\ncommand = \"sleep\"\nargs = [\"600\"]\nprovides = [{{ kind = \"pg\", port = 5432 }}]\n"
+        ),
+    )?;
+    let clash = clash.display().to_string();
+    let control = bed.dir.join("control.toml");
+    std::fs::write(
+        &control,
+        pair.replace("region = \"lab\"", "region = \"lab\\u001b[2J\""),
+    )?;
+    let control = control.display().to_string();
+    let big = format!(
+        "blob={}",
+        "x".repeat(mesh::core::settings::setting_value_bytes_max + 1)
+    );
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["apply", "-f", &clash, "--why", "w"],
+            "module `rogue` would listen on 127.0.0.1:5432 on machine ace, where module `db` listens too",
+        ),
+        (
+            vec!["apply", "-f", &control, "--why", "w"],
+            "setting `region` has a control character (U+001B)",
+        ),
+        (
+            vec!["settings", "set", "module/db@g14", "a=1", "--why", "w"],
+            "module `db` runs on ace, not on g14",
+        ),
+        (
+            vec!["settings", "set", "mesh", "a=1", "a=2", "--why", "w"],
+            "setting `a` is given twice",
+        ),
+        (
+            vec!["settings", "set", "mesh", "motd=two\nlines", "--why", "w"],
+            "control character (U+000A)",
+        ),
+        (
+            vec!["settings", "set", "mesh", "k\tey=1", "--why", "w"],
+            "control character (U+0009)",
+        ),
+        (
+            vec!["settings", "set", "mesh", &big, "--why", "w"],
+            "over the limit of 65536 bytes (setting_value_bytes_max)",
+        ),
+    ];
+    for (args, says) in cases {
+        let run = bed.meshctl(&args)?;
+        let shown: Vec<&str> = args.iter().map(|a| &a[..a.len().min(40)]).collect();
+        assert_eq!(run.code, Some(2), "{shown:?}: {}{}", run.stdout, run.stderr);
+        assert!(run.one_line_error(), "{shown:?}: {}", run.stderr);
+        assert!(run.stderr.contains(says), "{shown:?}: {}", run.stderr);
+    }
+    assert_eq!(
+        bed.meshctl_ok(&["history", "--json"])?.json()?["answer"],
+        before
+    );
+    assert_eq!(bed.status()?["revision"], revision);
+    Ok(())
+}
