@@ -50,8 +50,19 @@ async fn main() -> anyhow::Result<()> {
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let started = agent.start().await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let started = match started {
+        Ok(_) => agent.genesis().await.map(|_| ()).or_else(|e| {
+            if e.is_fatal() {
+                return Err(e);
+            }
+            // A refused genesis is counted and reported; the host carries on and waits for pushes.
+            tracing::warn!(error = %e, "genesis not applied");
+            Ok(())
+        }),
+        Err(e) => Err(e),
+    };
     let outcome = match started {
-        Err(e) => Err(e).context("resuming the last declaration"),
+        Err(e) => Err(e).context("resuming the last declaration or applying the genesis"),
         Ok(_) => {
             let fatal = listener::serve(&endpoint, Arc::clone(&agent))
                 .context("the endpoint was already serving")?;

@@ -349,7 +349,7 @@ fn write_replica(
     Ok((path, encode_hex(key.verifying_key().as_bytes())))
 }
 
-fn write_host(
+pub(crate) fn write_host(
     layout: &Layout,
     ca: &Ca,
     name: &str,
@@ -426,7 +426,7 @@ fn create_dir(dir: &Path) -> Result<(), InitError> {
 }
 
 /// Creates `path` with `mode` (never overwriting) and writes `bytes`.
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InitError> {
+pub(crate) fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InitError> {
     let err = |source| InitError::Write {
         path: path.display().to_string(),
         source,

@@ -9,6 +9,7 @@ pub mod context;
 pub mod dev;
 pub mod history;
 pub mod init;
+pub mod machines;
 pub mod plan;
 pub mod procs;
 pub mod push;
@@ -83,6 +84,9 @@ pub enum Command {
     /// Backups of the store.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCommand),
+    /// Machines joining the running mesh.
+    #[command(subcommand)]
+    Machines(machines::MachinesCommand),
 }
 
 /// `--json` for read commands.
@@ -177,6 +181,7 @@ pub fn run(cli: Cli) -> Result<Output, CliError> {
         Command::Settings(cmd) => settings::run(ctx.as_deref(), &cmd),
         Command::History(args) => history::run(ctx.as_deref(), &args),
         Command::Snapshot(cmd) => snapshot::run(ctx.as_deref(), &cmd),
+        Command::Machines(cmd) => machines::run(ctx.as_deref(), &cmd),
     }
 }
 

@@ -54,6 +54,12 @@ pub enum Request {
     History,
     /// A consistent backup of the store that `meshd restore` takes.
     SnapshotSave,
+    /// The first envelope of a machine that never ran (G11): composed, minted and recorded as a
+    /// push of it would be, its cascade sent, its own envelope sealed and returned.
+    Genesis {
+        machine: String,
+        why: String,
+    },
 }
 
 /// What a push is aimed at. A bare push (no machine, no flag) never reaches the wire: meshctl refuses it.
@@ -108,6 +114,11 @@ pub enum Body {
     Snapshot {
         bytes: Vec<u8>,
         epoch_floor: u64,
+    },
+    /// The sealed genesis envelope, and the push lines of the machines it cascaded to.
+    Genesis {
+        envelope: Vec<u8>,
+        cascade: PushView,
     },
 }
 

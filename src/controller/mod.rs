@@ -2,6 +2,7 @@
 pub mod api;
 pub mod config;
 pub mod floor;
+mod genesis;
 mod ops;
 mod planview;
 mod push;

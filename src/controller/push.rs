@@ -154,6 +154,30 @@ impl Service {
         moves: Vec<String>,
         saved: Option<Box<PlanView>>,
     ) -> Result<Body, ApiError> {
+        let job = PushJob {
+            target,
+            why,
+            moves,
+            saved,
+            keep: None,
+        };
+        Ok(self.run_push(actor, job).await?.0)
+    }
+
+    /// Runs one push: plan, mints, holds, send records, then every envelope delivered, except the
+    /// one for `job.keep`, which is sealed and returned instead (a genesis).
+    pub(crate) async fn run_push(
+        &self,
+        actor: &str,
+        job: PushJob,
+    ) -> Result<(Body, Option<Vec<u8>>), ApiError> {
+        let PushJob {
+            target,
+            why,
+            moves,
+            saved,
+            keep,
+        } = job;
         if why.trim().is_empty() {
             return Err(ApiError::Invalid(
                 "a push needs a reason: add `--why \"...\"`; it is kept with the send record"
@@ -210,7 +234,7 @@ impl Service {
         };
         // Mints are committed before any send carries them (G4).
         if let Err(reason) = self.acting(&lease) {
-            return Ok(stopped(reason));
+            return Ok((stopped(reason), None));
         }
         let mut revision = state.revision;
         if !planned.mints.is_empty() {
@@ -230,7 +254,7 @@ impl Service {
                         "the store refused this push's mints: {r}; nothing was sent"
                     )));
                 }
-                Err(e) => return Ok(stopped(e.to_string())),
+                Err(e) => return Ok((stopped(e.to_string()), None)),
             }
             for p in &planned.mints {
                 work.world.insert_provision(p.clone());
@@ -239,12 +263,12 @@ impl Service {
         work.cache.apply(&planned);
         work.revision = Some(revision);
         if let Err(reason) = self.record_holds(&lease, actor, &state, &planned).await {
-            return Ok(stopped(reason));
+            return Ok((stopped(reason), None));
         }
         let records = self.send_records(epoch, actor, &why, &moves, &state, &planned);
         if !records.is_empty() {
             if let Err(reason) = self.acting(&lease) {
-                return Ok(stopped(reason));
+                return Ok((stopped(reason), None));
             }
             let sends = records.clone();
             match self
@@ -257,10 +281,18 @@ impl Service {
                         "the store refused this push's send records: {r}; nothing was sent"
                     )));
                 }
-                Err(e) => return Ok(stopped(e.to_string())),
+                Err(e) => return Ok((stopped(e.to_string()), None)),
             }
         }
-        let mut lines = self.deliver(&lease, &planned.sends, &records).await;
+        let (kept, sends, records) = split_kept(&planned.sends, &records, keep.as_deref());
+        let sealed = match kept {
+            Some((send, record)) => match self.seal_kept(&lease, &send, &record) {
+                Ok(bytes) => Some(bytes),
+                Err(reason) => return Ok((stopped(reason), None)),
+            },
+            None => None,
+        };
+        let mut lines = self.deliver(&lease, &sends, &records).await;
         for (machine, holds) in holds_by_machine(&planned) {
             lines.push(PushLine {
                 machine,
@@ -270,7 +302,7 @@ impl Service {
                 },
             });
         }
-        Ok(Body::Push(PushView { epoch, lines }))
+        Ok((Body::Push(PushView { epoch, lines }), sealed))
     }
 
     /// Records the holds of held machines and releases the holds of machines now sent (G8).
@@ -476,6 +508,38 @@ impl Service {
             Err(e) => line(sent(format!("the host's answer is unreadable: {e}"))),
         }
     }
+}
+
+/// What one push is asked to do.
+pub(crate) struct PushJob {
+    pub(crate) target: PushTarget,
+    pub(crate) why: String,
+    pub(crate) moves: Vec<String>,
+    pub(crate) saved: Option<Box<PlanView>>,
+    /// A machine whose envelope is sealed and handed back instead of sent (a genesis).
+    pub(crate) keep: Option<String>,
+}
+
+type Kept = Option<(PlannedSend, SendRecord)>;
+
+/// Takes `keep`'s send out of the ones to deliver.
+fn split_kept(
+    sends: &[PlannedSend],
+    records: &[SendRecord],
+    keep: Option<&str>,
+) -> (Kept, Vec<PlannedSend>, Vec<SendRecord>) {
+    let mut kept = None;
+    let mut out_sends = Vec::new();
+    let mut out_records = Vec::new();
+    for (send, record) in sends.iter().zip(records) {
+        if Some(send.machine.as_str()) == keep {
+            kept = Some((send.clone(), record.clone()));
+        } else {
+            out_sends.push(send.clone());
+            out_records.push(record.clone());
+        }
+    }
+    (kept, out_sends, out_records)
 }
 
 /// A push that stopped before anything left: every machine failed with the reason.

@@ -532,6 +532,7 @@ impl Service {
             Request::SettingsClear { scope, why } => self.settings_clear(actor, scope, why).await,
             Request::History => self.history(),
             Request::SnapshotSave => self.snapshot().await,
+            Request::Genesis { machine, why } => self.genesis(actor, machine, why).await,
         }
     }
 

@@ -27,6 +27,12 @@ pub const change_settle_ms: u64 = 200;
 /// Longest a change waits for the board to be quiet before it is reported anyway.
 pub const change_settle_ms_max: u64 = 1_000;
 
+/// The genesis file under the state directory: the first envelope of a machine that joined a
+/// running mesh (`meshctl machines add`, G11).
+pub const genesis_file_name: &str = "genesis.envelope";
+/// Largest genesis file read, in bytes (an envelope's frame limit is far below it).
+pub const genesis_bytes_max: u64 = 256 * 1024 * 1024;
+
 /// What a change of module states must alter to be reported before the next reconcile: restart
 /// counts and pids alone wait for it.
 type Shape = Vec<(String, ModuleState, Option<Exit>)>;
@@ -57,6 +63,8 @@ pub enum HostError {
         "mesh-host is stopping its modules and applies nothing more; send again once it is back"
     )]
     ShuttingDown,
+    #[error("cannot read the genesis {path}: {reason}; write it again with `meshctl machines add`")]
+    Genesis { path: String, reason: String },
 }
 
 impl HostError {
@@ -64,7 +72,10 @@ impl HostError {
     pub fn is_fatal(&self) -> bool {
         !matches!(
             self,
-            HostError::Refused(_) | HostError::Declaration { .. } | HostError::ShuttingDown
+            HostError::Refused(_)
+                | HostError::Declaration { .. }
+                | HostError::ShuttingDown
+                | HostError::Genesis { .. }
         )
     }
 }
@@ -165,6 +176,33 @@ impl Agent {
         // The listener starts after this returns; it must not wait on the controllers.
         self.flush_in_background();
         Ok(Some(outcome))
+    }
+
+    /// Applies the genesis in the state directory through the same fencing as any envelope, if
+    /// this machine has accepted nothing yet (G11). `None` when there is no genesis or the machine
+    /// is past it; a refused genesis is counted and reported like any refused envelope.
+    pub async fn genesis(&self) -> Result<Option<Applied>, HostError> {
+        if self.high_water().await.is_some() {
+            return Ok(None);
+        }
+        let path = self.config.root().join(genesis_file_name);
+        let fail = |reason: String| HostError::Genesis {
+            path: path.display().to_string(),
+            reason,
+        };
+        let size = match std::fs::metadata(&path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(fail(e.to_string())),
+        };
+        if size > genesis_bytes_max {
+            return Err(fail(format!(
+                "{size} bytes, over the {genesis_bytes_max}-byte limit"
+            )));
+        }
+        let bytes = std::fs::read(&path).map_err(|e| fail(e.to_string()))?;
+        tracing::info!(machine = %self.config.name(), "applying the genesis envelope");
+        self.receive(&bytes).await.map(Some)
     }
 
     /// Verifies `wire` (the exact envelope bytes), raises the high-water mark on disk, applies the

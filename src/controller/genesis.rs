@@ -1,0 +1,82 @@
+//! A machine joins a running mesh at its genesis (G11): the leader composes it exactly as a push
+//! would — under its lease, its provisions minted and committed, its send recorded, its providers
+//! cascaded and sent — and hands back the sealed envelope instead of sending it, because the
+//! machine's agent is not running yet. `mesh-host` applies it at its first start through the same
+//! fencing as any envelope.
+
+use mesh_raft::Lease;
+
+use super::api::{ApiError, Body, PushTarget};
+use super::push::PushJob;
+use super::service::Service;
+use crate::core::envelope::{Envelope, seal};
+use crate::core::plan::PlannedSend;
+use crate::store::command::SendRecord;
+
+impl Service {
+    /// `Request::Genesis`: refused for a machine not in the model or already sent to.
+    pub(crate) async fn genesis(
+        &self,
+        actor: &str,
+        machine: String,
+        why: String,
+    ) -> Result<Body, ApiError> {
+        let state = self.state()?;
+        if !state.mesh.machines.contains_key(&machine) {
+            return Err(ApiError::Invalid(format!(
+                "there is no machine {machine} in the model; add [machines.{machine}] to the mesh file and `meshctl apply` it first"
+            )));
+        }
+        if let Some(send) = state.last_sends.get(&machine) {
+            return Err(ApiError::Invalid(format!(
+                "machine {machine} already got send #{} at epoch {}; a genesis is only for a machine that never ran: use `meshctl push {machine}`",
+                send.sequence, send.epoch
+            )));
+        }
+        drop(state);
+        let job = PushJob {
+            target: PushTarget::Machine(machine.clone()),
+            why,
+            moves: Vec::new(),
+            saved: None,
+            keep: Some(machine.clone()),
+        };
+        let (body, sealed) = self.run_push(actor, job).await?;
+        let Body::Push(cascade) = body else {
+            return Err(ApiError::Failed(format!(
+                "the push for {machine}'s genesis answered {body:?}"
+            )));
+        };
+        match sealed {
+            Some(envelope) => Ok(Body::Genesis { envelope, cascade }),
+            None => Err(ApiError::Unavailable(format!(
+                "no genesis for {machine}: {}",
+                cascade
+                    .lines
+                    .iter()
+                    .map(|l| format!("{}: {:?}", l.machine, l.outcome))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ))),
+        }
+    }
+
+    /// Seals the kept send's envelope, only while this replica may still act (G3).
+    pub(crate) fn seal_kept(
+        &self,
+        lease: &Lease,
+        send: &PlannedSend,
+        record: &SendRecord,
+    ) -> Result<Vec<u8>, String> {
+        self.acting(lease)?;
+        let envelope = Envelope {
+            machine: send.machine.clone(),
+            epoch: record.epoch,
+            sequence: record.sequence,
+            signer: self.id,
+            moves: record.moves.clone(),
+            declaration: send.declaration.clone(),
+        };
+        seal(&envelope, &self.key).map_err(|e| format!("could not seal the genesis: {e}"))
+    }
+}
