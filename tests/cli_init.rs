@@ -145,3 +145,155 @@ fn init_refuses_an_existing_mesh_bad_names_and_machines_missing_from_the_file() 
     );
     assert!(!other.join("context.toml").exists());
 }
+
+/// Three machines on their own addresses: ace and g14 on IPv4, novox on IPv6.
+fn real_mesh(novox: &str) -> String {
+    format!(
+        "[machines.ace]\naddress = \"10.0.0.5\"\n\n[machines.g14]\naddress = \"10.0.0.6\"\n\n\
+         [machines.novox]\naddress = \"{novox}\"\n\n[modules.db]\nmachine = \"ace\"\ncommand = \"sleep\"\n\
+         args = [\"600\"]\nprovides = [{{ kind = \"sql\", port = 5432 }}]\n"
+    )
+}
+
+fn toml_of(path: &Path) -> toml::Table {
+    let text = std::fs::read_to_string(path).expect("read config");
+    toml::from_str(&text).expect("toml")
+}
+
+#[test]
+fn init_with_replica_addresses_listens_on_the_wildcard_and_advertises_the_routable_address() {
+    // Issue 15: --replica and the mesh file's machine addresses; listen and advertise kept apart,
+    // IPv6 included, and each config passes its own process's checks.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for (novox, listen) in [("10.0.0.7", "0.0.0.0"), ("fd00::7", "[::]")] {
+        let file = tmp.path().join(format!("mesh-{listen}.toml"));
+        std::fs::write(&file, real_mesh(novox)).expect("write mesh");
+        let dir = tmp.path().join(format!("mesh-{listen}"));
+        let out = init(
+            &dir,
+            &[
+                "-f",
+                file.to_str().expect("utf-8"),
+                "--replica",
+                "1=10.0.0.1:7100",
+                "--replica",
+                "2=10.0.0.2",
+                "--replica",
+                "3=10.0.0.3:7300",
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let replica = toml_of(&dir.join("replica-3.toml"));
+        assert_eq!(
+            replica["listen"].as_str(),
+            Some(format!("{listen}:7300").as_str())
+        );
+        assert_eq!(replica["peers"]["2"].as_str(), Some("10.0.0.2:7100"));
+        assert_eq!(replica["peers"]["3"].as_str(), Some("10.0.0.3:7300"));
+        assert_eq!(replica["hosts"]["ace"].as_str(), Some("10.0.0.5:7200"));
+        let novox_at = if novox.contains(':') {
+            format!("[{novox}]:7200")
+        } else {
+            format!("{novox}:7200")
+        };
+        assert_eq!(replica["hosts"]["novox"].as_str(), Some(novox_at.as_str()));
+        ReplicaConfig::load(&dir.join("replica-3.toml")).expect("meshd accepts it");
+        let host = toml_of(&dir.join("host-novox.toml"));
+        assert_eq!(
+            host["listen"].as_str(),
+            Some(format!("{listen}:7200").as_str())
+        );
+        assert_eq!(host["advertise"].as_str(), Some(novox_at.as_str()));
+        let loaded = HostConfig::load(&dir.join("host-novox.toml")).expect("mesh-host accepts it");
+        assert_eq!(
+            loaded.replicas(),
+            ["10.0.0.1:7100", "10.0.0.2:7100", "10.0.0.3:7300"]
+        );
+        let context = mesh::cli::context::load(&dir.join("context.toml"), "--context")
+            .expect("meshctl accepts the context");
+        assert_eq!(
+            context.replicas[0].1,
+            "10.0.0.1:7100".parse().expect("addr")
+        );
+    }
+}
+
+#[test]
+fn init_refuses_wildcard_unroutable_shared_and_mixed_loopback_addresses_and_writes_nothing() {
+    // Issue 15: an address no other machine can dial is refused in one line naming it, exit 2,
+    // before anything is written.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let good = tmp.path().join("good.toml");
+    std::fs::write(&good, real_mesh("10.0.0.7")).expect("write");
+    let variant = |name: &str, novox: &str| {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, real_mesh(novox)).expect("write");
+        path.display().to_string()
+    };
+    let wildcard = variant("wildcard.toml", "0.0.0.0");
+    let named = variant("named.toml", "novox.lan");
+    let shared = variant("shared.toml", "10.0.0.5");
+    let looped = variant("looped.toml", "127.0.0.1");
+    let linked = variant("linked.toml", "fe80::7");
+    let good = good.display().to_string();
+    let r = [
+        "--replica",
+        "1=10.0.0.1:7100",
+        "--replica",
+        "2=10.0.0.2:7100",
+    ];
+    let with = |file: &str, extra: &[&'static str]| -> Vec<String> {
+        let mut v: Vec<String> = vec!["-f".into(), file.into()];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (with(&good, &["--replica", "1=0.0.0.0:7100"]), "wildcard"),
+        (with(&good, &["--replica", "1=[::]:7100"]), "wildcard"),
+        (with(&good, &["--replica", "1=10.0.0.1:0"]), "port 0"),
+        (with(&good, &["--replica", "1=224.0.0.9:7100"]), "multicast"),
+        (with(&good, &["--replica", "1=nowhere"]), "ID=ADDR"),
+        (
+            with(
+                &good,
+                &["--replica", "1=10.0.0.1", "--replica", "1=10.0.0.2"],
+            ),
+            "twice",
+        ),
+        (with(&good, &["--replica", "1=127.0.0.1:7101"]), "loopback"),
+        (
+            with(&good, &["--replica", "1=10.0.0.5:7200"]),
+            "both listen",
+        ),
+        (with(&wildcard, &r), "wildcard"),
+        (with(&named, &r), "not an IP address"),
+        (with(&shared, &r), "both listen at 10.0.0.5:7200"),
+        (with(&looped, &r), "loopback"),
+        (with(&linked, &r), "link-local"),
+        (
+            with(&good, &["--replica", "1=10.0.0.1", "--replicas", "3"]),
+            "--replicas",
+        ),
+        (
+            vec![
+                "--machines".into(),
+                "ace".into(),
+                "--replica".into(),
+                "1=10.0.0.1".into(),
+            ],
+            "--file",
+        ),
+    ];
+    for (i, (args, what)) in cases.iter().enumerate() {
+        let dir = tmp.path().join(format!("out-{i}"));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = init(&dir, &args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(what), "{args:?}: want {what}: {stderr}");
+        if !what.starts_with("--") {
+            assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        }
+        assert!(!dir.join("ca.key").exists(), "{args:?} wrote a CA");
+    }
+}

@@ -2,13 +2,18 @@
 //! replica, machine and the operator; keys 0600), one ed25519 signing key per replica, a config per
 //! replica (`replica-<id>.toml`) and machine (`host-<m>.toml`), a context file, and with `-f` each
 //! machine's genesis declaration: the core's compose of that machine from the file (G11).
+//!
+//! Addresses (decision 0094): with `--replica ID=ADDR` each replica is advertised at ADDR and each
+//! machine at its mesh-file `address` on `--host-port`, every process listening on the wildcard of
+//! that port; without, everything is on loopback ports from `--base-port` (one machine: `meshctl
+//! dev`, the beds). A layout is checked whole before anything is written.
 
 use ed25519_dalek::SigningKey;
-use mesh_transport::{Ca, PkiError, Principal, Validity};
+use mesh_transport::{Ca, PkiError, Principal, Validity, addr};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -34,6 +39,10 @@ pub const public_file_mode: u32 = 0o644;
 pub const host_reconcile_interval_ms: u64 = 2_000;
 /// Replica `i` listens on `base + i`; machine `j` (from 1) on `base + 100 + j`.
 pub const host_port_offset: u16 = 100;
+/// The port of a `--replica ID=IP` given without one.
+pub const replica_port_default: u16 = 7100;
+/// The port every mesh-host listens on with `--replica` (each machine has its own address).
+pub const host_port_default: u16 = 7200;
 /// The operator name in the certificate `init` issues.
 pub const operator_default: &str = "admin";
 
@@ -42,17 +51,25 @@ pub struct InitArgs {
     /// Directory to write into (created if missing; refused if it already holds a context).
     #[arg(long)]
     pub dir: PathBuf,
-    /// How many replicas.
-    #[arg(long, default_value_t = 3)]
+    /// How many replicas (on loopback; with --replica, one per --replica).
+    #[arg(long, default_value_t = 3, conflicts_with = "replica")]
     pub replicas: u64,
+    /// A replica and the address the others dial: `1=10.0.0.1:7100`, `2=[fd00::2]:7100`, or
+    /// `3=10.0.0.3` (port 7100). Repeat per replica; needs -f, whose machines' `address`es are
+    /// where the replicas reach each mesh-host (on --host-port).
+    #[arg(long = "replica", value_name = "ID=ADDR", requires = "file")]
+    pub replica: Vec<String>,
+    /// With --replica: the port each machine's mesh-host listens on, at its mesh-file address.
+    #[arg(long, default_value_t = host_port_default, requires = "replica")]
+    pub host_port: u16,
     /// Machine names, comma-separated; with `-f`, defaults to the file's machines.
     #[arg(long, value_delimiter = ',')]
     pub machines: Vec<String>,
     /// A mesh file: write each machine's genesis declaration from it.
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
-    /// Replica i listens on 127.0.0.1:P+i, machine j on 127.0.0.1:P+100+j.
-    #[arg(long, default_value_t = 7100)]
+    /// Without --replica: replica i listens on 127.0.0.1:P+i, machine j on 127.0.0.1:P+100+j.
+    #[arg(long, default_value_t = 7100, conflicts_with = "replica")]
     pub base_port: u16,
     /// The operator name in the operator certificate.
     #[arg(long, default_value = operator_default)]
@@ -128,6 +145,37 @@ pub fn run(args: &InitArgs) -> Result<String, super::CliError> {
 
 /// The layout the arguments ask for, checked.
 pub fn layout(args: &InitArgs, mesh: Option<Mesh>) -> Result<Layout, InitError> {
+    if !is_valid_name(&args.operator) {
+        return Err(InitError::Usage(format!(
+            "operator name `{}` is not valid; use 1 to 63 of [a-z0-9-]",
+            args.operator
+        )));
+    }
+    let machines = machine_names(&args.machines, mesh.as_ref())?;
+    let (replicas, machines) = if args.replica.is_empty() {
+        loopback_addresses(args, machines)?
+    } else {
+        let Some(mesh) = mesh.as_ref() else {
+            return Err(InitError::Usage(
+                "--replica needs a mesh file (-f): machines' addresses come from it".into(),
+            ));
+        };
+        let replicas = replica_addresses(&args.replica)?;
+        (replicas, machine_addresses(machines, mesh, args.host_port)?)
+    };
+    Ok(Layout {
+        dir: args.dir.clone(),
+        replicas,
+        machines,
+        mesh,
+        operator: args.operator.clone(),
+    })
+}
+
+type Addresses = (Vec<(u64, SocketAddr)>, Vec<(String, SocketAddr)>);
+
+/// Without `--replica`: replica `i` on `127.0.0.1:base+i`, machine `j` on `127.0.0.1:base+100+j`.
+fn loopback_addresses(args: &InitArgs, machines: Vec<String>) -> Result<Addresses, InitError> {
     let usage = |s: String| InitError::Usage(s);
     if !(1..=replicas_max).contains(&args.replicas) {
         return Err(usage(format!(
@@ -135,13 +183,6 @@ pub fn layout(args: &InitArgs, mesh: Option<Mesh>) -> Result<Layout, InitError> 
             args.replicas
         )));
     }
-    if !is_valid_name(&args.operator) {
-        return Err(usage(format!(
-            "operator name `{}` is not valid; use 1 to 63 of [a-z0-9-]",
-            args.operator
-        )));
-    }
-    let machines = machine_names(&args.machines, mesh.as_ref())?;
     let port = |offset: u64| -> Result<SocketAddr, InitError> {
         let p = u64::from(args.base_port) + offset;
         let p = u16::try_from(p).map_err(|_| {
@@ -160,13 +201,113 @@ pub fn layout(args: &InitArgs, mesh: Option<Mesh>) -> Result<Layout, InitError> 
     for (j, m) in machines.into_iter().enumerate() {
         hosts.push((m, port(u64::from(host_port_offset) + j as u64 + 1)?));
     }
-    Ok(Layout {
-        dir: args.dir.clone(),
-        replicas,
-        machines: hosts,
-        mesh,
-        operator: args.operator.clone(),
-    })
+    Ok((replicas, hosts))
+}
+
+/// `--replica ID=ADDR` values: ids from 1, each once, at most [`replicas_max`]; ADDR is `ip:port`,
+/// `[ipv6]:port`, or an IP alone on [`replica_port_default`].
+fn replica_addresses(specs: &[String]) -> Result<Vec<(u64, SocketAddr)>, InitError> {
+    let usage = |s: String| InitError::Usage(s);
+    if specs.len() > replicas_max as usize {
+        return Err(usage(format!(
+            "{} --replica given, at most {replicas_max}; a cluster has 3 (or 1 for a dev mesh)",
+            specs.len()
+        )));
+    }
+    let mut out: Vec<(u64, SocketAddr)> = Vec::new();
+    for spec in specs {
+        let bad = || {
+            usage(format!(
+                "--replica `{spec}` is not ID=ADDR; write it like `1=10.0.0.1:7100` or `2=[fd00::2]:7100`"
+            ))
+        };
+        let (id, address) = spec.split_once('=').ok_or_else(bad)?;
+        let id: u64 = id.trim().parse().map_err(|_| bad())?;
+        let address = parse_address(address.trim(), replica_port_default).ok_or_else(bad)?;
+        if id == 0 {
+            return Err(usage(format!("--replica `{spec}`: replica ids start at 1")));
+        }
+        if out.iter().any(|(seen, _)| *seen == id) {
+            return Err(usage(format!("--replica {id} is given twice")));
+        }
+        out.push((id, address));
+    }
+    out.sort_by_key(|(id, _)| *id);
+    Ok(out)
+}
+
+/// `ip:port`, `[ipv6]:port`, or an IP (IPv6 with or without brackets) on `default_port`.
+fn parse_address(text: &str, default_port: u16) -> Option<SocketAddr> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Some(addr);
+    }
+    let bare = text
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .unwrap_or(text);
+    let ip = bare.parse::<IpAddr>().ok()?;
+    Some(SocketAddr::new(ip, default_port))
+}
+
+/// Each machine at its mesh-file `address` (an IP), on `port`.
+fn machine_addresses(
+    names: Vec<String>,
+    mesh: &Mesh,
+    port: u16,
+) -> Result<Vec<(String, SocketAddr)>, InitError> {
+    let mut out = Vec::new();
+    for name in names {
+        let written = mesh
+            .machines
+            .get(&name)
+            .map(|m| m.address.as_str())
+            .unwrap_or_default();
+        let Some(address) = parse_address(written, port).filter(|a| a.port() == port) else {
+            return Err(InitError::Usage(format!(
+                "machine {name}: address `{written}` in the mesh file is not an IP address alone; replicas dial each mesh-host at its machine's address on --host-port, so write `[machines.{name}] address = \"10.0.0.5\"` (or an IPv6 address)"
+            )));
+        };
+        out.push((name, address));
+    }
+    Ok(out)
+}
+
+/// Every address in `layout` can be dialled from another machine, no two processes share one,
+/// and loopback is all or nothing (a one-machine mesh, or none on loopback).
+fn check_addresses(layout: &Layout) -> Result<(), InitError> {
+    let mut all: Vec<(String, SocketAddr)> = Vec::new();
+    for (id, address) in &layout.replicas {
+        all.push((format!("replica {id}"), *address));
+    }
+    for (name, address) in &layout.machines {
+        all.push((format!("machine {name}"), *address));
+    }
+    for (i, (who, address)) in all.iter().enumerate() {
+        if let Some(problem) = addr::advertise_problem(*address) {
+            return Err(InitError::Usage(format!("{who}: {problem}")));
+        }
+        if let Some((other, _)) = all[..i].iter().find(|(_, a)| a == address) {
+            return Err(InitError::Usage(format!(
+                "{other} and {who} would both listen at {address}; give each machine its own address in the mesh file, or pick another --host-port"
+            )));
+        }
+    }
+    let routable = all.iter().find(|(_, a)| !addr::is_loopback(*a));
+    let looped = all.iter().find(|(_, a)| addr::is_loopback(*a));
+    if let (Some((far, far_addr)), Some((near, near_addr))) = (routable, looped) {
+        return Err(InitError::Usage(format!(
+            "{near} is on loopback ({near_addr}) but {far} is at {far_addr}: other machines cannot reach a loopback address; write its machine's routable address"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether any process of `layout` is on IPv6: then every process listens on `[::]`, so its one
+/// socket can dial both families.
+fn dual_stack(layout: &Layout) -> bool {
+    let replicas = layout.replicas.iter().map(|(_, a)| a);
+    let machines = layout.machines.iter().map(|(_, a)| a);
+    replicas.chain(machines).any(|a| a.is_ipv6())
 }
 
 /// `--machines`, or the file's machines; each a valid name, no duplicates, each in the file.
@@ -216,6 +357,17 @@ pub fn write(layout: &Layout) -> Result<Written, InitError> {
         return Err(InitError::Exists {
             dir: dir.display().to_string(),
         });
+    }
+    check_addresses(layout)?;
+    for &(id, addr) in &layout.replicas {
+        // meshd's own checks before anything is written, so init never writes a config meshd
+        // refuses, nor half a mesh.
+        let path = layout.dir.join(format!("replica-{id}.toml"));
+        let file = replica_file(layout, id, addr);
+        ReplicaConfig::from_file(file, &path, &layout.dir).map_err(|e| InitError::Render {
+            what: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
     }
     let genesis = genesis_all(layout)?;
     let ca = Ca::create(Validity::days_from_now(cert_validity_days))?;
@@ -277,6 +429,7 @@ struct HostToml {
     root: String,
     mounts_root: String,
     listen: String,
+    advertise: String,
     replicas: Vec<String>,
     reconcile_interval_ms: u64,
     tls: TlsToml,
@@ -314,9 +467,20 @@ fn write_replica(
         secret_hex.as_bytes(),
         secret_file_mode,
     )?;
-    let config = ReplicaConfigFile {
+    // `write` checked this config with meshd's own checks before anything was written.
+    let config = replica_file(layout, id, addr);
+    let path = layout.dir.join(format!("{sub}.toml"));
+    write_toml(&path, &config)?;
+    Ok((path, encode_hex(key.verifying_key().as_bytes())))
+}
+
+/// Replica `id`'s config: listening on the wildcard of its port (on `addr` itself when that is
+/// loopback), advertised to the others at `addr` through `[peers]`.
+fn replica_file(layout: &Layout, id: u64, addr: SocketAddr) -> ReplicaConfigFile {
+    let sub = format!("replica-{id}");
+    ReplicaConfigFile {
         id,
-        listen: addr.to_string(),
+        listen: addr::listen_for(addr, dual_stack(layout)).to_string(),
         data_dir: PathBuf::from(&sub),
         signing_key: PathBuf::from(format!("{sub}/signing.key")),
         tls: TlsFile {
@@ -336,17 +500,7 @@ fn write_replica(
             .collect(),
         raft: None,
         transport: None,
-    };
-    let path = layout.dir.join(format!("{sub}.toml"));
-    // Validate with meshd's own checks before writing, so init never writes a config meshd refuses.
-    ReplicaConfig::from_file(config.clone(), &path, &layout.dir).map_err(|e| {
-        InitError::Render {
-            what: path.display().to_string(),
-            reason: e.to_string(),
-        }
-    })?;
-    write_toml(&path, &config)?;
-    Ok((path, encode_hex(key.verifying_key().as_bytes())))
+    }
 }
 
 pub(crate) fn write_host(
@@ -368,7 +522,8 @@ pub(crate) fn write_host(
         name: name.to_string(),
         root: format!("{sub}/state"),
         mounts_root: format!("{sub}/mounts"),
-        listen: addr.to_string(),
+        listen: addr::listen_for(addr, dual_stack(layout)).to_string(),
+        advertise: addr.to_string(),
         replicas: layout.replicas.iter().map(|(_, a)| a.to_string()).collect(),
         reconcile_interval_ms: host_reconcile_interval_ms,
         tls: tls_for(&sub),

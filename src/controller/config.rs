@@ -3,7 +3,7 @@
 
 use ed25519_dalek::SigningKey;
 use mesh_raft::{RaftConfig, RaftSettings};
-use mesh_transport::{CheckedConfig, TransportConfig};
+use mesh_transport::{CheckedConfig, TransportConfig, addr};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -55,16 +55,18 @@ pub enum ConfigError {
 pub struct ReplicaConfigFile {
     /// This replica's id; must be a key of `peers`.
     pub id: u64,
-    /// QUIC listen address (`ip:port`): Raft, operator API and host reports.
+    /// QUIC listen address (`ip:port`): Raft, operator API and host reports. On a real machine the
+    /// wildcard (`0.0.0.0:7100`, or `[::]:7100` to reach IPv6 peers too); others dial `peers.<id>`.
     pub listen: String,
     /// Store directory.
     pub data_dir: PathBuf,
     /// ed25519 secret key, 64 hex characters, file mode 0600.
     pub signing_key: PathBuf,
     pub tls: TlsFile,
-    /// Every replica including this one: `"<id>" = "ip:port"`.
+    /// Every replica including this one: `"<id>" = "ip:port"`, the address the others dial. This
+    /// replica's own entry is its advertise address; none may be a wildcard (decision 0094).
     pub peers: BTreeMap<String, String>,
-    /// Machine name → mesh-host address (`ip:port`).
+    /// Machine name → the mesh-host address replicas dial (`ip:port`, the host's advertise address).
     #[serde(default)]
     pub hosts: BTreeMap<String, String>,
     /// Overrides of [`RaftSettings`] fields; absent fields keep their defaults.
@@ -154,6 +156,7 @@ impl ReplicaConfig {
             ));
         }
         let hosts = parse_hosts(&raw.hosts).map_err(|(k, p)| invalid(&k, p))?;
+        check_reachable(listen, &peers, &hosts).map_err(|(k, p)| invalid(&k, p))?;
         let raft = raw
             .raft
             .unwrap_or_default()
@@ -236,8 +239,46 @@ impl ReplicaConfig {
 
 fn parse_addr(text: &str) -> Result<SocketAddr, String> {
     text.parse::<SocketAddr>().map_err(|e| {
-        format!("`{text}` is not an ip:port address ({e}); write it like `127.0.0.1:7101`")
+        format!(
+            "`{text}` is not an ip:port address ({e}); write it like `10.0.0.1:7100` or `[fd00::1]:7100`"
+        )
     })
+}
+
+/// Every address others dial (`[peers]`, this replica's own included, and `[hosts]`) can be
+/// dialled from another machine, none is loopback unless all are (a one-machine mesh), and the
+/// `listen` socket's family can dial each of them.
+fn check_reachable(
+    listen: SocketAddr,
+    peers: &BTreeMap<u64, SocketAddr>,
+    hosts: &BTreeMap<String, SocketAddr>,
+) -> Result<(), (String, String)> {
+    let mut all: Vec<(String, SocketAddr)> = Vec::new();
+    for (id, addr) in peers {
+        all.push((format!("peers.{id}"), *addr));
+    }
+    for (name, addr) in hosts {
+        all.push((format!("hosts.{name}"), *addr));
+    }
+    for (key, addr) in &all {
+        if let Some(problem) = addr::advertise_problem(*addr) {
+            return Err((key.clone(), problem));
+        }
+        if let Some(problem) = addr::dial_problem(listen, *addr) {
+            return Err((key.clone(), problem));
+        }
+    }
+    let routable = all.iter().find(|(_, a)| !addr::is_loopback(*a));
+    let looped = all.iter().find(|(_, a)| addr::is_loopback(*a));
+    if let (Some((far_key, far)), Some((key, near))) = (routable, looped) {
+        return Err((
+            key.clone(),
+            format!(
+                "`{near}` is loopback while `{far_key}` is `{far}`: other machines cannot reach a loopback address; write the routable address of this process's machine"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_peers(
@@ -409,6 +450,69 @@ heartbeat_ms = 100
             let e = ReplicaConfig::parse(&text, f, b).expect_err("refused");
             assert!(e.to_string().contains(key), "{key}: {e}");
         }
+    }
+
+    #[test]
+    fn an_advertised_wildcard_loopback_among_routable_or_ipv6_from_an_ipv4_socket_is_refused() {
+        // Issue 15: what others dial must be routable; the error names the file and the key.
+        let f = Path::new("/etc/mesh/replica-1.toml");
+        let b = Path::new("/etc/mesh");
+        let routable = example
+            .replace("listen = \"127.0.0.1:7101\"", "listen = \"0.0.0.0:7100\"")
+            .replace("\"127.0.0.1:7101\"", "\"10.0.0.1:7100\"")
+            .replace("127.0.0.1:7102", "10.0.0.2:7100")
+            .replace("127.0.0.1:7103", "10.0.0.3:7100")
+            .replace("127.0.0.1:7201", "10.0.0.5:7200");
+        let c = ReplicaConfig::parse(&routable, f, b).expect("routable addresses pass");
+        assert_eq!(c.listen(), "0.0.0.0:7100".parse().expect("addr"));
+        let cases = [
+            (
+                routable.replace("10.0.0.2:7100", "0.0.0.0:7100"),
+                "peers.2",
+                "wildcard",
+            ),
+            (
+                routable.replace("10.0.0.2:7100", "[::]:7100"),
+                "peers.2",
+                "wildcard",
+            ),
+            (
+                routable.replace("10.0.0.5:7200", "10.0.0.5:0"),
+                "hosts.ace",
+                "port 0",
+            ),
+            (
+                routable.replace("10.0.0.5:7200", "255.255.255.255:7200"),
+                "hosts.ace",
+                "broadcast",
+            ),
+            (
+                routable.replace("10.0.0.3:7100", "127.0.0.1:7103"),
+                "peers.3",
+                "loopback",
+            ),
+            (
+                routable.replace("10.0.0.5:7200", "[fd00::5]:7200"),
+                "hosts.ace",
+                "[::]:7100",
+            ),
+        ];
+        for (text, key, what) in cases {
+            let e = ReplicaConfig::parse(&text, f, b)
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                e.contains("/etc/mesh/replica-1.toml") && e.contains(&format!("`{key}`")),
+                "{e}"
+            );
+            assert!(e.contains(what), "{what}: {e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+        let dual = routable
+            .replace("listen = \"0.0.0.0:7100\"", "listen = \"[::]:7100\"")
+            .replace("10.0.0.5:7200", "[fd00::5]:7200");
+        let c = ReplicaConfig::parse(&dual, f, b).expect("a dual-stack listen dials both");
+        assert!(c.hosts()["ace"].is_ipv6());
     }
 
     #[test]

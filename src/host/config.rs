@@ -4,7 +4,7 @@
 //! state directory can move together.
 
 use ed25519_dalek::VerifyingKey;
-use mesh_transport::{CheckedConfig, TransportConfig};
+use mesh_transport::{CheckedConfig, TransportConfig, addr};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -60,6 +60,8 @@ pub struct HostConfig {
     /// Mount `host_dir`s (absolute in the model) are created under this directory.
     mounts_root: PathBuf,
     listen: SocketAddr,
+    /// Where replicas reach this host (`hosts.<name>` in their configs), when the config says.
+    advertise: Option<SocketAddr>,
     /// Controller replica addresses, `host:port`.
     replicas: Vec<String>,
     reconcile_interval: Duration,
@@ -77,6 +79,7 @@ struct RawConfig {
     root: PathBuf,
     mounts_root: Option<PathBuf>,
     listen: String,
+    advertise: Option<String>,
     #[serde(default)]
     replicas: Vec<String>,
     reconcile_interval_ms: Option<u64>,
@@ -123,6 +126,10 @@ impl HostConfig {
                 format!("`{}` is not an ip:port address ({e})", raw.listen),
             )
         })?;
+        let advertise = match &raw.advertise {
+            Some(text) => Some(check_advertise(text).map_err(|p| invalid("advertise", p))?),
+            None => None,
+        };
         if raw.replicas.len() > replicas_max {
             return Err(invalid(
                 "replicas",
@@ -133,7 +140,7 @@ impl HostConfig {
             ));
         }
         for (i, replica) in raw.replicas.iter().enumerate() {
-            check_host_port(replica).map_err(|p| invalid(&format!("replicas[{i}]"), p))?;
+            check_replica(listen, replica).map_err(|p| invalid(&format!("replicas[{i}]"), p))?;
         }
         let interval_ms = raw
             .reconcile_interval_ms
@@ -158,6 +165,7 @@ impl HostConfig {
             root: resolve(raw.root),
             mounts_root: resolve(raw.mounts_root.unwrap_or_else(|| PathBuf::from("/"))),
             listen,
+            advertise,
             replicas: raw.replicas,
             reconcile_interval: Duration::from_millis(interval_ms),
             tls: raw.tls.map(|t| TlsPaths {
@@ -187,8 +195,14 @@ impl HostConfig {
         &self.mounts_root
     }
 
+    /// Where the endpoint binds (a wildcard on a real machine).
     pub fn listen(&self) -> SocketAddr {
         self.listen
+    }
+
+    /// Where replicas reach this host, when the config says (for the log and the operator).
+    pub fn advertise(&self) -> Option<SocketAddr> {
+        self.advertise
     }
 
     /// Controller replica addresses, `host:port`.
@@ -225,13 +239,33 @@ fn check_machine_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_host_port(address: &str) -> Result<(), String> {
-    let bad = || format!("`{address}` is not a host:port address; write it like `10.0.0.1:7443`");
+/// A replica address is `ip:port` or `name:port`; a literal one must be dialable, and dialable
+/// from the `listen` socket's family (names are resolved when dialled).
+fn check_replica(listen: SocketAddr, address: &str) -> Result<(), String> {
+    let bad = || format!("`{address}` is not a host:port address; write it like `10.0.0.1:7100`");
     let (host, port) = address.rsplit_once(':').ok_or_else(bad)?;
     if host.is_empty() || port.parse::<u16>().is_err() {
         return Err(bad());
     }
+    if let Ok(ip) = address.parse::<SocketAddr>() {
+        if let Some(problem) = addr::advertise_problem(ip) {
+            return Err(problem);
+        }
+        if let Some(problem) = addr::dial_problem(listen, ip) {
+            return Err(problem);
+        }
+    }
     Ok(())
+}
+
+fn check_advertise(text: &str) -> Result<SocketAddr, String> {
+    let advertise = text.parse::<SocketAddr>().map_err(|e| {
+        format!("`{text}` is not an ip:port address ({e}); write it like `10.0.0.5:7200`")
+    })?;
+    match addr::advertise_problem(advertise) {
+        Some(problem) => Err(problem),
+        None => Ok(advertise),
+    }
 }
 
 fn parse_trusted(
@@ -330,5 +364,54 @@ mod tests {
         let bad_name = text("").replace("\"ace\"", "\"a/b\"");
         let e = HostConfig::parse(&bad_name, f, Path::new(".")).expect_err("refused");
         assert!(e.to_string().contains("`name`"), "{e}");
+    }
+
+    #[test]
+    fn a_wildcard_advertise_or_replica_address_is_refused_naming_the_file_and_key() {
+        // Issue 15: listen on the wildcard, advertise (and dial) routable addresses only.
+        let f = Path::new("/etc/mesh/host.toml");
+        let b = Path::new("/etc/mesh");
+        let real = text("replicas = [\"10.0.0.1:7100\", \"[fd00::2]:7100\", \"r3.lan:7100\"]")
+            .replace("127.0.0.1:0", "[::]:7200")
+            .replace("listen =", "advertise = \"10.0.0.5:7200\"\nlisten =");
+        let c = HostConfig::parse(&real, f, b).expect("routable addresses pass");
+        assert_eq!(c.advertise(), Some("10.0.0.5:7200".parse().expect("addr")));
+        let cases = [
+            (
+                real.replace("10.0.0.5:7200", "0.0.0.0:7200"),
+                "advertise",
+                "wildcard",
+            ),
+            (
+                real.replace("10.0.0.5:7200", "[::]:7200"),
+                "advertise",
+                "wildcard",
+            ),
+            (
+                real.replace("10.0.0.1:7100", "0.0.0.0:7100"),
+                "replicas[0]",
+                "wildcard",
+            ),
+            (
+                real.replace("[fd00::2]:7100", "[ff02::1]:7100"),
+                "replicas[1]",
+                "multicast",
+            ),
+            (
+                real.replace("[::]:7200", "0.0.0.0:7200"),
+                "replicas[1]",
+                "[::]:7200",
+            ),
+        ];
+        for (text, key, what) in cases {
+            let e = HostConfig::parse(&text, f, b)
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                e.contains("/etc/mesh/host.toml") && e.contains(&format!("`{key}`")),
+                "{e}"
+            );
+            assert!(e.contains(what), "{what}: {e}");
+        }
     }
 }

@@ -59,6 +59,9 @@ pub fn bind(config: &HostConfig) -> Result<Endpoint, ListenError> {
             source,
         },
     )?;
+    if let Some(advertise) = config.advertise() {
+        tracing::info!(listen = %endpoint.local_addr(), %advertise, "replicas reach this host at its advertise address");
+    }
     durable::create_dir(config.root(), 0o700)?;
     let shown = format!("{}\n", endpoint.local_addr());
     durable::write_atomic(&listen_path(config.root()), shown.as_bytes(), 0o644)?;

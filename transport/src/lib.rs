@@ -1,5 +1,6 @@
 //! QUIC with mutual TLS: the PKI, principals taken from certificates, framed messages, the writers table and fault hooks. Knows nothing of Raft or the domain.
 
+pub mod addr;
 pub mod config;
 pub mod endpoint;
 pub mod faults;
