@@ -1,14 +1,23 @@
 //! `meshctl dev`: the embedded default. Writes a mesh into a directory (new temp dir unless
 //! `--dir`) with free loopback ports, starts 3 `meshd` and 4 `mesh-host` (the binaries beside this
-//! one), applies the embedded `examples/mesh.toml`, pushes `--all`, prints the status and what to
-//! try, and runs until Ctrl-C or SIGTERM; then it stops every child (no orphans).
+//! one), applies the embedded `examples/mesh.toml` with its module ports moved to ports free for
+//! this run, pushes `--all`, prints the status and what to try, and runs until Ctrl-C, SIGTERM or
+//! SIGHUP; then it stops every child. No process outlives it: the signal handlers are installed
+//! before anything is written or started, and every child carries a parent-death signal, so even
+//! a SIGKILLed `dev` takes them along.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
+use tokio::signal::unix::{SignalKind, signal};
+
 use super::context::{Context, load};
 use super::init::{Layout, write};
-use super::procs::{Guarded, SpawnError, free_ports, sibling_binary, stop_grace_ms};
+use super::procs::{
+    Guarded, SpawnError, free_ports, free_tcp_ports, sibling_binary, stop_all, stop_grace_ms,
+};
 use super::{client, push, status};
 use crate::controller::api::{Body, PushTarget, Request};
 use crate::core::meshfile::parse_mesh;
@@ -23,6 +32,10 @@ pub const dev_replicas: u64 = 3;
 pub const leader_wait_ms: u64 = 30_000;
 /// Pause between two status polls while waiting.
 pub const poll_interval_ms: u64 = 200;
+/// Lowest port the example mesh's modules use; each one found in the text gets a free port.
+pub const example_port_min: u16 = 47100;
+/// Highest port the example mesh's modules use.
+pub const example_port_max: u16 = 47199;
 
 #[derive(Debug, clap::Args)]
 pub struct DevArgs {
@@ -45,6 +58,11 @@ pub enum DevError {
     },
     #[error("dev: cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("dev: cannot install the {which} handler: {source}")]
+    Signals {
+        which: &'static str,
+        source: std::io::Error,
+    },
     #[error("dev: {what} did not succeed within {waited_ms} ms: {last}; the logs are in {logs}")]
     Timeout {
         what: &'static str,
@@ -57,13 +75,27 @@ pub enum DevError {
 }
 
 pub fn run(args: &DevArgs) -> Result<String, super::CliError> {
+    // The runtime exists only so the signal handlers can: from the next line on, SIGTERM, SIGINT
+    // and SIGHUP ask `dev` to stop instead of killing it, so it always stops what it started.
+    // It is single-threaded, so every child is spawned by this (the main) thread, which lives as
+    // long as the process: the parent-death signal fires when the spawning thread ends.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(DevError::Runtime)?;
+    runtime.block_on(run_until_stopped(args))
+}
+
+async fn run_until_stopped(args: &DevArgs) -> Result<String, super::CliError> {
+    let mut stop = Stop::install()?;
     let dir = match &args.dir {
         Some(d) => d.clone(),
         None => fresh_temp_dir()?,
     };
     println!("meshctl dev: writing a mesh into {}", dir.display());
-    let mesh = parse_mesh("examples/mesh.toml", example_mesh)
-        .map_err(|e| DevError::Example(e.to_string()))?;
+    let (text, moved) = example_for_run()?;
+    let mesh =
+        parse_mesh("examples/mesh.toml", &text).map_err(|e| DevError::Example(e.to_string()))?;
     let ports = free_ports(dev_replicas as usize + dev_machines.len()).map_err(DevError::from)?;
     let layout = Layout {
         dir: dir.clone(),
@@ -77,35 +109,169 @@ pub fn run(args: &DevArgs) -> Result<String, super::CliError> {
         operator: super::init::operator_default.into(),
     };
     let written = write(&layout)?;
-    build_siblings()?;
-    let children = start(&layout)?;
+    let mesh_file = dir.join("mesh.toml");
+    std::fs::write(&mesh_file, &text).map_err(|source| DevError::Dir {
+        path: mesh_file.display().to_string(),
+        source,
+    })?;
+    println!(
+        "the example's ports for this run: {} (the mesh applied is {})",
+        describe_moves(&moved),
+        mesh_file.display()
+    );
+    if let Some(signal) = build_siblings(&mut stop).await? {
+        return Ok(format!(
+            "{signal} while building; nothing was started; the mesh stays in {}\n",
+            dir.display()
+        ));
+    }
+    let mut children = start(&layout)?;
     println!(
         "started {} processes; logs in {}",
         children.len(),
         dir.join("logs").display()
     );
-    let context = load(&written.context, "--context")?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(DevError::Runtime)?;
-    runtime.block_on(drive(&context, &dir, mesh))?;
+    let outcome = serve(&mut stop, &written.context, &dir, mesh).await;
+    println!("stopping {} processes", children.len());
+    // Hosts first, while the replicas still take their last reports; then the replicas.
+    let split = dev_replicas as usize;
+    stop_all(&mut children[split..]);
+    stop_all(&mut children[..split]);
+    drop(children);
+    outcome?;
+    Ok(format!("stopped; the mesh stays in {}\n", dir.display()))
+}
+
+/// Brings the mesh up, says what to try, and waits for a signal; a signal while it is still
+/// coming up ends it at once.
+async fn serve(
+    stop: &mut Stop,
+    context_file: &Path,
+    dir: &Path,
+    mesh: crate::core::model::Mesh,
+) -> Result<(), super::CliError> {
+    let context = load(context_file, "--context")?;
+    tokio::select! {
+        done = drive(&context, dir, mesh) => done?,
+        signal = stop.recv() => {
+            println!("{signal} while starting");
+            return Ok(());
+        }
+    }
     println!(
         "\ntry, in another shell:\n  export MESH_CONTEXT={}\n  alias meshctl={}\n  meshctl status\n  meshctl plan g14 --diff\n  meshctl settings set module/broker@g14 max_connections=256 --why \"more clients\"\n  meshctl push g14 --why \"raise broker limit\"\n  meshctl history\n\nCtrl-C stops every process.",
-        written.context.display(),
+        context_file.display(),
         std::env::current_exe()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| "meshctl".into())
     );
-    runtime.block_on(wait_for_signal())?;
-    println!("stopping {} processes", children.len());
-    let mut children = children;
-    // Hosts first, while the replicas still take their last reports; then the replicas.
-    let split = dev_replicas as usize;
-    super::procs::stop_all(&mut children[split..]);
-    super::procs::stop_all(&mut children[..split]);
-    drop(children);
-    Ok(format!("stopped; the mesh stays in {}\n", dir.display()))
+    let signal = stop.recv().await;
+    println!("{signal}");
+    Ok(())
+}
+
+/// The signals that stop `dev`, installed before it writes or starts anything. Once installed,
+/// a signal is kept until it is received, so one that arrives while `dev` is busy starting
+/// children is seen at the next wait.
+struct Stop {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn install() -> Result<Stop, DevError> {
+        let install = |kind: SignalKind, which: &'static str| {
+            signal(kind).map_err(|source| DevError::Signals { which, source })
+        };
+        Ok(Stop {
+            terminate: install(SignalKind::terminate(), "SIGTERM")?,
+            interrupt: install(SignalKind::interrupt(), "SIGINT")?,
+            hangup: install(SignalKind::hangup(), "SIGHUP")?,
+        })
+    }
+
+    /// Waits for the next stop signal and names it.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.terminate.recv() => "SIGTERM",
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.hangup.recv() => "SIGHUP",
+        }
+    }
+}
+
+/// The example mesh with every port in `example_port_min..=example_port_max` moved to a loopback
+/// TCP port free right now, and the moves made; two `dev` runs on one machine then neither
+/// collide nor pass each other's readiness probes.
+pub fn example_for_run() -> Result<(String, BTreeMap<u16, u16>), DevError> {
+    let used = example_ports(example_mesh);
+    let free = free_tcp_ports(used.len())?;
+    if free.len() != used.len() {
+        return Err(DevError::Step(format!(
+            "the example uses {} ports, more than one run can take; this is a bug, report it",
+            used.len()
+        )));
+    }
+    let moves: BTreeMap<u16, u16> = used.into_iter().zip(free).collect();
+    Ok((rewrite_ports(example_mesh, &moves), moves))
+}
+
+/// Every whole number in `text` that is an example port.
+pub fn example_ports(text: &str) -> BTreeSet<u16> {
+    let mut out = BTreeSet::new();
+    for (_, digits) in numbers(text) {
+        if let Ok(port) = digits.parse::<u16>()
+            && (example_port_min..=example_port_max).contains(&port)
+        {
+            out.insert(port);
+        }
+    }
+    out
+}
+
+/// `text` with every whole number that is a key of `moves` replaced by its value; nothing else
+/// changes (comments, layout, other numbers).
+pub fn rewrite_ports(text: &str, moves: &BTreeMap<u16, u16>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    for (at, digits) in numbers(text) {
+        let Some(to) = digits.parse::<u16>().ok().and_then(|p| moves.get(&p)) else {
+            continue;
+        };
+        out.push_str(&text[copied..at]);
+        out.push_str(&to.to_string());
+        copied = at + digits.len();
+    }
+    out.push_str(&text[copied..]);
+    out
+}
+
+/// Each maximal run of ASCII digits in `text`, with its byte offset.
+fn numbers(text: &str) -> Vec<(usize, &str)> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if !bytes[i].is_ascii_digit() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < bytes.len() && bytes[i].is_ascii_digit() {
+            i += 1;
+        }
+        out.push((start, &text[start..i]));
+    }
+    out
+}
+
+fn describe_moves(moves: &BTreeMap<u16, u16>) -> String {
+    let parts: Vec<String> = moves
+        .iter()
+        .map(|(from, to)| format!("{from} -> {to}"))
+        .collect();
+    parts.join(", ")
 }
 
 /// A new, empty directory under the system temp dir.
@@ -123,10 +289,10 @@ fn fresh_temp_dir() -> Result<PathBuf, DevError> {
 
 /// Under `cargo run`, `cargo build` only built meshctl: build `meshd` and `mesh-host` into the same
 /// profile directory too, so the binaries beside this one are current. Outside cargo, use what is
-/// installed beside meshctl as it is.
-fn build_siblings() -> Result<(), DevError> {
+/// installed beside meshctl as it is. A stop signal during the build ends it and is returned.
+async fn build_siblings(stop: &mut Stop) -> Result<Option<&'static str>, DevError> {
     let Some(cargo) = std::env::var_os("CARGO") else {
-        return Ok(());
+        return Ok(None);
     };
     let exe = std::env::current_exe().map_err(|e| DevError::Step(e.to_string()))?;
     let release = exe
@@ -166,18 +332,37 @@ fn build_siblings() -> Result<(), DevError> {
         "building meshd and mesh-host beside meshctl (cargo build{})",
         if release { " --release" } else { "" }
     );
-    let status = cmd
-        .status()
+    let mut child = cmd
+        .spawn()
         .map_err(|e| DevError::Step(format!("cannot run cargo: {e}")))?;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => return Err(DevError::Step(format!("cannot wait for cargo: {e}"))),
+        }
+        let pause = tokio::time::sleep(Duration::from_millis(poll_interval_ms));
+        tokio::select! {
+            _ = pause => {}
+            signal = stop.recv() => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok(Some(signal));
+            }
+        }
+    };
     if !status.success() {
         return Err(DevError::Step(format!(
             "`cargo build --bin meshd --bin mesh-host` failed ({status}); fix the build and run meshctl dev again"
         )));
     }
-    Ok(())
+    Ok(None)
 }
 
-/// Starts every replica and machine of the layout, logs under `<dir>/logs`.
+/// Starts every replica and machine of the layout, logs under `<dir>/logs`, replicas first. Each
+/// child is tied to this thread: a replica gets SIGKILL when it ends, a host SIGTERM, so it stops
+/// its modules on the way out (its SIGTERM handler is installed before it starts any module).
+/// Call it from a thread that lives as long as the children (see [`Guarded::spawn_tied`]).
 pub fn start(layout: &Layout) -> Result<Vec<Guarded>, DevError> {
     let logs = layout.dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(|source| DevError::Dir {
@@ -193,12 +378,13 @@ pub fn start(layout: &Layout) -> Result<Vec<Guarded>, DevError> {
         let config = layout.dir.join(format!("{name}.toml"));
         let config = config.display().to_string();
         let log = logs.join(format!("{name}.log"));
-        children.push(Guarded::spawn(
+        children.push(Guarded::spawn_tied(
             &name,
             &meshd,
             &["--config", &config],
             &log,
             grace,
+            Signal::SIGKILL,
         )?);
     }
     for (m, _) in &layout.machines {
@@ -206,12 +392,13 @@ pub fn start(layout: &Layout) -> Result<Vec<Guarded>, DevError> {
         let config = layout.dir.join(format!("{name}.toml"));
         let config = config.display().to_string();
         let log = logs.join(format!("{name}.log"));
-        children.push(Guarded::spawn(
+        children.push(Guarded::spawn_tied(
             &name,
             &host,
             &["--config", &config],
             &log,
             grace,
+            Signal::SIGTERM,
         )?);
     }
     Ok(children)
@@ -285,15 +472,4 @@ async fn retry(
         }
         tokio::time::sleep(Duration::from_millis(poll_interval_ms)).await;
     }
-}
-
-async fn wait_for_signal() -> Result<(), DevError> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).map_err(|e| DevError::Step(e.to_string()))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| DevError::Step(e.to_string()))?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    Ok(())
 }

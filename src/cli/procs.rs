@@ -1,11 +1,13 @@
 //! Child processes that cannot outlive their owner: each runs in its own process group, and the
 //! guard stops the whole group on drop (SIGTERM, a bounded wait, then SIGKILL), even on a panic.
+//! [`Guarded::spawn_tied`] also asks Linux to signal the child when its parent dies (the
+//! parent-death signal), so a SIGKILLed owner, which runs no drop, still takes its children along.
 //! Used by `meshctl dev` and by the beds.
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use std::fs::File;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -54,6 +56,32 @@ impl Guarded {
         log: &Path,
         grace: Duration,
     ) -> Result<Guarded, SpawnError> {
+        Guarded::start(name, program, args, log, grace, None)
+    }
+
+    /// Like [`Guarded::spawn`], and the child gets `death` the moment its parent dies, however it
+    /// dies (SIGKILL included). Linux sends it when the *thread* that spawned the child ends, so
+    /// call this only from a thread that lives as long as the guard (`meshctl dev` spawns from
+    /// its main thread).
+    pub fn spawn_tied(
+        name: &str,
+        program: &Path,
+        args: &[&str],
+        log: &Path,
+        grace: Duration,
+        death: Signal,
+    ) -> Result<Guarded, SpawnError> {
+        Guarded::start(name, program, args, log, grace, Some(death))
+    }
+
+    fn start(
+        name: &str,
+        program: &Path,
+        args: &[&str],
+        log: &Path,
+        grace: Duration,
+        death: Option<Signal>,
+    ) -> Result<Guarded, SpawnError> {
         let file = File::create(log).map_err(|source| SpawnError::Log {
             path: log.display().to_string(),
             source,
@@ -62,17 +90,20 @@ impl Guarded {
             path: log.display().to_string(),
             source,
         })?;
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .args(args)
             .stdin(Stdio::null())
             .stdout(file)
             .stderr(err_file)
-            .process_group(0)
-            .spawn()
-            .map_err(|source| SpawnError::Start {
-                program: program.display().to_string(),
-                source,
-            })?;
+            .process_group(0);
+        if let Some(death) = death {
+            tie_to_parent(&mut command, death);
+        }
+        let child = command.spawn().map_err(|source| SpawnError::Start {
+            program: program.display().to_string(),
+            source,
+        })?;
         Ok(Guarded {
             name: name.to_string(),
             log: log.to_path_buf(),
@@ -117,6 +148,24 @@ impl Guarded {
     }
 }
 
+/// Sets the child's parent-death signal between fork and exec. If the parent died before the
+/// child got there, the signal would never come: the child then refuses to start.
+fn tie_to_parent(command: &mut Command, death: Signal) {
+    let parent = nix::unistd::getpid();
+    let tie = move || -> std::io::Result<()> {
+        nix::sys::prctl::set_pdeathsig(death)?;
+        if nix::unistd::getppid() != parent {
+            return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+        }
+        Ok(())
+    };
+    // SAFETY: the closure runs in the forked child before exec and makes only two system calls
+    // (prctl, getppid); it allocates nothing and takes no lock, as `pre_exec` requires.
+    unsafe {
+        command.pre_exec(tie);
+    }
+}
+
 /// Stops every child at once: SIGTERM to each group, one shared grace period, then SIGKILL for
 /// whatever is left. Stopping one by one would add their grace periods up.
 pub fn stop_all(children: &mut [Guarded]) {
@@ -158,6 +207,21 @@ pub fn free_ports(n: usize) -> Result<Vec<SocketAddr>, SpawnError> {
     let mut out = Vec::with_capacity(n);
     for s in &sockets {
         out.push(s.local_addr().map_err(SpawnError::Ports)?);
+    }
+    Ok(out)
+}
+
+/// `n` distinct loopback TCP ports the OS had free just now (listened on port 0, noted, released
+/// together), for services that listen on TCP, as the example mesh's modules do.
+pub fn free_tcp_ports(n: usize) -> Result<Vec<u16>, SpawnError> {
+    let n = n.min(free_ports_max);
+    let mut listeners = Vec::with_capacity(n);
+    for _ in 0..n {
+        listeners.push(TcpListener::bind(("127.0.0.1", 0)).map_err(SpawnError::Ports)?);
+    }
+    let mut out = Vec::with_capacity(n);
+    for l in &listeners {
+        out.push(l.local_addr().map_err(SpawnError::Ports)?.port());
     }
     Ok(out)
 }
