@@ -176,6 +176,9 @@ pub struct MachineView {
     /// `(epoch, sequence, report_sequence, applied digest)` of the last accepted report.
     pub last_report: Option<(u64, u64, u64, Option<Digest>)>,
     pub behind: bool,
+    /// Why it is behind, in words (`never sent`, `declaration changed`, `1 mint pending`...);
+    /// empty when it is not.
+    pub behind_why: Vec<String>,
     pub holds: Vec<HeldMount>,
     pub refused_reports: u64,
     /// Every module as the last accepted report shows it; empty before any report.

@@ -9,7 +9,7 @@ use super::push::known_of;
 use super::service::{Service, now_ms};
 use crate::core::compose::{World, compose, digest};
 use crate::core::model::Mesh;
-use crate::core::plan::{DigestCache, ShouldBe, lags};
+use crate::core::plan::{DigestCache, Lag, ShouldBe, lags};
 use crate::core::report::Health;
 use crate::core::settings::{Edit, Layer, Scope, clear_layer, edit_layer, effective};
 use crate::core::validate::validate;
@@ -171,17 +171,17 @@ impl Service {
     pub(crate) async fn status(&self) -> Result<Body, ApiError> {
         let state = self.state()?;
         // A running push holds the cache; status then composes its own rather than wait.
-        let behind = match self.work.try_lock() {
+        let lags = match self.work.try_lock() {
             Ok(mut work) => {
                 work.refresh(&state)?;
-                behind_of(&state, &work.cache)
+                lags(&work.cache, &known_of(&state))
             }
             Err(_) => {
                 let world = World::new(state.mesh.clone(), state.provisions.values().cloned());
                 let cache = DigestCache::build(&world).map_err(|e| {
                     ApiError::Failed(format!("the stored model does not compose: {e}"))
                 })?;
-                behind_of(&state, &cache)
+                lags(&cache, &known_of(&state))
             }
         };
         let now = now_ms();
@@ -189,7 +189,7 @@ impl Service {
             .mesh
             .machines
             .keys()
-            .map(|m| machine_view(&state, m, behind.contains(m), now))
+            .map(|m| machine_view(&state, m, lags.get(m), now))
             .collect();
         Ok(Body::Status(StatusView {
             replicas: self.replica_views().await,
@@ -399,7 +399,9 @@ fn placement_of(state: &DomainState, scope: &Scope) -> Option<(String, String)> 
     }
 }
 
-fn machine_view(state: &DomainState, machine: &str, behind: bool, now_ms: u64) -> MachineView {
+fn machine_view(state: &DomainState, machine: &str, lag: Option<&Lag>, now_ms: u64) -> MachineView {
+    let behind = lag.is_some_and(Lag::is_behind);
+    let behind_why = lag.map(Lag::reasons).unwrap_or_default();
     let account = state.accounts.get(machine);
     let report = account.and_then(|a| a.report.as_ref());
     let filed_ms = account.and_then(|a| a.filed_ms);
@@ -411,6 +413,7 @@ fn machine_view(state: &DomainState, machine: &str, behind: bool, now_ms: u64) -
             .map(|s| (s.epoch, s.sequence, s.digest)),
         last_report: report.map(|r| (r.epoch, r.sequence, r.report_sequence, r.applied)),
         behind,
+        behind_why,
         holds: state.holds.get(machine).cloned().unwrap_or_default(),
         refused_reports: account.map_or(0, |a| a.refused_older),
         modules: report.map(|r| r.modules.clone()).unwrap_or_default(),

@@ -209,7 +209,12 @@ impl Service {
         })
         .map_err(plan_error)?;
         if let Some(saved) = saved {
-            let now = plan_view(&state, target, moves.clone(), &planned, &Reveal::none());
+            // Revealed as `plan` revealed them, so what moved compares like with like; the token
+            // itself never covers revealed values.
+            let history = MeshApp::settings_history(self.replica.database())
+                .map_err(|e| ApiError::Failed(format!("cannot read settings history: {e}")))?;
+            let reveal = Reveal::new(&state, &history);
+            let now = plan_view(&state, target, moves.clone(), &planned, &reveal);
             if now.token != saved.token {
                 return Err(ApiError::Refused(format!(
                     "the saved plan {} no longer holds: {}; nothing was sent; review it again with `meshctl plan`",
