@@ -94,7 +94,20 @@ pub enum TransportError {
         "too many peers ({max}) with live connections; raise peers_max or dial fewer addresses"
     )]
     TooManyPeers { max: usize },
+    /// The caller's write gate (a leader's lease, G3) closed before the first byte was written,
+    /// or before the write finished (then the stream was reset: nothing more leaves).
+    #[error("not sent to {addr}: {reason}")]
+    Gated { addr: SocketAddr, reason: String },
+    #[error(
+        "{addr} reset the connection after the whole request was written; it may have run there, so it is not sent again"
+    )]
+    ResetAfterWrite { addr: SocketAddr },
 }
+
+/// Decides, after the connection is up and right before the first byte of a request is
+/// written, whether it may be written, and for how long writing may go on (a leader's lease,
+/// G3): dialling, backoff and handshakes all happen before it is asked.
+pub type WriteGate<'a> = &'a (dyn Fn() -> Result<Duration, String> + Send + Sync);
 
 #[derive(Default)]
 struct PeerState {
@@ -239,7 +252,8 @@ impl Endpoint {
         let _ = tokio::time::timeout(wait, self.inner.quinn.wait_idle()).await;
     }
 
-    /// Sends a request and waits for its answer, all within `timeout`.
+    /// Sends a request and waits for its answer, all within `timeout`. A request that was
+    /// written whole is never sent again, whatever happens to the connection after.
     pub async fn request(
         &self,
         peer: impl Into<Peer>,
@@ -247,7 +261,21 @@ impl Endpoint {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, TransportError> {
-        self.send(peer.into(), kind, body, timeout, Outgoing::Request)
+        self.send(peer.into(), kind, body, timeout, Outgoing::Request, None)
+            .await
+    }
+
+    /// [`Endpoint::request`], writing only if `gate` allows it once the connection is up, and
+    /// no byte after the time it allows: a write that runs past it is reset.
+    pub async fn request_gated(
+        &self,
+        peer: impl Into<Peer>,
+        kind: MessageKind,
+        body: Vec<u8>,
+        timeout: Duration,
+        gate: WriteGate<'_>,
+    ) -> Result<Vec<u8>, TransportError> {
+        self.send(peer.into(), kind, body, timeout, Outgoing::Request, Some(gate))
             .await
     }
 
@@ -260,7 +288,7 @@ impl Endpoint {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<(), TransportError> {
-        self.send(peer.into(), kind, body, timeout, Outgoing::OneWay)
+        self.send(peer.into(), kind, body, timeout, Outgoing::OneWay, None)
             .await
             .map(|_| ())
     }
@@ -288,6 +316,7 @@ impl Endpoint {
         body: Vec<u8>,
         timeout: Duration,
         what: Outgoing,
+        gate: Option<WriteGate<'_>>,
     ) -> Result<Vec<u8>, TransportError> {
         let max = self.inner.config.frame_bytes_max();
         let too_large = |len: usize| TransportError::FrameTooLarge {
@@ -304,7 +333,7 @@ impl Endpoint {
             frame::encode_header(&Header { kind, body }).map_err(|_| too_large(body_len))?;
         frame::check_len(bytes.len(), max).map_err(|_| too_large(bytes.len()))?;
         let deadline = Instant::now() + timeout;
-        let attempt = self.send_through_faults(&peer, &bytes, deadline, &what);
+        let attempt = self.send_through_faults(&peer, &bytes, deadline, &what, gate);
         match tokio::time::timeout_at(deadline, attempt).await {
             Ok(result) => result,
             Err(_) => {
@@ -323,6 +352,7 @@ impl Endpoint {
         bytes: &[u8],
         deadline: Instant,
         what: &Outgoing,
+        gate: Option<WriteGate<'_>>,
     ) -> Result<Vec<u8>, TransportError> {
         // Held until here so release can tell when this message has finished.
         let _done;
@@ -340,32 +370,38 @@ impl Endpoint {
                 let _ = go.await;
             }
         }
-        self.send_with_redial(peer, bytes, deadline, what).await
+        self.send_with_redial(peer, bytes, deadline, what, gate).await
     }
 
-    /// Sends once; if a reused connection turns out to be dead before the peer can have
-    /// processed anything (open failed, or the peer reset a connection it no longer knows),
-    /// dials again and sends once more.
+    /// Sends once; if a reused connection turns out to be dead before the whole message was
+    /// written (so the peer cannot have processed it), dials again and sends once more, asking
+    /// the gate again. Once the whole message is written it is never sent again.
     async fn send_with_redial(
         &self,
         peer: &Peer,
         bytes: &[u8],
         deadline: Instant,
         what: &Outgoing,
+        gate: Option<WriteGate<'_>>,
     ) -> Result<Vec<u8>, TransportError> {
         let (conn, principal, reused) = self.connection(peer.addr, deadline).await?;
         check_expected(peer, &principal)?;
-        match self.exchange(&conn, peer.addr, bytes, deadline, what).await {
+        let result = self.exchange(&conn, peer.addr, bytes, deadline, what, gate).await;
+        let result = match result {
             Err(Attempt::Stale(reason)) if reused => {
                 tracing::debug!(peer = %peer.addr, %reason, "connection was stale; dialling again");
                 self.forget_connection(peer.addr).await;
                 let (conn, principal, _) = self.connection(peer.addr, deadline).await?;
                 check_expected(peer, &principal)?;
-                let result = self.exchange(&conn, peer.addr, bytes, deadline, what).await;
-                result.map_err(|a| a.into_error(peer.addr))
+                self.exchange(&conn, peer.addr, bytes, deadline, what, gate).await
             }
-            result => result.map_err(|a| a.into_error(peer.addr)),
+            result => result,
+        };
+        if let Err(Attempt::Failed(TransportError::ResetAfterWrite { .. })) = &result {
+            // The connection is dead: the next message dials afresh.
+            self.forget_connection(peer.addr).await;
         }
+        result.map_err(|a| a.into_error(peer.addr))
     }
 
     async fn exchange(
@@ -375,9 +411,13 @@ impl Endpoint {
         bytes: &[u8],
         deadline: Instant,
         what: &Outgoing,
+        gate: Option<WriteGate<'_>>,
     ) -> Result<Vec<u8>, Attempt> {
         match what {
-            Outgoing::Request => self.exchange_request(conn, addr, bytes, deadline).await,
+            Outgoing::Request => {
+                self.exchange_request(conn, addr, bytes, deadline, gate)
+                    .await
+            }
             Outgoing::OneWay => {
                 let max = self.inner.config.frame_bytes_max();
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -392,7 +432,7 @@ impl Endpoint {
                         reason: crate::serve::stop_reason(code),
                     })),
                     Err(quinn::StoppedError::ConnectionLost(source)) => {
-                        Err(Attempt::from_frame(FrameError::ConnectionLost {
+                        Err(Attempt::after_write(addr, FrameError::ConnectionLost {
                             action: "waiting for the acknowledgement",
                             source,
                         }))
@@ -412,17 +452,46 @@ impl Endpoint {
         addr: SocketAddr,
         bytes: &[u8],
         deadline: Instant,
+        gate: Option<WriteGate<'_>>,
     ) -> Result<Vec<u8>, Attempt> {
         let max = self.inner.config.frame_bytes_max();
         let left = deadline.saturating_duration_since(Instant::now());
         let (mut send, mut recv) = conn.open_bi().await.map_err(Attempt::Stale)?;
-        frame::write_frame(&mut send, bytes, max, left)
-            .await
-            .map_err(Attempt::from_frame)?;
+        // The last check before the first byte (G3): everything slow happened before it.
+        let (write_left, write_by) = match gate {
+            None => (left, None),
+            Some(gate) => {
+                let allowed = gate().map_err(|reason| gated(addr, reason))?;
+                let allowed = allowed.min(left);
+                (allowed, Some(Instant::now() + allowed))
+            }
+        };
+        match frame::write_frame(&mut send, bytes, max, write_left).await {
+            Ok(()) => {}
+            Err(FrameError::Timeout { .. }) if write_by.is_some() => {
+                // Nothing more of it may leave: unsent and unacknowledged data is dropped.
+                let _ = send.reset(quinn::VarInt::from_u32(0));
+                return Err(gated(addr, "the write did not finish inside its gate".into()));
+            }
+            Err(e) => return Err(Attempt::from_frame(e)),
+        }
         let left = deadline.saturating_duration_since(Instant::now());
-        let answer = frame::read_frame(&mut recv, max, left)
-            .await
-            .map_err(Attempt::from_frame)?;
+        let read = frame::read_frame(&mut recv, max, left);
+        tokio::pin!(read);
+        let answer = match write_by {
+            None => read.await,
+            Some(write_by) => {
+                tokio::select! {
+                    answer = &mut read => answer,
+                    () = tokio::time::sleep_until(write_by) => {
+                        // Past the gate: no retransmission of the request may leave either.
+                        let _ = send.reset(quinn::VarInt::from_u32(0));
+                        read.await
+                    }
+                }
+            }
+        };
+        let answer = answer.map_err(|e| Attempt::after_write(addr, e))?;
         match frame::decode_response(&answer) {
             Ok(Ok(body)) => Ok(body),
             Ok(Err(refused)) => Err(Attempt::Failed(TransportError::Refused {
@@ -590,7 +659,23 @@ enum Attempt {
     Frame(FrameError),
 }
 
+fn gated(addr: SocketAddr, reason: String) -> Attempt {
+    Attempt::Failed(TransportError::Gated { addr, reason })
+}
+
 impl Attempt {
+    /// A failure once the whole message was written: a reset connection is final, since the
+    /// peer may have processed the message before it lost the connection.
+    fn after_write(addr: SocketAddr, e: FrameError) -> Attempt {
+        match e {
+            FrameError::ConnectionLost {
+                source: ConnectionError::Reset,
+                ..
+            } => Attempt::Failed(TransportError::ResetAfterWrite { addr }),
+            other => Attempt::from_frame(other),
+        }
+    }
+
     fn from_frame(e: FrameError) -> Attempt {
         match e {
             FrameError::ConnectionLost {

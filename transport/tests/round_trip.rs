@@ -201,6 +201,52 @@ async fn request_redials_at_once_after_the_peer_crashes_and_restarts() {
     assert_eq!(alice.counts().dials, 2);
 }
 
+#[tokio::test]
+async fn a_request_the_crashed_peer_took_is_not_sent_again_to_its_restarted_process() {
+    // Issue 10, "nothing runs twice": the old process has the whole request (its handler is
+    // running it) when it crashes; the restarted process answers the connection with a stateless
+    // reset. The request may have run, so it fails naming that, and the new process never sees
+    // it. (Before, the dialler sent it again on a new connection and it ran twice unseen.)
+    let pki = Pki::new();
+    let identity = pki.identity(&replica(1));
+    let (old, old_recorder) = serving_with(identity.clone(), config());
+    let relay = Relay::start(old.local_addr()).await;
+    let alice = std::sync::Arc::new(client(&pki, &operator("alice")));
+    alice
+        .request(relay.addr, MessageKind::Command, b"1".to_vec(), timeout)
+        .await
+        .expect("before crash");
+    old_recorder.block();
+    let sending = {
+        let alice = alice.clone();
+        let addr = relay.addr;
+        tokio::spawn(async move {
+            let quick = std::time::Duration::from_millis(3000);
+            alice
+                .request(addr, MessageKind::Command, b"slow-2".to_vec(), quick)
+                .await
+        })
+    };
+    wait_for("the old process runs the request", || {
+        old_recorder
+            .slow_in_handler
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 1
+    })
+    .await;
+    let (new, new_recorder) = serving_with(identity, config());
+    relay.switch_to(new.local_addr());
+    old.close().await;
+    let result = sending.await.expect("task");
+    let err = result.expect_err("taken by the old process: not sent again");
+    assert!(
+        matches!(err, TransportError::ResetAfterWrite { .. }),
+        "{err:?}"
+    );
+    assert!(new_recorder.seen().is_empty(), "{:?}", new_recorder.seen());
+    old_recorder.release();
+}
+
 /// A UDP relay for one client: forwards its datagrams to the current server and the current
 /// server's datagrams back; datagrams from any other address are dropped.
 struct Relay {
