@@ -60,12 +60,17 @@ fn applied_means_running_crash_looping_module_is_shown_failing() -> anyhow::Resu
     let crash_module = module(&status, "g14", "crash").cloned().unwrap_or_default();
     assert_eq!(
         crash_module["last_exit"],
-        serde_json::json!({"code": 3}),
+        serde_json::json!({"kind": "code", "code": 3}),
         "{status}"
     );
     let g14 = Bed::machine(&status, "g14").cloned().unwrap_or_default();
     assert_eq!(g14["health"]["kind"], "failing", "{status}");
     assert!(g14["report_age_ms"].is_u64(), "{status}");
+    let filed = g14["report_filed"].as_str().unwrap_or_default();
+    assert!(
+        filed.len() == 24 && filed.ends_with('Z'),
+        "RFC 3339: {status}"
+    );
     Ok(())
 }
 

@@ -200,7 +200,11 @@ impl Bed {
     /// `status --json`'s answer, or the error of the attempt.
     pub fn status(&self) -> anyhow::Result<Value> {
         let run = self.meshctl_ok(&["status", "--json"])?;
-        Ok(run.json()?["answer"].clone())
+        let doc = run.json()?;
+        if doc["schema"] != "mesh/v1" {
+            bail!("status --json is not schema mesh/v1: {doc}");
+        }
+        Ok(doc["answer"].clone())
     }
 
     /// Polls `probe` until it gives a value or `wait_ms` passes; the error names `what` and the

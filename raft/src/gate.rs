@@ -29,6 +29,55 @@ impl Clock for MonotonicClock {
     }
 }
 
+/// The clock leases are read on: `CLOCK_BOOTTIME`, which keeps counting while the system is
+/// suspended (CLOCK_MONOTONIC, behind `Instant`, stops). A leader suspended past its lease finds it
+/// closed on resume, because its followers' election timers ran on (decision 0100). It hands out
+/// `Instant`s: the instant it was made plus the boot time elapsed since.
+#[derive(Clone, Copy, Debug)]
+pub struct BootClock {
+    origin: Instant,
+    origin_boot: Duration,
+    source: fn() -> Option<Duration>,
+}
+
+/// `CLOCK_BOOTTIME` now, as time since boot.
+fn boot_time() -> Option<Duration> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    let secs = u64::try_from(t.tv_sec()).ok()?;
+    let nanos = u32::try_from(t.tv_nsec()).ok()?;
+    Some(Duration::new(secs, nanos))
+}
+
+/// How far a clock that cannot be read is taken to have run: far past any lease, so a leader
+/// that cannot tell the time acts under no lease (fail closed).
+const unreadable_clock_jump: Duration = Duration::from_secs(365 * 24 * 3600);
+
+impl BootClock {
+    /// The system's boot-time clock; `None` if it cannot be read.
+    pub fn new() -> Option<BootClock> {
+        BootClock::with_source(boot_time)
+    }
+
+    /// A boot-time clock over `source` (a test passes one that jumps, as a suspend does).
+    pub fn with_source(source: fn() -> Option<Duration>) -> Option<BootClock> {
+        Some(BootClock {
+            origin: Instant::now(),
+            origin_boot: source()?,
+            source,
+        })
+    }
+}
+
+impl Clock for BootClock {
+    fn now(&self) -> Instant {
+        let elapsed = match (self.source)() {
+            Some(boot) => boot.saturating_sub(self.origin_boot),
+            None => unreadable_clock_jump,
+        };
+        self.origin + elapsed
+    }
+}
+
 /// A clock that moves only when a test advances it.
 #[derive(Debug)]
 pub struct TestClock {

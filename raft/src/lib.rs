@@ -19,7 +19,9 @@ use std::io::Cursor;
 use serde::{Deserialize, Serialize};
 
 pub use config::{ConfigError, RaftConfig, RaftSettings};
-pub use gate::{Clock, Gate, GateError, Lease, MonotonicClock, TestClock, VoteFence, fenced_vote};
+pub use gate::{
+    BootClock, Clock, Gate, GateError, Lease, MonotonicClock, TestClock, VoteFence, fenced_vote,
+};
 pub use log_store::LogStore;
 pub use network::{QuicNetwork, answer as answer_raft_rpc};
 pub use replica::{

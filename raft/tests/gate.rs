@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mesh_raft::{Clock, Gate, GateError, Lease, MonotonicClock, RaftConfig, TestClock, VoteFence};
+use mesh_raft::{
+    BootClock, Clock, Gate, GateError, Lease, MonotonicClock, RaftConfig, TestClock, VoteFence,
+};
 
 use support::{Cluster, fast_settings, wait_deadline};
 
@@ -221,4 +223,43 @@ async fn leader_with_an_open_lease_grants_no_vote_to_a_follower_it_cannot_reach(
         "the cut-off follower campaigned (term {follower_term}), so the fence was exercised"
     );
     cluster.router.heal();
+}
+
+/// Boot time for [`g3_a_suspend_closes_the_lease_though_the_monotonic_clock_stood_still`]: the
+/// real boot time plus a jump the test sets, as a suspend adds to CLOCK_BOOTTIME alone.
+static suspended_ms: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn boot_time_with_suspend() -> Option<Duration> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    let real = Duration::new(t.tv_sec() as u64, t.tv_nsec() as u32);
+    let jump = suspended_ms.load(std::sync::atomic::Ordering::SeqCst);
+    Some(real + Duration::from_millis(jump))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_a_suspend_closes_the_lease_though_the_monotonic_clock_stood_still() {
+    // G3, "on a clock that counts suspend": the system sleeps for 10 s right after the lease is
+    // confirmed. CLOCK_MONOTONIC (behind `Instant`) does not see it; the lease's clock does, and
+    // the lease is closed on resume.
+    let cluster = Cluster::start(1, fast_settings(), 0).await;
+    let (leader, _) = cluster.wait_leader(&[1].into_iter().collect(), 0).await;
+    let clock = BootClock::with_source(boot_time_with_suspend).expect("boot clock");
+    let lease = Gate::acquire(cluster.replica(leader).raft(), &clock, &cluster.config)
+        .await
+        .expect("single replica leads");
+    assert!(lease.is_open(clock.now()));
+    let monotonic_before = std::time::Instant::now();
+    suspended_ms.store(10_000, std::sync::atomic::Ordering::SeqCst);
+    assert!(monotonic_before.elapsed() < cluster.config.lease_window());
+    assert!(!lease.is_open(clock.now()), "the lease counts the suspend");
+}
+
+#[test]
+fn the_boot_clock_reads_the_system_and_moves_forward() {
+    // G3: the real boot-time clock is readable here and never goes back.
+    let clock = BootClock::new().expect("CLOCK_BOOTTIME readable");
+    let a = clock.now();
+    std::thread::sleep(Duration::from_millis(5));
+    let b = clock.now();
+    assert!(b >= a + Duration::from_millis(5), "{a:?} {b:?}");
 }

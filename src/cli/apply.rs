@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::json;
 use super::render::{self, Via};
 use super::{CliError, Output};
 use crate::controller::api::{Body, Request};
@@ -45,7 +46,13 @@ pub fn run(ctx: Option<&Path>, args: &ApplyArgs) -> Result<Output, CliError> {
         return Err(render::unexpected(via, "apply", &body));
     };
     if args.json {
-        return render::json(via, &body, super::exit_done);
+        let answer = json::ApplyJson {
+            revision: *revision,
+            behind: changes.clone(),
+            settings_ignored: settings_ignored.clone(),
+            draining: draining.clone(),
+        };
+        return json::output(Some(via), answer, super::exit_done);
     }
     let lists = Lists {
         changes,

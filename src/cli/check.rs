@@ -25,6 +25,9 @@ pub struct CheckArgs {
     /// An older mesh file: show which machines' declarations change from it to `--file`.
     #[arg(long)]
     pub against: Option<PathBuf>,
+    /// Print the answer as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// One machine as `check` composed it.
@@ -58,7 +61,11 @@ pub enum MachineChange {
 }
 
 pub fn run(args: &CheckArgs) -> Result<String, CliError> {
-    Ok(render(&check(args)?))
+    let outcome = check(args)?;
+    if args.json {
+        return super::json::document(None, super::json::CheckJson::from(&outcome));
+    }
+    Ok(render(&outcome))
 }
 
 /// Parses, composes and (with `--against`) compares; no rendering.

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use super::json;
 use super::render::{self, Via};
 use super::{CliError, JsonArgs, Output};
 use crate::controller::api::{Body, HistoryItem, Request};
@@ -14,7 +15,7 @@ pub fn run(ctx: Option<&Path>, args: &JsonArgs) -> Result<Output, CliError> {
         return Err(render::unexpected(via, "history", &body));
     };
     if args.json {
-        return render::json(via, &items, super::exit_done);
+        return json::output(Some(via), json::HistoryJson::new(&items), super::exit_done);
     }
     Ok(Output::done(render_text(via, &items)))
 }

@@ -9,6 +9,7 @@ pub mod context;
 pub mod dev;
 pub mod history;
 pub mod init;
+pub mod json;
 pub mod machines;
 pub mod plan;
 pub mod procs;
@@ -89,6 +90,22 @@ pub enum Command {
     Machines(machines::MachinesCommand),
 }
 
+impl Command {
+    /// Whether the command was asked for `--json` (then its errors are JSON on stdout too).
+    pub fn wants_json(&self) -> bool {
+        match self {
+            Command::Check(a) => a.json,
+            Command::Status(a) | Command::History(a) => a.json,
+            Command::Apply(a) => a.json,
+            Command::Plan(a) => a.json,
+            Command::Push(a) => a.json,
+            Command::Settings(c) => c.wants_json(),
+            Command::Snapshot(snapshot::SnapshotCommand::Save { json, .. }) => *json,
+            Command::Init(_) | Command::Dev(_) | Command::Machines(_) => false,
+        }
+    }
+}
+
 /// `--json` for read commands.
 #[derive(Debug, Clone, clap::Args)]
 pub struct JsonArgs {
@@ -167,8 +184,20 @@ impl Output {
     }
 }
 
-/// Runs one command and returns what to print on stdout and the exit code.
+/// Runs one command and returns what to print on stdout and the exit code. With `--json`, an
+/// error is a JSON document on stdout (schema `mesh/v1`) with the exit code it has without.
 pub fn run(cli: Cli) -> Result<Output, CliError> {
+    let as_json = cli.command.wants_json();
+    match run_command(cli) {
+        Err(e) if as_json => Ok(Output {
+            text: json::error_document(&e),
+            code: e.exit_code(),
+        }),
+        other => other,
+    }
+}
+
+fn run_command(cli: Cli) -> Result<Output, CliError> {
     let ctx = cli.context;
     match cli.command {
         Command::Check(args) => check::run(&args).map(Output::done),

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::json;
 use super::render::{self, Via};
 use super::{CliError, Output, exit_done};
 use crate::controller::api::{Body, PlanView, PlannedChange, PushTarget, Request};
@@ -82,7 +83,7 @@ pub fn run(ctx: Option<&Path>, args: &PlanArgs) -> Result<Output, CliError> {
         false => exit_done,
     };
     if args.json {
-        return render::json(via, &view, code);
+        return json::output(Some(via), json::PlanJson::from(&view), code);
     }
     let mut text = render_text(via, &view);
     if let Some(path) = &args.out {

@@ -5,13 +5,13 @@
 //! until every machine sent reports its modules for that send ready, or any failing (exit 4), or
 //! the timeout passes (exit 5); it judges nothing itself: the replica sums up each report's health.
 
-use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::json;
 use super::render::{self, Via};
-use super::status::{ModuleJson, module_text};
+use super::status::module_text;
 use super::{
     CliError, Output, exit_done, exit_failed, exit_held, exit_module_failed, exit_wait_timeout,
 };
@@ -133,7 +133,7 @@ pub fn run(ctx: Option<&Path>, args: &PushArgs) -> Result<Output, CliError> {
     let Some(timeout) = args.wait else {
         let code = exit_code(&view, None);
         if args.json {
-            return render::json(via, &view, code);
+            return json::output(Some(via), json::PushJson::new(&view, None), code);
         }
         return Ok(Output {
             text: render_text(via, &view),
@@ -151,11 +151,8 @@ pub fn run(ctx: Option<&Path>, args: &PushArgs) -> Result<Output, CliError> {
     };
     let code = exit_code(&view, Some(&waited));
     if args.json {
-        let doc = PushJson {
-            view: &view,
-            wait: waited.iter().map(WaitJson::from).collect(),
-        };
-        return render::json(via, &doc, code);
+        let answer = json::PushJson::new(&view, Some(&waited));
+        return json::output(Some(via), answer, code);
     }
     Ok(Output {
         text: String::new(),
@@ -368,47 +365,6 @@ fn wait_line(w: &Waited, width: usize) -> String {
         }
         WaitOutcome::TimedOut { last } => {
             format!("{m:width$}  TIMEOUT  #{sequence}: not settled in time; {last}\n")
-        }
-    }
-}
-
-/// `push --wait --json`: the push's answer and how each machine settled.
-#[derive(Serialize)]
-struct PushJson<'a> {
-    #[serde(flatten)]
-    view: &'a PushView,
-    wait: Vec<WaitJson>,
-}
-
-#[derive(Serialize)]
-struct WaitJson {
-    machine: String,
-    sequence: u64,
-    /// `ready`, `failing` or `timeout`.
-    settled: &'static str,
-    /// For a timeout, what was seen last.
-    detail: Option<String>,
-    modules: Vec<ModuleJson>,
-}
-
-impl From<&Waited> for WaitJson {
-    fn from(w: &Waited) -> WaitJson {
-        let (settled, detail) = match &w.outcome {
-            WaitOutcome::Ready => ("ready", None),
-            WaitOutcome::Failing { .. } => ("failing", None),
-            WaitOutcome::TimedOut { last } => ("timeout", Some(last.clone())),
-        };
-        WaitJson {
-            machine: w.machine.clone(),
-            sequence: w.sequence,
-            settled,
-            detail,
-            modules: w
-                .view
-                .iter()
-                .flat_map(|v| v.modules.iter())
-                .map(ModuleJson::from)
-                .collect(),
         }
     }
 }

@@ -1,9 +1,10 @@
-//! Rendering shared by the commands that ask a replica: who answered, JSON output, times.
+//! Rendering shared by the commands that ask a replica: who answered, times, lists (the JSON
+//! views are in `json.rs`).
 
 use serde::Serialize;
 use std::path::Path;
 
-use super::{CliError, Output, client, context};
+use super::{CliError, client, context};
 use crate::controller::api::{Answer, Body, Request};
 
 /// Who answered a request: the replica that did the work and the one that forwarded it, if any.
@@ -51,28 +52,6 @@ pub fn unexpected(via: Via, asked: &'static str, got: &Body) -> CliError {
         replica: via.replica,
         asked,
         got,
-    })
-}
-
-#[derive(Serialize)]
-struct JsonAnswer<'a, T: Serialize> {
-    replica: u64,
-    forwarded_by: Option<u64>,
-    answer: &'a T,
-}
-
-/// `--json`: `{"replica", "forwarded_by", "answer"}`, one document on one line.
-pub fn json<T: Serialize>(via: Via, value: &T, code: u8) -> Result<Output, CliError> {
-    let doc = JsonAnswer {
-        replica: via.replica,
-        forwarded_by: via.forwarded_by,
-        answer: value,
-    };
-    let text =
-        serde_json::to_string(&doc).map_err(|e| CliError::Render(format!("as JSON: {e}")))?;
-    Ok(Output {
-        text: format!("{text}\n"),
-        code,
     })
 }
 

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use super::json;
 use super::render::{self, Via};
 use super::{CliError, Output};
 use crate::controller::api::{Body, Request, SettingsView};
@@ -132,19 +133,39 @@ pub fn split_flags(words: &[String]) -> Result<(Vec<String>, LateFlags), CliErro
     Ok((out, late))
 }
 
+impl SettingsCommand {
+    /// Whether `--json` was given, also among the assignments of `set`.
+    pub fn wants_json(&self) -> bool {
+        match self {
+            SettingsCommand::Show { json, .. } | SettingsCommand::Clear { json, .. } => *json,
+            SettingsCommand::Set {
+                json, assignments, ..
+            } => *json || split_flags(assignments).is_ok_and(|(_, late)| late.json),
+        }
+    }
+}
+
 pub fn run(ctx: Option<&Path>, cmd: &SettingsCommand) -> Result<Output, CliError> {
-    let json = match cmd {
-        SettingsCommand::Show { json, .. } | SettingsCommand::Clear { json, .. } => *json,
-        SettingsCommand::Set {
-            json, assignments, ..
-        } => *json || split_flags(assignments)?.1.json,
-    };
+    let as_json = cmd.wants_json();
     let request = request(cmd)?;
     let (via, body) = render::ask(ctx, &request)?;
     match &body {
-        Body::Settings(view) if json => render::json(via, view, super::exit_done),
+        Body::Settings(view) if as_json => json::output(
+            Some(via),
+            json::SettingsShowJson::from(view),
+            super::exit_done,
+        ),
         Body::Settings(view) => Ok(Output::done(render_show(via, view))),
-        Body::SettingsSet { .. } if json => render::json(via, &body, super::exit_done),
+        Body::SettingsSet {
+            scope,
+            added,
+            changed,
+            removed,
+        } if as_json => json::output(
+            Some(via),
+            json::SettingsSetJson::new(scope, added, changed, removed),
+            super::exit_done,
+        ),
         Body::SettingsSet {
             scope,
             added,

@@ -5,8 +5,8 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::render;
 use super::{CliError, Output};
+use super::{json, render};
 use crate::controller::api::{Body, Request};
 
 /// Mode of a snapshot file: it carries secrets.
@@ -15,11 +15,20 @@ pub const snapshot_file_mode: u32 = 0o600;
 #[derive(Debug, clap::Subcommand)]
 pub enum SnapshotCommand {
     /// Write a backup of the store to FILE (mode 0600; refuses to overwrite).
-    Save { file: PathBuf },
+    Save {
+        /// Where to write the backup; must not exist yet.
+        file: PathBuf,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn run(ctx: Option<&Path>, cmd: &SnapshotCommand) -> Result<Output, CliError> {
-    let SnapshotCommand::Save { file } = cmd;
+    let SnapshotCommand::Save {
+        file,
+        json: as_json,
+    } = cmd;
     if file.exists() {
         return Err(CliError::Usage(format!(
             "{} already exists; snapshots never overwrite, pick a new file name",
@@ -31,6 +40,14 @@ pub fn run(ctx: Option<&Path>, cmd: &SnapshotCommand) -> Result<Output, CliError
         return Err(render::unexpected(via, "snapshot save", &body));
     };
     write_private(file, &bytes)?;
+    if *as_json {
+        let answer = json::SnapshotJson {
+            file: file.display().to_string(),
+            bytes: bytes.len() as u64,
+            epoch_floor,
+        };
+        return json::output(Some(via), answer, super::exit_done);
+    }
     Ok(Output::done(format!(
         "wrote {} bytes to {} (epoch floor {epoch_floor})\n{}",
         bytes.len(),

@@ -2,14 +2,12 @@
 //! report (and how long ago the leader filed it), whether it is behind, its holds, and each
 //! module's state from that report: a machine whose modules fail never reads "up to date".
 
-use serde::Serialize;
 use std::path::Path;
 
-use super::render;
 use super::{CliError, JsonArgs, Output};
+use super::{json, render};
 use crate::controller::api::{Body, MachineView, Request, StatusView};
-use crate::core::report::{Exit, Health, ModuleState, ModuleStatus};
-use crate::store::command::HeldMount;
+use crate::core::report::{Health, ModuleState, ModuleStatus};
 
 pub fn run(ctx: Option<&Path>, args: &JsonArgs) -> Result<Output, CliError> {
     let (via, body) = render::ask(ctx, &Request::Status)?;
@@ -17,156 +15,13 @@ pub fn run(ctx: Option<&Path>, args: &JsonArgs) -> Result<Output, CliError> {
         return Err(render::unexpected(via, "status", &body));
     };
     if args.json {
-        return render::json(via, &StatusJson::from(&view), super::exit_done);
+        return json::output(Some(via), json::StatusJson::from(&view), super::exit_done);
     }
     Ok(Output::done(format!(
         "{}{}",
         render_text(&view),
         via.note()
     )))
-}
-
-/// `status --json`: the view with digests as hex, so scripts can compare them with `plan` and files.
-#[derive(Debug, Serialize)]
-pub struct StatusJson {
-    pub revision: u64,
-    pub epoch_floor: u64,
-    pub store_reset: Option<String>,
-    pub leader: Option<u64>,
-    pub replicas: Vec<crate::controller::api::ReplicaView>,
-    pub machines: Vec<MachineJson>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct MachineJson {
-    pub name: String,
-    pub last_send: Option<SendJson>,
-    pub last_report: Option<ReportJson>,
-    pub behind: bool,
-    pub holds: Vec<HeldMount>,
-    pub refused_reports: u64,
-    /// The last report's modules summed up; `null` before any report.
-    pub health: Option<HealthJson>,
-    /// When the leader filed the last report (ms since the Unix epoch), and how long before this
-    /// answer that was on the answering replica's clock.
-    pub report_filed_ms: Option<u64>,
-    pub report_age_ms: Option<u64>,
-    pub modules: Vec<ModuleJson>,
-}
-
-/// `{"kind": "ready" | "settling" | "failing", "modules": [names not ready]}`.
-#[derive(Debug, Serialize)]
-pub struct HealthJson {
-    pub kind: &'static str,
-    pub modules: Vec<String>,
-}
-
-/// One module from the last report.
-#[derive(Debug, Serialize)]
-pub struct ModuleJson {
-    pub name: String,
-    /// `starting`, `waiting`, `ready`, `running`, `failed` or `stopped`.
-    pub state: &'static str,
-    /// What a waiting module waits for.
-    pub waiting_for: Option<String>,
-    /// Why a failed module failed.
-    pub error: Option<String>,
-    pub restarts: u32,
-    /// How its last run ended: `{"code": 3}` or `{"signal": 9}`.
-    pub last_exit: Option<Exit>,
-    pub pid: Option<u32>,
-}
-
-impl From<&Health> for HealthJson {
-    fn from(h: &Health) -> HealthJson {
-        match h {
-            Health::Ready => HealthJson {
-                kind: "ready",
-                modules: Vec::new(),
-            },
-            Health::Settling { modules } => HealthJson {
-                kind: "settling",
-                modules: modules.clone(),
-            },
-            Health::Failing { modules } => HealthJson {
-                kind: "failing",
-                modules: modules.clone(),
-            },
-        }
-    }
-}
-
-impl From<&ModuleStatus> for ModuleJson {
-    fn from(m: &ModuleStatus) -> ModuleJson {
-        let (waiting_for, error) = match &m.state {
-            ModuleState::Waiting { on } => (Some(on.clone()), None),
-            ModuleState::Failed { error } => (None, Some(error.clone())),
-            _ => (None, None),
-        };
-        ModuleJson {
-            name: m.name.clone(),
-            state: m.state.word(),
-            waiting_for,
-            error,
-            restarts: m.restarts,
-            last_exit: m.last_exit,
-            pid: m.pid,
-        }
-    }
-}
-
-#[derive(Debug, Serialize)]
-pub struct SendJson {
-    pub epoch: u64,
-    pub sequence: u64,
-    pub digest: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ReportJson {
-    pub epoch: u64,
-    pub sequence: u64,
-    pub report_sequence: u64,
-    pub applied: Option<String>,
-}
-
-impl From<&StatusView> for StatusJson {
-    fn from(v: &StatusView) -> StatusJson {
-        StatusJson {
-            revision: v.revision,
-            epoch_floor: v.epoch_floor,
-            store_reset: v.store_reset.clone(),
-            leader: v.replicas.iter().find(|r| r.leader).map(|r| r.id),
-            replicas: v.replicas.clone(),
-            machines: v.machines.iter().map(machine_json).collect(),
-        }
-    }
-}
-
-fn machine_json(m: &MachineView) -> MachineJson {
-    MachineJson {
-        name: m.name.clone(),
-        last_send: m.last_send.map(|(epoch, sequence, digest)| SendJson {
-            epoch,
-            sequence,
-            digest: digest.to_string(),
-        }),
-        last_report: m
-            .last_report
-            .map(|(epoch, sequence, report_sequence, applied)| ReportJson {
-                epoch,
-                sequence,
-                report_sequence,
-                applied: applied.map(|d| d.to_string()),
-            }),
-        behind: m.behind,
-        holds: m.holds.clone(),
-        refused_reports: m.refused_reports,
-        health: m.health.as_ref().map(HealthJson::from),
-        report_filed_ms: m.report_filed_ms,
-        report_age_ms: m.report_age_ms,
-        modules: m.modules.iter().map(ModuleJson::from).collect(),
-    }
 }
 
 /// The lines `status` prints.

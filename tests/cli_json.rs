@@ -1,0 +1,562 @@
+//! The `--json` schema `mesh/v1` (docs/json.md) pinned by fixtures: each command's view is
+//! rendered from hand-built API values and compared with `tests/fixtures/json/<name>.json`.
+//! A difference is a schema change: if it is meant, update docs/json.md (and bump the schema
+//! when a reader could trip on it), then rewrite the fixtures with `MESH_WRITE_FIXTURES=1`
+//! and review them by eye.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use clap::Parser;
+use mesh::cli::check::{CheckOutcome, MachineChange, MachineCheck};
+use mesh::cli::json::{self, Time};
+use mesh::cli::push::{WaitOutcome, Waited};
+use mesh::cli::render::Via;
+use mesh::cli::{Cli, CliError};
+use mesh::controller::api::{
+    ApiError, HistoryItem, MachineView, PlanView, PlannedChange, PlannedMachine, PlannedMint,
+    PushLine, PushOutcome, PushTarget, PushView, ReplicaView, SettingsView, StatusView,
+};
+use mesh::core::declaration::Digest;
+use mesh::core::model::{Placement, Provision};
+use mesh::core::report::{Exit, Health, ModuleState, ModuleStatus};
+use mesh::core::settings::Scope;
+use mesh::core::summary::{Change, ItemChange, Summary, SummaryDiff};
+use mesh::store::command::{HeldMount, ModelChange, SendRecord, SettingsChange};
+use serde::Serialize;
+
+/// 2026-11-30T09:42:57.120Z
+const t0: u64 = 1_796_031_777_120;
+
+fn via() -> Option<Via> {
+    Some(Via {
+        replica: 1,
+        forwarded_by: Some(2),
+    })
+}
+
+fn digest(b: u8) -> Digest {
+    Digest([b; 32])
+}
+
+fn fixture_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/json")
+        .join(format!("{name}.json"))
+}
+
+/// Renders the document meshctl prints and compares it, pretty-printed, with the fixture.
+fn assert_fixture<T: Serialize>(name: &str, via: Option<Via>, answer: T) {
+    let line = json::document(via, answer).expect("renders");
+    assert!(line.ends_with('\n') && line.lines().count() == 1, "{line}");
+    assert_matches_fixture(name, &line);
+}
+
+fn assert_matches_fixture(name: &str, line: &str) {
+    let value: serde_json::Value = serde_json::from_str(line).expect("valid JSON");
+    assert_eq!(value["schema"], "mesh/v1", "{line}");
+    let pretty = serde_json::to_string_pretty(&value).expect("pretty") + "\n";
+    let path = fixture_path(name);
+    if std::env::var_os("MESH_WRITE_FIXTURES").is_some() {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&path, &pretty).expect("write fixture");
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; write it with MESH_WRITE_FIXTURES=1",
+            path.display()
+        )
+    });
+    assert_eq!(
+        pretty,
+        want,
+        "{name}: the JSON differs from {}; a schema change needs docs/json.md",
+        path.display()
+    );
+}
+
+fn module(name: &str, state: ModuleState, restarts: u32, last_exit: Option<Exit>) -> ModuleStatus {
+    ModuleStatus {
+        name: name.into(),
+        state,
+        restarts,
+        pid: Some(4242),
+        last_exit,
+    }
+}
+
+fn hold() -> HeldMount {
+    HeldMount {
+        module: "db".into(),
+        mount: "data".into(),
+        old_dir: "/srv/a".into(),
+        new_dir: "/srv/b".into(),
+    }
+}
+
+fn status_view() -> StatusView {
+    let ace = MachineView {
+        name: "ace".into(),
+        last_send: Some((3, 7, digest(0xab))),
+        last_report: Some((3, 7, 12, Some(digest(0xab)))),
+        behind: false,
+        behind_why: vec![],
+        holds: vec![],
+        refused_reports: 1,
+        modules: vec![
+            module("db", ModuleState::Ready, 0, None),
+            module(
+                "app",
+                ModuleState::Failed {
+                    error: "exited with code 3".into(),
+                },
+                4,
+                Some(Exit::Code(3)),
+            ),
+            module(
+                "web",
+                ModuleState::Waiting {
+                    on: "endpoint 127.0.0.1:8080 of provision p-1".into(),
+                },
+                1,
+                Some(Exit::Signal(9)),
+            ),
+        ],
+        health: Some(Health::Failing {
+            modules: vec!["app".into()],
+        }),
+        report_filed_ms: Some(t0),
+        report_age_ms: Some(1500),
+    };
+    let g14 = MachineView {
+        name: "g14".into(),
+        last_send: None,
+        last_report: None,
+        behind: true,
+        behind_why: vec!["never sent".into()],
+        holds: vec![hold()],
+        refused_reports: 0,
+        modules: vec![],
+        health: None,
+        report_filed_ms: None,
+        report_age_ms: None,
+    };
+    StatusView {
+        replicas: vec![
+            ReplicaView {
+                id: 1,
+                addr: "127.0.0.1:7101".into(),
+                leader: true,
+                epoch: 3,
+                reachable: true,
+            },
+            ReplicaView {
+                id: 2,
+                addr: "127.0.0.1:7102".into(),
+                leader: false,
+                epoch: 3,
+                reachable: false,
+            },
+        ],
+        machines: vec![ace, g14],
+        revision: 5,
+        epoch_floor: 2,
+        store_reset: None,
+    }
+}
+
+#[test]
+fn status_json_has_hex_digests_rfc3339_times_and_tagged_exits() {
+    // Issue 13 part 2: digests as hex, times as RFC 3339, kinds as lower-case tags.
+    assert_fixture("status", via(), json::StatusJson::from(&status_view()));
+}
+
+#[test]
+fn times_are_rfc3339_utc_with_milliseconds() {
+    assert_eq!(
+        Time(0).rfc3339().as_deref(),
+        Some("1970-01-01T00:00:00.000Z")
+    );
+    assert_eq!(
+        Time(t0).rfc3339().as_deref(),
+        Some("2026-11-30T09:42:57.120Z")
+    );
+    // Past the year 9999 the document is refused instead of printing a time that is not one.
+    let too_late = json::document(None, Time(u64::MAX));
+    assert!(matches!(too_late, Err(CliError::Render(_))), "{too_late:?}");
+}
+
+#[test]
+fn apply_json_names_the_machines_behind() {
+    let answer = json::ApplyJson {
+        revision: 6,
+        behind: vec!["ace".into(), "g14".into()],
+        settings_ignored: vec!["machine/ace".into()],
+        draining: vec!["novox".into()],
+    };
+    assert_fixture("apply", via(), answer);
+}
+
+fn plan_view() -> PlanView {
+    let change = |item: &str, was: Option<&str>, now: Option<&str>| PlannedChange {
+        module: "db".into(),
+        item: item.into(),
+        was: was.map(String::from),
+        now: now.map(String::from),
+    };
+    PlanView {
+        target: PushTarget::Machine("ace".into()),
+        moves: vec![],
+        revision: 5,
+        machines: vec![
+            PlannedMachine {
+                machine: "ace".into(),
+                reason: "named".into(),
+                changes: vec![
+                    change(
+                        "setting log_level",
+                        Some("\"info\""),
+                        Some("\"debug \\\"x\\\"\""),
+                    ),
+                    change("env SECRET", Some("0123456789abcdef"), Some("\"b\"")),
+                    change("file conf/app.toml", None, Some(&digest(0x11).to_string())),
+                    change("grant p-9", Some("sql to app@g14 as db, secret 1f2e"), None),
+                    change("module", None, Some("postgres")),
+                ],
+                holds: vec![],
+            },
+            PlannedMachine {
+                machine: "g14".into(),
+                reason: "cascaded from ace: module db moved".into(),
+                changes: vec![],
+                holds: vec![hold()],
+            },
+        ],
+        mints: vec![PlannedMint {
+            id: "p-10".into(),
+            kind: "sql".into(),
+            consumer: "app@g14".into(),
+            provider: "db@ace".into(),
+        }],
+        token: "0f1e2d3c4b5a69788796a5b4c3d2e1f0".into(),
+    }
+}
+
+#[test]
+fn plan_json_diffs_are_structured_entries_with_values_in_the_clear() {
+    // Issue 13 part 2: {"op", "module", "path", "old", "new"}; settings in the clear, a value the
+    // store no longer has marked as a digest.
+    assert_fixture("plan", via(), json::PlanJson::from(&plan_view()));
+}
+
+#[test]
+fn plan_json_targets_are_strings() {
+    for (target, text) in [
+        (PushTarget::Machine("ace".into()), "machine/ace"),
+        (PushTarget::Behind, "behind"),
+        (PushTarget::All, "all"),
+    ] {
+        assert_eq!(json::target_text(&target), text);
+    }
+}
+
+#[test]
+fn diff_values_in_rust_quotes_come_out_in_the_clear() {
+    assert_eq!(
+        json::unquote(r#""a \"b\" \\ \n\t\u{1b}é""#).as_deref(),
+        Some("a \"b\" \\ \n\t\u{1b}é")
+    );
+    assert_eq!(json::unquote("0123456789abcdef"), None);
+    assert_eq!(json::unquote(r#""a"b""#), None);
+    assert_eq!(json::unquote(r#""\q""#), None);
+    assert_eq!(
+        json::change_value("setting x", "0123456789abcdef"),
+        "digest:0123456789abcdef"
+    );
+    assert_eq!(json::change_value("command", "\"perl\""), "\"perl\"");
+}
+
+fn push_view() -> PushView {
+    let line = |machine: &str, outcome| PushLine {
+        machine: machine.into(),
+        outcome,
+    };
+    PushView {
+        epoch: 3,
+        lines: vec![
+            line(
+                "ace",
+                PushOutcome::Applied {
+                    reason: "named".into(),
+                    sequence: 8,
+                    digest: digest(0xab),
+                },
+            ),
+            line(
+                "g14",
+                PushOutcome::Held {
+                    reason: "cascaded from ace".into(),
+                    holds: vec![hold()],
+                },
+            ),
+            line(
+                "novox",
+                PushOutcome::Sent {
+                    reason: "behind".into(),
+                    sequence: 2,
+                    digest: digest(0xcd),
+                    error: "no answer in 5000 ms".into(),
+                },
+            ),
+            line(
+                "shanks",
+                PushOutcome::Refused {
+                    reason: "behind".into(),
+                    refusal: "epoch 3 is below the mark 4".into(),
+                },
+            ),
+            line(
+                "zed",
+                PushOutcome::Failed {
+                    reason: "named".into(),
+                    error: "no address in [hosts]".into(),
+                },
+            ),
+        ],
+    }
+}
+
+#[test]
+fn push_json_tags_every_outcome_with_its_kind() {
+    // Issue 13 part 2: no Rust enum shapes ({"Applied": {...}}): {"machine", "kind", ...}.
+    assert_fixture("push", via(), json::PushJson::new(&push_view(), None));
+}
+
+#[test]
+fn push_wait_json_adds_how_each_machine_settled() {
+    let status = status_view();
+    let waited = vec![
+        Waited {
+            machine: "ace".into(),
+            sequence: 8,
+            outcome: WaitOutcome::Failing {
+                modules: vec!["app".into()],
+            },
+            view: Some(status.machines[0].clone()),
+        },
+        Waited {
+            machine: "novox".into(),
+            sequence: 2,
+            outcome: WaitOutcome::TimedOut {
+                last: "no report from it yet".into(),
+            },
+            view: None,
+        },
+    ];
+    assert_fixture(
+        "push_wait",
+        via(),
+        json::PushJson::new(&push_view(), Some(&waited)),
+    );
+}
+
+fn settings_change(
+    id: u64,
+    before: Option<&[(&str, &str)]>,
+    after: Option<&[(&str, &str)]>,
+) -> SettingsChange {
+    let layer = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    SettingsChange {
+        id,
+        scope: Scope::Placement {
+            module: "db".into(),
+            machine: "ace".into(),
+        },
+        before: before.map(layer),
+        after: after.map(layer),
+        why: "tune".into(),
+        actor: "operator:admin".into(),
+        epoch: 3,
+        time_ms: t0 + id,
+    }
+}
+
+#[test]
+fn settings_show_json_has_scopes_as_strings_and_every_write() {
+    let view = SettingsView {
+        layers: vec![
+            (
+                Scope::Mesh,
+                [("tier".to_string(), "edge".to_string())].into(),
+            ),
+            (
+                Scope::Machine("ace".into()),
+                [("zone".to_string(), "b".to_string())].into(),
+            ),
+        ],
+        effective: Some([("tier".to_string(), "edge".to_string())].into()),
+        history: vec![
+            settings_change(1, None, Some(&[("a", "1")])),
+            settings_change(2, Some(&[("a", "1")]), Some(&[("a", "2")])),
+            settings_change(3, Some(&[("a", "2")]), None),
+        ],
+    };
+    assert_fixture("settings_show", via(), json::SettingsShowJson::from(&view));
+}
+
+#[test]
+fn settings_set_json_lists_every_key_added_changed_and_removed() {
+    let answer = json::SettingsSetJson::new(
+        &Scope::Module("db".into()),
+        &["b".into()],
+        &["a".into()],
+        &["c".into()],
+    );
+    assert_fixture("settings_set", via(), answer);
+}
+
+#[test]
+fn history_json_items_are_tagged_model_send_and_settings() {
+    // Issue 13 part 2: {"kind": "send", ...} instead of {"Send": {...}}; digests as hex.
+    let mut summary = Summary {
+        machine: "ace".into(),
+        ..Summary::default()
+    };
+    summary.modules.insert("db".into(), Default::default());
+    let items = vec![
+        HistoryItem::Model(ModelChange {
+            revision: 5,
+            why: "first model".into(),
+            actor: "operator:admin".into(),
+            epoch: 2,
+            time_ms: t0,
+            changes: vec!["ace".into()],
+        }),
+        HistoryItem::Send(SendRecord {
+            machine: "ace".into(),
+            epoch: 3,
+            sequence: 7,
+            digest: digest(0xab),
+            summary,
+            why: "first send".into(),
+            actor: "operator:admin".into(),
+            time_ms: t0 + 1000,
+            moves: vec!["db".into()],
+        }),
+        HistoryItem::Settings(settings_change(1, None, Some(&[("a", "1")]))),
+    ];
+    assert_fixture("history", via(), json::HistoryJson::new(&items));
+}
+
+#[test]
+fn snapshot_json_names_the_file_and_its_size() {
+    let answer = json::SnapshotJson {
+        file: "/backups/mesh-1.snap".into(),
+        bytes: 40960,
+        epoch_floor: 3,
+    };
+    assert_fixture("snapshot", via(), answer);
+}
+
+fn placement(module: &str, machine: &str) -> Placement {
+    Placement {
+        module: module.into(),
+        machine: machine.into(),
+    }
+}
+
+#[test]
+fn check_json_composed_and_against_are_tagged() {
+    let composed = CheckOutcome::Composed(vec![MachineCheck {
+        machine: "ace".into(),
+        digest: digest(0x42),
+        modules: vec!["db".into()],
+        mints: vec![Provision {
+            id: "p-1".into(),
+            kind: "sql".into(),
+            consumer: placement("app", "ace"),
+            provider: placement("db", "ace"),
+            name: "db".into(),
+            secret: "meshctl-check-placeholder".into(),
+        }],
+        grants: vec!["p-1".into()],
+        summary: Summary::default(),
+    }]);
+    assert_fixture("check", None, json::CheckJson::from(&composed));
+    let against = CheckOutcome::Against {
+        changed: vec![
+            MachineChange::Changed(SummaryDiff {
+                machine: "ace".into(),
+                changes: vec![ItemChange {
+                    module: "db".into(),
+                    item: "setting port".into(),
+                    change: Change::Changed {
+                        was: "00112233aabbccdd".into(),
+                        now: "44556677eeff0011".into(),
+                    },
+                }],
+            }),
+            MachineChange::Removed("g14".into()),
+        ],
+        unchanged: 2,
+    };
+    assert_fixture("check_against", None, json::CheckJson::from(&against));
+}
+
+#[test]
+fn api_errors_keep_their_kind_and_exit_code_in_json() {
+    // Issue 13 part 2: errors as JSON on stdout with --json, the same exit codes as without.
+    let cases = [
+        (ApiError::Invalid("no machine zz".into()), "invalid", 2),
+        (ApiError::Unavailable("no leader".into()), "unavailable", 1),
+        (ApiError::Refused("revision moved".into()), "refused", 1),
+        (ApiError::Failed("storage".into()), "failed", 1),
+    ];
+    for (e, kind, code) in cases {
+        let e = CliError::Api(e);
+        assert_eq!(e.exit_code(), code);
+        let line = json::error_document(&e);
+        let doc: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+        assert_eq!(doc["error"]["kind"], kind, "{line}");
+        assert_eq!(doc["error"]["exit_code"], code, "{line}");
+    }
+    let usage = CliError::Usage("push needs a machine, --behind or --all".into());
+    assert_matches_fixture("error_usage", &json::error_document(&usage));
+}
+
+#[test]
+fn a_command_with_json_that_fails_prints_the_error_as_json_on_stdout_with_its_exit_code() {
+    // Issue 13 part 2: a script reading stdout gets a document, never an empty stdout.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("none.toml").display().to_string();
+    let runs: [(&[&str], &str, u8); 4] = [
+        (&["status", "--json"], "usage", 1),
+        (&["push", "ace", "--json"], "usage", 2),
+        (
+            &["settings", "set", "mesh", "-a", "--json", "--why", "w"],
+            "usage",
+            2,
+        ),
+        (&["snapshot", "save", "/", "--json"], "usage", 2),
+    ];
+    for (args, kind, code) in runs {
+        let argv = ["meshctl", "--context", &missing]
+            .into_iter()
+            .chain(args.iter().copied());
+        let out = mesh::cli::run(Cli::parse_from(argv)).expect("an error is an output with --json");
+        assert_eq!(out.code, code, "{args:?}: {}", out.text);
+        let doc: serde_json::Value = serde_json::from_str(&out.text).expect("JSON");
+        assert_eq!(doc["schema"], "mesh/v1");
+        assert_eq!(doc["error"]["kind"], kind, "{args:?}: {}", out.text);
+        assert_eq!(doc["error"]["exit_code"], code, "{args:?}");
+    }
+    // Without --json the error stays an error (one line on stderr, printed by the binary).
+    let argv = ["meshctl", "--context", &missing, "status"];
+    assert!(mesh::cli::run(Cli::parse_from(argv)).is_err());
+}
