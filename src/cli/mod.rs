@@ -7,6 +7,7 @@ pub mod check;
 pub mod client;
 pub mod context;
 pub mod dev;
+pub mod help;
 pub mod history;
 pub mod init;
 pub mod json;
@@ -45,12 +46,14 @@ pub const exit_wait_timeout: u8 = 5;
     name = "meshctl",
     version,
     about = "Operate a mesh: declare, plan and push, from any controller replica",
+    disable_help_subcommand = true,
     after_help = "Exit codes: 0 done; 1 failed (for push: a send not confirmed applied); \
 2 bad usage or input (nothing was changed); \
 3 something was held (a mount move waits for `push <machine> --move <module>`); \
-4 push --wait: a module failed; 5 push --wait: not settled before the timeout.\n\
+4 push --wait: a module failed; 5 push --wait: not settled before the timeout; \
+6 plan --detailed-exitcode: the push would change something. `meshctl help exit-codes` says more.\n\
 The context (replica addresses, operator certificate) comes from --context, else MESH_CONTEXT, \
-else ./.mesh/context.toml."
+else ./.mesh/context.toml; `meshctl help context` says more."
 )]
 pub struct Cli {
     /// The context file to use (replica addresses and the operator's TLS identity).
@@ -77,10 +80,10 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Send declarations: to one machine (and its cascade), `--behind` or `--all`.
     Push(push::PushArgs),
-    /// Show, set or clear settings layers (G6).
+    /// Show, set or clear settings layers (mesh, machine, module, module on a machine).
     #[command(subcommand)]
     Settings(settings::SettingsCommand),
-    /// Sends and settings changes with why, who, when and epoch.
+    /// Model applies, sends and settings changes, oldest first, with why, who, when and epoch.
     History(JsonArgs),
     /// Backups of the store.
     #[command(subcommand)]
@@ -88,6 +91,12 @@ pub enum Command {
     /// Machines joining the running mesh.
     #[command(subcommand)]
     Machines(machines::MachinesCommand),
+    /// Write a shell completion script to stdout, e.g.
+    /// `meshctl completions bash > /etc/bash_completion.d/meshctl`.
+    Completions(help::CompletionsArgs),
+    /// Help on a command or a topic: `meshctl help push`, `meshctl help exit-codes`,
+    /// `meshctl help context`.
+    Help(help::HelpArgs),
 }
 
 impl Command {
@@ -101,7 +110,11 @@ impl Command {
             Command::Push(a) => a.json,
             Command::Settings(c) => c.wants_json(),
             Command::Snapshot(snapshot::SnapshotCommand::Save { json, .. }) => *json,
-            Command::Init(_) | Command::Dev(_) | Command::Machines(_) => false,
+            Command::Init(_)
+            | Command::Dev(_)
+            | Command::Machines(_)
+            | Command::Completions(_)
+            | Command::Help(_) => false,
         }
     }
 }
@@ -211,6 +224,8 @@ fn run_command(cli: Cli) -> Result<Output, CliError> {
         Command::History(args) => history::run(ctx.as_deref(), &args),
         Command::Snapshot(cmd) => snapshot::run(ctx.as_deref(), &cmd),
         Command::Machines(cmd) => machines::run(ctx.as_deref(), &cmd),
+        Command::Completions(args) => help::completions(args.shell).map(Output::done),
+        Command::Help(args) => help::help(&args).map(Output::done),
     }
 }
 

@@ -15,6 +15,7 @@ pub enum SettingsCommand {
     Show {
         /// `mesh`, `machine/<m>`, `module/<mod>` or `module/<mod>@<m>`.
         scope: Option<String>,
+        /// Also show every earlier write: the layers replaced and cleared, with why, who and when.
         #[arg(long)]
         history: bool,
         /// Print the answer as JSON.
@@ -23,6 +24,7 @@ pub enum SettingsCommand {
     },
     /// Set keys (`k=v`) on a scope; `-k` removes a key and needs `--replace`.
     Set {
+        /// `mesh`, `machine/<m>`, `module/<mod>` or `module/<mod>@<m>`.
         scope: String,
         /// `key=value` to set, `-key` to remove.
         #[arg(required = true, allow_hyphen_values = true, value_name = "k=v|-k")]
@@ -39,6 +41,7 @@ pub enum SettingsCommand {
     },
     /// Remove a scope's whole layer (kept in the history).
     Clear {
+        /// `mesh`, `machine/<m>`, `module/<mod>` or `module/<mod>@<m>`.
         scope: String,
         /// Why; kept in the settings history.
         #[arg(long)]
