@@ -5,4 +5,5 @@ pub mod cli;
 pub mod controller;
 pub mod core;
 pub mod host;
+pub mod logging;
 pub mod store;

@@ -1,7 +1,8 @@
 //! `mesh-host --config host.toml`: one machine's agent. Loads its config and state, resumes the last
 //! applied declaration, takes envelopes from replicas over QUIC (mTLS with the `[tls]` identity),
 //! files reports with the replicas, and on SIGTERM or SIGINT stops listening and then every module
-//! before exiting, so no module outlives it.
+//! before exiting, so no module outlives it. Logs go to stderr (`--log-format text|json`, colours
+//! only on a terminal).
 
 use anyhow::Context;
 use clap::Parser;
@@ -12,6 +13,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use mesh::host::{Agent, HostConfig, HostError, QuicSink, listener};
+use mesh::logging::LogFormat;
 
 /// After a fatal error, how long answers already on their way get before the endpoint closes.
 const fatal_answer_grace_ms: u64 = 200;
@@ -25,17 +27,16 @@ struct Args {
     /// Path to host.toml.
     #[arg(long)]
     config: PathBuf,
+    /// How log lines are written to stderr: `text` for a person (colours only on a terminal) or
+    /// `json`, one object per line, for a log collector.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     let args = Args::parse();
+    mesh::logging::init(args.log_format);
     let config = HostConfig::load(&args.config)?;
     if config.replicas().is_empty() {
         anyhow::bail!(

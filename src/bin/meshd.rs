@@ -1,6 +1,7 @@
 //! `meshd --config replica.toml`: one controller replica (Raft over QUIC, operator API, host reports);
 //! `meshd restore --config replica.toml --from FILE`: a fresh store from a snapshot file (G9). Logs
-//! go to stderr; SIGTERM or SIGINT stop serving, shut Raft down and exit 0.
+//! go to stderr (`--log-format text|json`, colours only on a terminal); SIGTERM or SIGINT stop
+//! serving, shut Raft down and exit 0.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -9,6 +10,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use mesh::controller::config::ReplicaConfig;
 use mesh::controller::restore::restore;
+use mesh::logging::LogFormat;
 
 #[derive(Parser)]
 #[command(name = "meshd", about = "A mesh controller replica")]
@@ -16,6 +18,10 @@ struct Args {
     /// Path to replica.toml.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// How log lines are written to stderr: `text` for a person (colours only on a terminal) or
+    /// `json`, one object per line, for a log collector.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -35,14 +41,8 @@ enum Cmd {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     let args = Args::parse();
+    mesh::logging::init(args.log_format);
     match (args.command, args.config) {
         (Some(Cmd::Restore { config, from }), _) => run_restore(config, from).await,
         (None, Some(config)) => run(config).await,
