@@ -267,6 +267,7 @@ impl Bed {
             hosts: hosts.clone(),
             raft: Some(raft.clone()),
             transport: Some(TransportConfig::default()),
+            http: None,
         };
         let path = self.dir.path().join(format!("{sub}.toml"));
         std::fs::write(&path, file.to_toml()?)?;

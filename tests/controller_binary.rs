@@ -49,6 +49,7 @@ fn write_config(dir: &Path, pki: &Pki, addr: SocketAddr, data_dir: &str) -> Path
         hosts: Default::default(),
         raft: Some(fast_raft()),
         transport: None,
+        http: None,
     };
     let path = dir.join(format!("{data_dir}.toml"));
     std::fs::write(&path, file.to_toml().expect("toml")).expect("write config");

@@ -255,6 +255,33 @@ async fn g7_plan_diff_is_empty_after_a_leader_change_alone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_a_send_held_up_past_the_lease_on_its_way_out_leaves_no_byte_for_the_host() {
+    // G3, the lease at the write: the envelope waits in the leader's transport (a delay fault
+    // standing in for a dial backoff or a slow handshake) longer than the lease. The lease is
+    // checked after that wait, so the send stops naming the lease and the host applies nothing.
+    // (With the lease checked before the transport, the bytes left after the lease.)
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &mount_mesh("/srv/a")).await;
+    let host = bed.hosts["ace"].endpoint.local_addr();
+    let window = bed.service(leader).replica().config().lease_window();
+    let faults = bed.service(leader).endpoint().faults();
+    faults.delay(host, window * 4);
+    let body = bed.push(leader, "ace", &[]).await.expect("push answers");
+    match lines(&body).get("ace") {
+        Some(PushOutcome::Failed { error, .. }) => {
+            assert!(error.contains("stopped at the write"), "{error}");
+            assert!(error.contains("lease"), "{error}");
+        }
+        other => panic!("expected a failed line naming the lease, got {other:?}"),
+    }
+    faults.delay(host, std::time::Duration::ZERO);
+    tokio::time::sleep(window * 2).await;
+    assert!(bed.hosts["ace"].agent.applied().await.is_none());
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g3_isolated_leader_sends_nothing_and_hosts_keep_the_newer_epoch() {
     // G3/G2: a leader cut off from the other replicas cannot confirm its lease: its push sends
     // nothing (refused or stopped), while the new leader's push is applied at a newer epoch.

@@ -109,6 +109,7 @@ async fn run_until_stopped(args: &DevArgs) -> Result<String, super::CliError> {
         operator: super::init::operator_default.into(),
     };
     let written = write(&layout)?;
+    let pages = serve_status_pages(&layout)?;
     let mesh_file = dir.join("mesh.toml");
     std::fs::write(&mesh_file, &text).map_err(|source| DevError::Dir {
         path: mesh_file.display().to_string(),
@@ -131,6 +132,9 @@ async fn run_until_stopped(args: &DevArgs) -> Result<String, super::CliError> {
         children.len(),
         dir.join("logs").display()
     );
+    for (id, addr) in &pages {
+        println!("replica {id}'s status page: http://{addr}/ (metrics: http://{addr}/metrics)");
+    }
     let outcome = serve(&mut stop, &written.context, &dir, mesh).await;
     println!("stopping {} processes", children.len());
     // Hosts first, while the replicas still take their last reports; then the replicas.
@@ -168,6 +172,25 @@ async fn serve(
     let signal = stop.recv().await;
     println!("{signal}");
     Ok(())
+}
+
+/// Gives every replica of the layout a status page on a free loopback TCP port: `http` is
+/// written at the top of its replica.toml (a top-level key, so before the first table).
+fn serve_status_pages(layout: &Layout) -> Result<Vec<(u64, std::net::SocketAddr)>, DevError> {
+    let ports = free_tcp_ports(layout.replicas.len())?;
+    let mut pages = Vec::new();
+    for ((id, _), port) in layout.replicas.iter().zip(ports) {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let file = layout.dir.join(format!("replica-{id}.toml"));
+        let failed = |source| DevError::Dir {
+            path: file.display().to_string(),
+            source,
+        };
+        let text = std::fs::read_to_string(&file).map_err(failed)?;
+        std::fs::write(&file, format!("http = \"{addr}\"\n{text}")).map_err(failed)?;
+        pages.push((*id, addr));
+    }
+    Ok(pages)
 }
 
 /// The signals that stop `dev`, installed before it writes or starts anything. Once installed,

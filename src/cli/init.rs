@@ -500,6 +500,7 @@ fn replica_file(layout: &Layout, id: u64, addr: SocketAddr) -> ReplicaConfigFile
             .collect(),
         raft: None,
         transport: None,
+        http: None,
     }
 }
 

@@ -75,6 +75,10 @@ pub struct ReplicaConfigFile {
     /// Overrides of [`TransportConfig`] fields; absent fields keep their defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport: Option<TransportConfig>,
+    /// The read-only status page and `/metrics` over HTTP: `"127.0.0.1:9100"`, or a bare port
+    /// (`"9100"`) for loopback. Absent: no HTTP server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<String>,
 }
 
 /// `[tls]`: the mesh CA and this replica's certificate (naming `replica:<id>`) and key.
@@ -108,6 +112,7 @@ pub struct ReplicaConfig {
     hosts: BTreeMap<String, SocketAddr>,
     raft: RaftConfig,
     transport: CheckedConfig,
+    http: Option<SocketAddr>,
 }
 
 impl ReplicaConfig {
@@ -167,6 +172,10 @@ impl ReplicaConfig {
             .unwrap_or_default()
             .check()
             .map_err(|e| invalid("transport", e.to_string()))?;
+        let http = match &raw.http {
+            None => None,
+            Some(text) => Some(parse_http(text).map_err(|p| invalid("http", p))?),
+        };
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         Ok(ReplicaConfig {
             file: file.to_path_buf(),
@@ -183,6 +192,7 @@ impl ReplicaConfig {
             hosts,
             raft,
             transport,
+            http,
         })
     }
 
@@ -229,6 +239,11 @@ impl ReplicaConfig {
 
     pub fn transport(&self) -> &CheckedConfig {
         &self.transport
+    }
+
+    /// Where the status page and `/metrics` are served, if anywhere.
+    pub fn http(&self) -> Option<SocketAddr> {
+        self.http
     }
 
     /// Reads this replica's signing key, checking its mode.
@@ -279,6 +294,21 @@ fn check_reachable(
         ));
     }
     Ok(())
+}
+
+/// `http`: `ip:port`, or a bare port meaning loopback. Port 0 is refused: the page would move on
+/// every start.
+fn parse_http(text: &str) -> Result<SocketAddr, String> {
+    let addr = match text.parse::<u16>() {
+        Ok(port) => SocketAddr::from(([127, 0, 0, 1], port)),
+        Err(_) => parse_addr(text)?,
+    };
+    if addr.port() == 0 {
+        return Err(format!(
+            "`{text}` has port 0; give the port the status page should listen on, like `127.0.0.1:9100`"
+        ));
+    }
+    Ok(addr)
 }
 
 fn parse_peers(
@@ -513,6 +543,25 @@ heartbeat_ms = 100
             .replace("10.0.0.5:7200", "[fd00::5]:7200");
         let c = ReplicaConfig::parse(&dual, f, b).expect("a dual-stack listen dials both");
         assert!(c.hosts()["ace"].is_ipv6());
+    }
+
+    #[test]
+    fn http_is_loopback_for_a_bare_port_and_refuses_port_0() {
+        // Config: the status page listens where `http` says, loopback when only a port is given.
+        let f = Path::new("r.toml");
+        let b = Path::new(".");
+        let c = ReplicaConfig::parse(example, f, b).expect("valid");
+        assert_eq!(c.http(), None);
+        let c = ReplicaConfig::parse(&format!("http = \"9100\"\n{example}"), f, b).expect("valid");
+        assert_eq!(c.http(), Some(SocketAddr::from(([127, 0, 0, 1], 9100))));
+        let text = format!("http = \"10.0.0.1:9100\"\n{example}");
+        let c = ReplicaConfig::parse(&text, f, b).expect("valid");
+        assert_eq!(c.http(), Some(SocketAddr::from(([10, 0, 0, 1], 9100))));
+        for bad in ["0", "127.0.0.1:0", "somewhere"] {
+            let text = format!("http = \"{bad}\"\n{example}");
+            let e = ReplicaConfig::parse(&text, f, b).expect_err("refused");
+            assert!(e.to_string().contains("`http`"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use mesh_raft::Lease;
-use mesh_transport::{MessageKind, Peer, Principal};
+use mesh_transport::{MessageKind, Peer, Principal, TransportError};
 
 use super::api::{ApiError, Body, PlanView, PushLine, PushOutcome, PushTarget, PushView};
 use super::planview::{Reveal, plan_view, what_moved};
@@ -447,15 +447,18 @@ impl Service {
                 error: "stopped: an earlier send of this push found the lease closed".into(),
             });
         }
-        if let Err(why) = self.lease_to_act(keeper).await {
-            if !stopped.swap(true, Ordering::SeqCst) {
-                tracing::warn!(epoch = keeper.epoch, reason = %why, "leader stopped acting");
+        let lease = match self.lease_to_act(keeper).await {
+            Ok(lease) => lease,
+            Err(why) => {
+                if !stopped.swap(true, Ordering::SeqCst) {
+                    tracing::warn!(epoch = keeper.epoch, reason = %why, "leader stopped acting");
+                }
+                return line(PushOutcome::Failed {
+                    reason,
+                    error: format!("stopped: {why}"),
+                });
             }
-            return line(PushOutcome::Failed {
-                reason,
-                error: format!("stopped: {why}"),
-            });
-        }
+        };
         let envelope = Envelope {
             machine: send.machine.clone(),
             epoch: record.epoch,
@@ -493,12 +496,34 @@ impl Service {
         tracing::info!(machine = %send.machine, epoch = record.epoch, sequence = record.sequence, "sending envelope");
         let peer = Peer::expecting(addr, Principal::Host(send.machine.clone()));
         let timeout: Duration = self.endpoint.config().request_timeout();
-        let answer = self
+        // The lease is checked again at the write (G3): dialling, backoff and the handshake are
+        // behind us, and the transport writes no byte past what is left of the lease.
+        let gate = || -> Result<Duration, String> {
+            self.acting(&lease)?;
+            lease
+                .check(self.clock.now())
+                .map_err(|e| format!("lease closed: {e}"))
+        };
+        let mut answer = self
             .endpoint
-            .request(peer, MessageKind::Envelope, bytes, timeout)
+            .request_gated(peer.clone(), MessageKind::Envelope, bytes.clone(), timeout, &gate)
             .await;
+        if let Err(TransportError::ResetAfterWrite { .. }) = answer {
+            // The host restarted under a connection it no longer knows. An envelope may go
+            // again (the host's mark refuses a second copy, G2), through the gate again.
+            answer = self
+                .endpoint
+                .request_gated(peer, MessageKind::Envelope, bytes, timeout, &gate)
+                .await;
+        }
         let answer = match answer {
             Ok(a) => a,
+            Err(e @ TransportError::Gated { .. }) => {
+                if !stopped.swap(true, Ordering::SeqCst) {
+                    tracing::warn!(epoch = keeper.epoch, reason = %e, "leader stopped acting");
+                }
+                return line(not_sent(format!("stopped at the write: {e}")));
+            }
             Err(e) => return line(sent(e.to_string())),
         };
         match mesh_codec::decode::<EnvelopeReply>(envelope_reply_what, &answer) {

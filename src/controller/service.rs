@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ed25519_dalek::SigningKey;
 use mesh_raft::{
-    BasicNode, Clock, Gate, GateError, Lease, MonotonicClock, ProposeError, QuicNetwork, Replica,
+    BasicNode, BootClock, Clock, Gate, GateError, Lease, ProposeError, QuicNetwork, Replica,
     ReplicaSpec, VoteFence,
 };
 use mesh_transport::{
@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 use super::api::{Answer, ApiError, Body, Forwarded, Request};
 use super::config::{ConfigError, ReplicaConfig};
 use super::floor::{FloorError, read_floor, write_floor};
+use super::metrics::{Metrics, request_kind};
 use crate::core::compose::World;
 use crate::core::plan::DigestCache;
 use crate::core::report::Report;
@@ -73,6 +74,12 @@ pub enum ServiceError {
     Shutdown(#[from] mesh_raft::ShutdownError),
     #[error("requests still running after {ms} ms; the store closes when they end")]
     Busy { ms: u64 },
+    #[error(
+        "cannot read CLOCK_BOOTTIME, the clock leases are measured on (it counts suspend); meshd needs Linux 2.6.39 or later"
+    )]
+    Clock,
+    #[error(transparent)]
+    Http(#[from] super::http::HttpError),
 }
 
 /// The compose cache of the leader: the world and every machine's should-be digest at `revision`.
@@ -174,6 +181,8 @@ pub struct Service {
     pub(crate) fence: VoteFence,
     pub(crate) store_reset: Option<String>,
     pub(crate) work: tokio::sync::Mutex<Work>,
+    /// Counters for `/metrics`.
+    pub(crate) metrics: Metrics,
 }
 
 /// A started replica: the service and the tasks around it. Call [`Running::shutdown`] to stop it.
@@ -181,6 +190,8 @@ pub struct Running {
     service: Arc<Service>,
     floor_task: JoinHandle<()>,
     leadership_task: JoinHandle<()>,
+    /// The status page and `/metrics`, when `http` is set in the config.
+    http: Option<super::http::HttpServer>,
 }
 
 /// Loads this replica's TLS identity and binds its endpoint on `listen`.
@@ -208,7 +219,9 @@ pub fn bind(config: &ReplicaConfig) -> Result<Endpoint, ServiceError> {
 /// Starts the replica of `config` on its own endpoint.
 pub async fn start(config: ReplicaConfig) -> Result<Running, ServiceError> {
     let endpoint = bind(&config)?;
-    start_on(config, endpoint, Arc::new(MonotonicClock)).await
+    // Leases are read on CLOCK_BOOTTIME, which counts suspend (G3, decision 0100).
+    let clock = BootClock::new().ok_or(ServiceError::Clock)?;
+    start_on(config, endpoint, Arc::new(clock)).await
 }
 
 /// Starts the replica of `config` on an endpoint already bound (tests bind first to learn ports),
@@ -275,7 +288,12 @@ pub async fn start_on(
             world: World::default(),
             cache: DigestCache::default(),
         }),
+        metrics: Metrics::new(),
     });
+    let http = match service.config.http() {
+        Some(addr) => Some(super::http::HttpServer::start(addr, Arc::downgrade(&service)).await?),
+        None => None,
+    };
     endpoint.serve(Arc::new(Serving(Arc::downgrade(&service))));
     let floor_task = tokio::spawn(keep_floor(Arc::downgrade(&service), dir, term_floor));
     let leadership_task = tokio::spawn(announce_leadership(Arc::downgrade(&service)));
@@ -283,6 +301,7 @@ pub async fn start_on(
         service,
         floor_task,
         leadership_task,
+        http,
     })
 }
 
@@ -336,6 +355,14 @@ async fn announce_leadership(service: Weak<Service>) {
         };
         let now = (state == openraft::ServerState::Leader).then_some(term);
         if now != leading {
+            if let Some(s) = service.upgrade() {
+                if leading.is_some() {
+                    s.metrics.leadership(false);
+                }
+                if now.is_some() {
+                    s.metrics.leadership(true);
+                }
+            }
             if let Some(epoch) = leading {
                 tracing::warn!(
                     replica = id,
@@ -368,6 +395,9 @@ impl Running {
 
     /// Stops serving, waits for in-flight requests, shuts Raft down and closes the store.
     pub async fn shutdown(self) -> Result<(), ServiceError> {
+        if let Some(http) = self.http {
+            http.stop().await;
+        }
         self.service.endpoint.close().await;
         self.floor_task.abort();
         self.leadership_task.abort();
@@ -440,14 +470,15 @@ impl Service {
 
     /// A lease from the gate (G3): leadership confirmed by a quorum round.
     pub(crate) async fn lease(&self) -> Result<Lease, ApiError> {
-        Gate::acquire_fenced(
+        let round = Gate::acquire_fenced(
             self.replica.raft(),
             self.clock.as_ref(),
             self.replica.config(),
             &self.fence,
         )
-        .await
-        .map_err(|e| match e {
+        .await;
+        self.metrics.lease_round(round.is_ok());
+        round.map_err(|e| match e {
             GateError::NotLeader { leader } => ApiError::Unavailable(format!(
                 "replica {} is not the leader (leader: {leader:?}); ask again",
                 self.id
@@ -459,6 +490,14 @@ impl Service {
     /// `Ok` while this replica may still act under `lease`: the lease is open and the metrics show
     /// it still leads in the lease's term. `Err(reason)` otherwise.
     pub(crate) fn acting(&self, lease: &Lease) -> Result<(), String> {
+        let acting = self.acting_now(lease);
+        if acting.is_err() {
+            self.metrics.lease_lost();
+        }
+        acting
+    }
+
+    fn acting_now(&self, lease: &Lease) -> Result<(), String> {
         lease
             .check(self.clock.now())
             .map_err(|e| format!("lease closed: {e}"))?;
@@ -492,22 +531,36 @@ impl Service {
         };
         let bytes = mesh_codec::encode("proposal", &proposal)
             .map_err(|e| ApiError::Failed(format!("cannot encode the proposal: {e}")))?;
-        let done = self.replica.propose(bytes).await.map_err(|e| match e {
-            ProposeError::NotLeader { .. } | ProposeError::Stopped => {
-                ApiError::Unavailable(e.to_string())
+        let done = self.replica.propose(bytes).await.map_err(|e| {
+            self.metrics.commit(Err(()));
+            match e {
+                ProposeError::NotLeader { .. } | ProposeError::Stopped => {
+                    ApiError::Unavailable(e.to_string())
+                }
+                other => ApiError::Failed(other.to_string()),
             }
-            other => ApiError::Failed(other.to_string()),
         })?;
-        match decode_outcome(&done.response)
-            .map_err(|e| ApiError::Failed(format!("cannot decode the store's answer: {e}")))?
-        {
+        let outcome = decode_outcome(&done.response)
+            .map_err(|e| ApiError::Failed(format!("cannot decode the store's answer: {e}")))?;
+        self.metrics
+            .commit(Ok(matches!(outcome, Outcome::Applied(_))));
+        match outcome {
             Outcome::Applied(applied) => Ok(applied),
             Outcome::Refused(refusal) => Err(ApiError::Refused(refusal.to_string())),
         }
     }
 
-    /// Answers an operator's request on this replica (which must lead) for `actor`.
+    /// Answers an operator's request on this replica (which must lead) for `actor`, counted in
+    /// the metrics by kind and latency.
     pub async fn handle(&self, actor: &str, request: Request) -> Result<Body, ApiError> {
+        let kind = request_kind(&request);
+        let started = std::time::Instant::now();
+        let answer = self.handle_uncounted(actor, request).await;
+        self.metrics.request(kind, started.elapsed(), &answer);
+        answer
+    }
+
+    async fn handle_uncounted(&self, actor: &str, request: Request) -> Result<Body, ApiError> {
         match request {
             Request::Status => self.status().await,
             Request::Apply { mesh, why, drain } => self.apply(actor, mesh, why, drain).await,
@@ -626,9 +679,16 @@ impl Service {
 
     /// A host's report (G5, G10): the leader files it; a follower names the leader.
     async fn report(&self, frame_machine: &str, body: &[u8]) -> Result<ReportReply, String> {
-        let report: Report = mesh_codec::decode(report_what, body).map_err(|e| e.to_string())?;
-        check_report_machine(frame_machine, &report).map_err(|e| e.to_string())?;
+        let report: Report = mesh_codec::decode(report_what, body).map_err(|e| {
+            self.metrics.report("error");
+            e.to_string()
+        })?;
+        check_report_machine(frame_machine, &report).map_err(|e| {
+            self.metrics.report("error");
+            e.to_string()
+        })?;
         if !self.is_leader() {
+            self.metrics.report("not_leader");
             return Ok(self.not_leader());
         }
         let term = self.replica.metrics().borrow().current_term;
@@ -638,9 +698,17 @@ impl Service {
             .propose(term, None, &actor, Command::RecordReport { report })
             .await
         {
-            Ok(Applied::Report { accepted, .. }) => Ok(ReportReply::Filed { accepted }),
-            Ok(other) => Err(format!("the store answered a report with {other:?}")),
+            Ok(Applied::Report { accepted, .. }) => {
+                self.metrics
+                    .report(if accepted { "accepted" } else { "refused" });
+                Ok(ReportReply::Filed { accepted })
+            }
+            Ok(other) => {
+                self.metrics.report("error");
+                Err(format!("the store answered a report with {other:?}"))
+            }
             Err(e) => {
+                self.metrics.report("not_leader");
                 tracing::warn!(machine = frame_machine, error = %e, "report not filed");
                 Ok(self.not_leader())
             }

@@ -202,6 +202,7 @@ impl Bed {
             hosts: hosts.clone(),
             raft: Some(fast_raft()),
             transport: Some(transport()),
+            http: None,
         };
         let path = self.dir.path().join(format!("{sub}.toml"));
         std::fs::write(&path, file.to_toml().expect("toml")).expect("write config");

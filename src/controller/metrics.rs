@@ -1,0 +1,257 @@
+//! The replica's counters for `/metrics`: atomics the service bumps as it works (commits, pushes
+//! and sends by outcome, reports, lease rounds and losses, leadership changes, request latencies),
+//! plus Raft's own numbers read at scrape time. Encoded in the Prometheus text exposition format
+//! (OpenMetrics flavour) by prometheus-client.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::api::{ApiError, Body, PushOutcome, Request};
+
+/// One label, fixed at compile time: counters never take a label value from input.
+type Label = [(&'static str, &'static str); 1];
+type Latencies = Family<Label, Histogram, fn() -> Histogram>;
+
+/// Smallest request-latency bucket, in seconds.
+pub const latency_bucket_s_min: f64 = 0.001;
+/// How many latency buckets (doubling from the smallest: 1 ms up to about 33 s).
+pub const latency_buckets: u16 = 16;
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(
+        latency_bucket_s_min,
+        2.0,
+        latency_buckets,
+    ))
+}
+
+/// Every metric of one replica.
+pub struct Metrics {
+    registry: Registry,
+    commits: Family<Label, Counter>,
+    pushes: Family<Label, Counter>,
+    sends: Family<Label, Counter>,
+    reports: Family<Label, Counter>,
+    lease_rounds: Family<Label, Counter>,
+    lease_losses: Counter,
+    leadership: Family<Label, Counter>,
+    requests: Latencies,
+    term: Gauge,
+    leader: Gauge,
+    last_log_index: Gauge,
+    last_applied_index: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut m = Metrics {
+            registry: Registry::default(),
+            commits: Family::default(),
+            pushes: Family::default(),
+            sends: Family::default(),
+            reports: Family::default(),
+            lease_rounds: Family::default(),
+            lease_losses: Counter::default(),
+            leadership: Family::default(),
+            requests: Family::new_with_constructor(latency_histogram),
+            term: Gauge::default(),
+            leader: Gauge::default(),
+            last_log_index: Gauge::default(),
+            last_applied_index: Gauge::default(),
+        };
+        // Every known series exists from the start at 0, so a rate over the first event is right.
+        for word in ["applied", "refused", "failed"] {
+            let _ = m.commits.get_or_create(&[("outcome", word)]);
+        }
+        for word in ["done", "failed"] {
+            let _ = m.pushes.get_or_create(&[("outcome", word)]);
+        }
+        for word in ["applied", "sent", "held", "refused", "failed"] {
+            let _ = m.sends.get_or_create(&[("outcome", word)]);
+        }
+        for word in ["accepted", "refused", "not_leader", "error"] {
+            let _ = m.reports.get_or_create(&[("outcome", word)]);
+        }
+        for word in ["granted", "refused"] {
+            let _ = m.lease_rounds.get_or_create(&[("outcome", word)]);
+        }
+        for word in ["won", "lost"] {
+            let _ = m.leadership.get_or_create(&[("change", word)]);
+        }
+        let r = &mut m.registry;
+        r.register(
+            "mesh_commits",
+            "Proposals this replica made, by outcome: applied, refused (by the state machine), failed (not committed)",
+            m.commits.clone(),
+        );
+        r.register(
+            "mesh_pushes",
+            "Push requests this replica answered as leader, by outcome: done or failed",
+            m.pushes.clone(),
+        );
+        r.register(
+            "mesh_sends",
+            "Machines in the answers of those pushes, by outcome: applied, sent, held, refused, failed",
+            m.sends.clone(),
+        );
+        r.register(
+            "mesh_reports",
+            "Host reports received, by outcome: accepted (filed into the account), refused (not newer than the account), not_leader, error",
+            m.reports.clone(),
+        );
+        r.register(
+            "mesh_lease_rounds",
+            "Lease rounds (a quorum round before acting), by outcome: granted or refused",
+            m.lease_rounds.clone(),
+        );
+        r.register(
+            "mesh_lease_losses",
+            "Times an action found its lease closed or its leadership gone and stopped",
+            m.lease_losses.clone(),
+        );
+        r.register(
+            "mesh_leadership_changes",
+            "Leadership changes of this replica, by change: won or lost",
+            m.leadership.clone(),
+        );
+        r.register(
+            "mesh_request_seconds",
+            "Operator requests this replica answered as leader, by kind, in seconds",
+            m.requests.clone(),
+        );
+        r.register(
+            "mesh_raft_term",
+            "The current Raft term (the epoch)",
+            m.term.clone(),
+        );
+        r.register(
+            "mesh_raft_leader",
+            "1 while this replica is the leader, else 0",
+            m.leader.clone(),
+        );
+        r.register(
+            "mesh_raft_last_log_index",
+            "Index of the last entry in this replica's log",
+            m.last_log_index.clone(),
+        );
+        r.register(
+            "mesh_raft_last_applied_index",
+            "Index of the last entry applied to this replica's state machine",
+            m.last_applied_index.clone(),
+        );
+        m
+    }
+
+    /// One proposal's end: `Ok(true)` applied, `Ok(false)` refused by the state machine, `Err`
+    /// not committed.
+    pub(crate) fn commit(&self, outcome: Result<bool, ()>) {
+        let word = match outcome {
+            Ok(true) => "applied",
+            Ok(false) => "refused",
+            Err(()) => "failed",
+        };
+        self.commits.get_or_create(&[("outcome", word)]).inc();
+    }
+
+    /// One host report: `accepted`, `refused`, `not_leader` or `error`.
+    pub(crate) fn report(&self, outcome: &'static str) {
+        self.reports.get_or_create(&[("outcome", outcome)]).inc();
+    }
+
+    pub(crate) fn lease_round(&self, granted: bool) {
+        let word = if granted { "granted" } else { "refused" };
+        self.lease_rounds.get_or_create(&[("outcome", word)]).inc();
+    }
+
+    pub(crate) fn lease_lost(&self) {
+        self.lease_losses.inc();
+    }
+
+    pub(crate) fn leadership(&self, won: bool) {
+        let word = if won { "won" } else { "lost" };
+        self.leadership.get_or_create(&[("change", word)]).inc();
+    }
+
+    /// One operator request handled here, with how long it took and what it answered; a push's
+    /// answer also counts its machines by outcome.
+    pub(crate) fn request(
+        &self,
+        kind: &'static str,
+        took: Duration,
+        answer: &Result<Body, ApiError>,
+    ) {
+        self.requests
+            .get_or_create(&[("kind", kind)])
+            .observe(took.as_secs_f64());
+        if kind != "push" {
+            return;
+        }
+        let word = if answer.is_ok() { "done" } else { "failed" };
+        self.pushes.get_or_create(&[("outcome", word)]).inc();
+        if let Ok(Body::Push(view)) = answer {
+            for line in &view.lines {
+                let word = match line.outcome {
+                    PushOutcome::Applied { .. } => "applied",
+                    PushOutcome::Sent { .. } => "sent",
+                    PushOutcome::Held { .. } => "held",
+                    PushOutcome::Refused { .. } => "refused",
+                    PushOutcome::Failed { .. } => "failed",
+                };
+                self.sends.get_or_create(&[("outcome", word)]).inc();
+            }
+        }
+    }
+
+    /// The text exposition, with Raft's numbers as of now.
+    pub(crate) fn encode(&self, raft: &RaftNow) -> Result<String, std::fmt::Error> {
+        self.term.set(gauge_value(raft.term));
+        self.leader.set(i64::from(raft.leader));
+        self.last_log_index.set(gauge_value(raft.last_log_index));
+        self.last_applied_index
+            .set(gauge_value(raft.last_applied_index));
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// Raft's numbers at one instant, read from the replica's metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RaftNow {
+    pub(crate) term: u64,
+    pub(crate) leader: bool,
+    pub(crate) last_log_index: u64,
+    pub(crate) last_applied_index: u64,
+}
+
+fn gauge_value(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The label of a request in `mesh_request_seconds`.
+pub(crate) fn request_kind(request: &Request) -> &'static str {
+    match request {
+        Request::Status => "status",
+        Request::Apply { .. } => "apply",
+        Request::Plan { .. } => "plan",
+        Request::Push { .. } => "push",
+        Request::SettingsShow { .. } => "settings_show",
+        Request::SettingsSet { .. } => "settings_set",
+        Request::SettingsClear { .. } => "settings_clear",
+        Request::History => "history",
+        Request::SnapshotSave => "snapshot_save",
+        Request::Genesis { .. } => "genesis",
+    }
+}

@@ -1,0 +1,348 @@
+//! The status page `meshd` serves at `/`, as a pure function of what `status` and `history`
+//! answer and of the stored model: replicas (leader, term), machines (behind, held, module health,
+//! last report age), the mesh graph drawn as SVG (modules by machine, provider → consumer edges),
+//! and recent history. It shows names, states, digests and reasons only: never a setting's value,
+//! an env value, a file's contents, a module's command line or a secret.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::api::{HistoryItem, MachineView, StatusView};
+use crate::core::model::Mesh;
+use crate::core::report::{Health, ModuleState};
+
+/// History rows shown, newest first.
+pub const history_rows_max: usize = 20;
+/// Width of one machine's column in the graph, in SVG units.
+const column_w: i64 = 210;
+/// Height of one module's row in the graph.
+const row_h: i64 = 46;
+/// A module box.
+const box_w: i64 = 150;
+const box_h: i64 = 30;
+/// Room above the first module row for the machine names.
+const header_h: i64 = 40;
+
+/// What the page is drawn from.
+pub struct Page<'a> {
+    /// The replica serving the page.
+    pub replica: u64,
+    /// Its current Raft term (the epoch).
+    pub term: u64,
+    /// The leader it knows of.
+    pub leader: Option<u64>,
+    pub status: &'a StatusView,
+    pub mesh: &'a Mesh,
+    /// Newest last, as `history` answers.
+    pub history: &'a [HistoryItem],
+}
+
+/// The whole HTML document.
+pub fn render(page: &Page) -> String {
+    let mut out = String::with_capacity(16 * 1024);
+    let leader = page
+        .leader
+        .map(|l| format!("replica {l}"))
+        .unwrap_or_else(|| "none known".into());
+    let _ = write!(
+        out,
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>mesh: replica {id}</title>\
+<style>{style}</style></head><body>\n<h1>mesh</h1>\n<p class=\"summary\">served by replica {id} · \
+leader: <b id=\"leader\">{leader}</b> · term {term} · model revision {rev} · epoch floor {floor}</p>\n",
+        id = page.replica,
+        style = style,
+        leader = esc(&leader),
+        term = page.term,
+        rev = page.status.revision,
+        floor = page.status.epoch_floor,
+    );
+    if let Some(reset) = &page.status.store_reset {
+        let _ = writeln!(out, "<p class=\"alarm\">{}</p>", esc(reset));
+    }
+    replicas(&mut out, page);
+    machines(&mut out, page.status);
+    out.push_str("<h2>Mesh</h2>\n");
+    out.push_str(&graph_svg(page.mesh, page.status));
+    history(&mut out, page.history);
+    out.push_str("</body></html>\n");
+    out
+}
+
+const style: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}\
+table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}\
+th{background:#f2f2f2}.ok{color:#176f2c}.warn{color:#a35b00}.bad{color:#b00020}.alarm{background:#fdd;padding:.5em}\
+.summary{font-size:1.1em}svg{border:1px solid #ccc;background:#fcfcfc}";
+
+fn replicas(out: &mut String, page: &Page) {
+    out.push_str("<h2>Replicas</h2>\n<table id=\"replicas\"><tr><th>replica</th><th>address</th><th>role</th><th>epoch</th><th>reachable</th></tr>\n");
+    for r in &page.status.replicas {
+        let role = if r.leader { "leader" } else { "follower" };
+        let (reach, class) = if r.reachable {
+            ("yes", "ok")
+        } else {
+            ("no", "bad")
+        };
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{role}</td><td>{}</td><td class=\"{class}\">{reach}</td></tr>",
+            r.id,
+            esc(&r.addr),
+            r.epoch
+        );
+    }
+    out.push_str("</table>\n");
+}
+
+fn machines(out: &mut String, status: &StatusView) {
+    out.push_str("<h2>Machines</h2>\n<table id=\"machines\"><tr><th>machine</th><th>behind</th><th>held</th><th>health</th><th>modules</th><th>last report</th><th>refused reports</th></tr>\n");
+    for m in &status.machines {
+        let behind = if m.behind {
+            "<span class=\"warn\">behind</span>"
+        } else {
+            "<span class=\"ok\">up to date</span>"
+        };
+        let held: Vec<String> = m
+            .holds
+            .iter()
+            .map(|h| esc(&format!("{} mount {}", h.module, h.mount)))
+            .collect();
+        let (health, class) = health_word(m);
+        let mut modules = String::new();
+        for module in &m.modules {
+            let _ = write!(
+                modules,
+                "{} <span class=\"{}\">{}</span>",
+                esc(&module.name),
+                state_class(&module.state),
+                module.state.word()
+            );
+            if module.restarts > 0 {
+                let _ = write!(modules, " ({} restarts)", module.restarts);
+            }
+            modules.push_str("<br>");
+        }
+        let age = m
+            .report_age_ms
+            .map(|ms| format!("{:.1} s ago", ms as f64 / 1000.0))
+            .unwrap_or_else(|| "never".into());
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{behind}</td><td>{}</td><td class=\"{class}\">{health}</td><td>{modules}</td><td>{age}</td><td>{}</td></tr>",
+            esc(&m.name),
+            if held.is_empty() {
+                "-".into()
+            } else {
+                held.join("<br>")
+            },
+            m.refused_reports
+        );
+    }
+    out.push_str("</table>\n");
+}
+
+fn health_word(m: &MachineView) -> (&'static str, &'static str) {
+    match &m.health {
+        None => ("no report yet", "warn"),
+        Some(Health::Ready) => ("ready", "ok"),
+        Some(Health::Settling { .. }) => ("settling", "warn"),
+        Some(Health::Failing { .. }) => ("failing", "bad"),
+    }
+}
+
+fn state_class(state: &ModuleState) -> &'static str {
+    match state {
+        ModuleState::Ready | ModuleState::Running => "ok",
+        ModuleState::Starting | ModuleState::Waiting { .. } => "warn",
+        ModuleState::Failed { .. } | ModuleState::Stopped => "bad",
+    }
+}
+
+/// The mesh as SVG: one column per machine, one box per module (coloured by its last reported
+/// state), and an arrow from each provider to each module that consumes from it, labelled with
+/// the kind.
+pub fn graph_svg(mesh: &Mesh, status: &StatusView) -> String {
+    let mut states: BTreeMap<(&str, &str), &ModuleState> = BTreeMap::new();
+    for m in &status.machines {
+        for module in &m.modules {
+            states.insert((m.name.as_str(), module.name.as_str()), &module.state);
+        }
+    }
+    let mut at: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+    let mut rows_max = 1;
+    for (column, machine) in (0_i64..).zip(mesh.machines.keys()) {
+        let mut row = 0;
+        for module in mesh.modules.values().filter(|m| &m.machine == machine) {
+            at.insert(
+                module.name.as_str(),
+                (20 + column * column_w, header_h + row * row_h),
+            );
+            row += 1;
+        }
+        rows_max = rows_max.max(row);
+    }
+    let width = 40 + column_w * i64::try_from(mesh.machines.len().max(1)).unwrap_or(1);
+    let height = header_h + rows_max * row_h + 10;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "<svg id=\"graph\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" font-family=\"sans-serif\" font-size=\"13\">\
+<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\" fill=\"#555\"/></marker></defs>"
+    );
+    for (column, machine) in (0_i64..).zip(mesh.machines.keys()) {
+        let _ = writeln!(
+            out,
+            "<text x=\"{}\" y=\"22\" font-weight=\"bold\">{}</text>",
+            20 + column * column_w,
+            esc(machine)
+        );
+    }
+    for module in mesh.modules.values() {
+        let Some(&(x, y)) = at.get(module.name.as_str()) else {
+            continue;
+        };
+        for need in &module.consumes {
+            let Some(&(px, py)) = at.get(need.from.as_str()) else {
+                continue;
+            };
+            let (x1, y1) = (px + box_w, py + box_h / 2);
+            let (x2, y2) = (x, y + box_h / 2);
+            let bend = ((x2 - x1).abs() / 2).max(40);
+            let _ = writeln!(
+                out,
+                "<path class=\"edge\" data-from=\"{}\" data-to=\"{}\" d=\"M{x1},{y1} C{},{y1} {},{y2} {x2},{y2}\" fill=\"none\" stroke=\"#555\" marker-end=\"url(#arrow)\"/>\
+<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#555\">{}</text>",
+                esc(&need.from),
+                esc(&module.name),
+                x1 + bend,
+                x2 - bend,
+                (x1 + x2) / 2,
+                (y1 + y2) / 2 - 4,
+                esc(&need.kind)
+            );
+        }
+    }
+    for module in mesh.modules.values() {
+        let Some(&(x, y)) = at.get(module.name.as_str()) else {
+            continue;
+        };
+        let state = states.get(&(module.machine.as_str(), module.name.as_str()));
+        let (fill, word) = match state {
+            Some(s) => (
+                match state_class(s) {
+                    "ok" => "#d7f0dc",
+                    "warn" => "#fbeccc",
+                    _ => "#f8d0d6",
+                },
+                s.word(),
+            ),
+            None => ("#eeeeee", "not reported"),
+        };
+        let _ = writeln!(
+            out,
+            "<g class=\"module\" data-module=\"{name}\"><rect x=\"{x}\" y=\"{y}\" width=\"{box_w}\" height=\"{box_h}\" rx=\"5\" fill=\"{fill}\" stroke=\"#777\"/>\
+<text x=\"{}\" y=\"{}\">{name}</text><text x=\"{}\" y=\"{}\" font-size=\"10\" fill=\"#555\">{word}</text></g>",
+            x + 8,
+            y + 19,
+            x + box_w - 8 - 7 * i64::try_from(word.len()).unwrap_or(0),
+            y + 19,
+            name = esc(&module.name),
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+fn history(out: &mut String, items: &[HistoryItem]) {
+    out.push_str("<h2>Recent history</h2>\n<table id=\"history\"><tr><th>time (UTC)</th><th>epoch</th><th>what</th><th>by</th><th>why</th></tr>\n");
+    for item in items.iter().rev().take(history_rows_max) {
+        let (time_ms, epoch, what, actor, why) = match item {
+            HistoryItem::Send(s) => (
+                s.time_ms,
+                s.epoch,
+                format!("send {} #{} {}", s.machine, s.sequence, s.digest.short()),
+                &s.actor,
+                &s.why,
+            ),
+            HistoryItem::Settings(c) => {
+                let change = match (&c.before, &c.after) {
+                    (None, _) => "created",
+                    (Some(_), None) => "cleared",
+                    (Some(_), Some(_)) => "changed",
+                };
+                // Key names only: a value may be a secret.
+                let keys: Vec<&str> = c
+                    .after
+                    .iter()
+                    .chain(c.before.iter())
+                    .flat_map(|l| l.keys().map(String::as_str))
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                (
+                    c.time_ms,
+                    c.epoch,
+                    format!("settings {} {change} (keys: {})", c.scope, keys.join(", ")),
+                    &c.actor,
+                    &c.why,
+                )
+            }
+            HistoryItem::Model(m) => (
+                m.time_ms,
+                m.epoch,
+                format!(
+                    "model revision {} (machines changed: {})",
+                    m.revision,
+                    if m.changes.is_empty() {
+                        "none".to_string()
+                    } else {
+                        m.changes.join(", ")
+                    }
+                ),
+                &m.actor,
+                &m.why,
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{epoch}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            utc(time_ms),
+            esc(&what),
+            esc(actor),
+            esc(why)
+        );
+    }
+    out.push_str("</table>\n");
+}
+
+/// `2026-11-30 10:05:22` from ms since the Unix epoch.
+fn utc(ms: u64) -> String {
+    let nanos = i128::from(ms) * 1_000_000;
+    match time::OffsetDateTime::from_unix_timestamp_nanos(nanos) {
+        Ok(t) => format!(
+            "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second()
+        ),
+        Err(_) => format!("{ms} ms"),
+    }
+}
+
+/// Text made safe for HTML and SVG (element content and quoted attributes).
+pub fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}

@@ -1,0 +1,218 @@
+//! Beds for what an operator watches (issue 13 parts 4 and 5): log files without colour codes and
+//! `--log-format json`, and meshd's status page and `/metrics` over HTTP (`http` in replica.toml),
+//! with real meshd and mesh-host processes.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use mesh::cli::procs::{Guarded, free_tcp_ports};
+use mesh_beds::{Bed, binaries, wait_ms_default};
+
+/// Two machines, a provider and a consumer, with values the page must never show.
+const mesh_text: &str = r#"
+[machines.ace]
+address = "127.0.0.1"
+
+[machines.g14]
+address = "127.0.0.1"
+
+[modules.db]
+machine = "ace"
+command = "sleep"
+args = ["600"]
+env = { DB_PASSWORD = "env-value-never-shown" }
+files = { "conf/db.conf" = "file-contents-never-shown" }
+provides = [{ kind = "sql", port = 5432 }]
+
+[modules.app]
+machine = "g14"
+command = "sleep"
+args = ["600"]
+consumes = [{ kind = "sql", from = "db" }]
+
+[settings.mesh]
+token = "setting-value-never-shown"
+"#;
+
+/// How long one HTTP exchange with meshd may take.
+const http_wait_ms: u64 = 5_000;
+
+/// `GET path` on `addr`; the status code and the body.
+fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let wait = Duration::from_millis(http_wait_ms);
+    let mut stream = TcpStream::connect_timeout(&addr, wait)?;
+    stream.set_read_timeout(Some(wait))?;
+    stream.set_write_timeout(Some(wait))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let raw = String::from_utf8(raw)?;
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no header end in {raw:?}"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no status in {head:?}"))?;
+    Ok((code, body.to_string()))
+}
+
+/// Every sample of a text exposition: `name{labels}` → value.
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        if let Some((key, value)) = line.rsplit_once(' ')
+            && let Ok(v) = value.parse()
+        {
+            out.insert(key.to_string(), v);
+        }
+    }
+    out
+}
+
+fn sample(text: &str, key: &str) -> f64 {
+    samples(text).get(key).copied().unwrap_or(0.0)
+}
+
+/// Restarts every replica of `bed` with `http` set to a free loopback port; returns the ports.
+fn with_http(bed: &mut Bed) -> anyhow::Result<BTreeMap<u64, SocketAddr>> {
+    let ids: Vec<u64> = bed.layout.replicas.iter().map(|(id, _)| *id).collect();
+    let ports = free_tcp_ports(ids.len())?;
+    let mut out = BTreeMap::new();
+    for (id, port) in ids.iter().copied().zip(ports) {
+        // Gone (and its store closed) before it starts again.
+        bed.kill_replica(id)?;
+        let config = bed.dir.join(format!("replica-{id}.toml"));
+        let text = std::fs::read_to_string(&config)?;
+        // A top-level key goes before the first table.
+        std::fs::write(&config, format!("http = \"{port}\"\n{text}"))?;
+        bed.start_replica(id)?;
+        out.insert(id, SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    // SIGCONT is harmless here; it puts every live replica back into the bed's context.
+    bed.resume_replica(ids[0])?;
+    Ok(out)
+}
+
+#[test]
+fn metrics_count_a_push_and_the_status_page_shows_the_leader_and_the_machines() -> anyhow::Result<()>
+{
+    // Issue 13 part 4: /metrics moves with a push (pushes, sends by outcome, commits, lease
+    // rounds, reports, latencies); the page names the leader, every machine and the graph's
+    // provider -> consumer edge, and shows no env value, file or setting value.
+    let mut bed = Bed::start(binaries!(), 3, mesh_text)?;
+    let http = with_http(&mut bed)?;
+    let leader = bed.leader_other_than(None)?;
+    let leader_http = http[&leader];
+    let before = bed.wait_for("the leader's /metrics", wait_ms_default, || {
+        let (code, body) = get(leader_http, "/metrics")?;
+        Ok((code == 200).then_some(body))
+    })?;
+    assert!(before.contains("# TYPE mesh_pushes counter"), "{before}");
+    bed.apply(mesh_text, "first model")?;
+    bed.meshctl_ok(&["push", "--all", "--why", "first send"])?;
+    let (code, after) = get(leader_http, "/metrics")?;
+    assert_eq!(code, 200);
+    let moved = |key: &str, by: f64| {
+        let (b, a) = (sample(&before, key), sample(&after, key));
+        assert!(a >= b + by, "{key}: {b} before, {a} after a push:\n{after}");
+    };
+    moved("mesh_pushes_total{outcome=\"done\"}", 1.0);
+    moved("mesh_sends_total{outcome=\"applied\"}", 2.0);
+    moved("mesh_commits_total{outcome=\"applied\"}", 2.0);
+    moved("mesh_lease_rounds_total{outcome=\"granted\"}", 2.0);
+    moved("mesh_request_seconds_count{kind=\"push\"}", 1.0);
+    assert_eq!(sample(&after, "mesh_raft_leader"), 1.0, "{after}");
+    bed.wait_for("reports counted as accepted", wait_ms_default, || {
+        let (_, now) = get(leader_http, "/metrics")?;
+        let key = "mesh_reports_total{outcome=\"accepted\"}";
+        Ok((sample(&now, key) >= sample(&before, key) + 2.0).then_some(()))
+    })?;
+
+    let follower = http.keys().copied().find(|id| *id != leader);
+    let follower = follower.ok_or_else(|| anyhow::anyhow!("no follower"))?;
+    let page = bed.wait_for(
+        "a page with both machines reported",
+        wait_ms_default,
+        || {
+            let (code, page) = get(http[&follower], "/")?;
+            Ok((code == 200 && !page.contains("no report yet")).then_some(page))
+        },
+    )?;
+    assert!(
+        page.contains(&format!("id=\"leader\">replica {leader}</b>")),
+        "{page}"
+    );
+    for machine in ["ace", "g14"] {
+        assert!(page.contains(&format!("<tr><td>{machine}</td>")), "{page}");
+    }
+    assert!(page.contains("<svg id=\"graph\""), "{page}");
+    assert!(page.contains("data-from=\"db\" data-to=\"app\""), "{page}");
+    for secret in [
+        "env-value-never-shown",
+        "file-contents-never-shown",
+        "setting-value-never-shown",
+        "secret_blake3",
+    ] {
+        assert!(!page.contains(secret), "the page shows {secret}:\n{page}");
+    }
+    let (code, _) = get(http[&follower], "/nothing-here")?;
+    assert_eq!(code, 404);
+    Ok(())
+}
+
+#[test]
+fn log_files_have_no_colour_codes_when_not_a_terminal() -> anyhow::Result<()> {
+    // Issue 13 part 5: a log file is for reading; colours only on a terminal.
+    let bed = Bed::start(binaries!(), 1, mesh_text)?;
+    bed.leader_other_than(None)?;
+    bed.apply(mesh_text, "first model")?;
+    bed.meshctl_ok(&["push", "--all", "--why", "first send"])?;
+    let replica = bed.replica_log(1);
+    let host = bed.read(&bed.dir.join("logs").join("host-ace.log"));
+    for (name, log) in [("replica-1", &replica), ("host-ace", &host)] {
+        assert!(log.lines().count() > 2, "{name} logged little:\n{log}");
+        assert!(
+            !log.contains('\x1b'),
+            "{name}'s log has escape codes:\n{log}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn log_format_json_writes_one_json_object_per_line() -> anyhow::Result<()> {
+    // Issue 13 part 5: `--log-format json` for log collectors: every line an object with a level,
+    // a target and the message among its fields.
+    let mut bed = Bed::start(binaries!(), 1, mesh_text)?;
+    bed.leader_other_than(None)?;
+    bed.kill_replica(1)?;
+    let log = bed.dir.join("logs").join("replica-1.json.log");
+    let config = bed.dir.join("replica-1.toml").display().to_string();
+    let _replica = Guarded::spawn(
+        "replica-1",
+        Path::new(env!("CARGO_BIN_EXE_meshd")),
+        &["--log-format", "json", "--config", &config],
+        &log,
+        Duration::ZERO,
+    )?;
+    let text = bed.wait_for("a json log line saying it leads", wait_ms_default, || {
+        let text = bed.read(&log);
+        Ok(text.contains("leading").then_some(text))
+    })?;
+    for line in text.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| anyhow::anyhow!("not JSON ({e}): {line}"))?;
+        assert!(v["level"].is_string(), "{line}");
+        assert!(v["target"].is_string(), "{line}");
+        assert!(v["fields"]["message"].is_string(), "{line}");
+    }
+    Ok(())
+}
