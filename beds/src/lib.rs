@@ -2,20 +2,25 @@
 //! A [`Bed`] writes a mesh with `meshctl init`'s library (free loopback ports, a temp dir per bed),
 //! starts every process with a guard that stops its process group on drop (even when the test
 //! panics), runs the real `meshctl` with the bed's context, and waits on conditions with deadlines
-//! (polling `meshctl status --json`), never on fixed sleeps.
+//! (polling `meshctl status --json`), never on fixed sleeps. [`Bed::start_netns`] runs the same
+//! processes each in its own network namespace ([`netns`]), at the addresses `meshctl init
+//! --replica` and the mesh file give them.
 
 use anyhow::{Context as _, anyhow, bail};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mesh::cli::context::{ContextFile, ContextTls};
-use mesh::cli::init::{Layout, write};
+use mesh::cli::init::{InitArgs, Layout, host_port_default, layout, write};
 use mesh::cli::procs::{Guarded, free_ports};
 use mesh::core::meshfile::parse_mesh;
+
+pub mod netns;
 
 /// How long a bed waits for a condition by default.
 pub const wait_ms_default: u64 = 30_000;
@@ -65,6 +70,21 @@ impl Run {
     }
 }
 
+/// `ip` and its twin of the other family on the namespace bed's subnets: `10.77.0.K` ↔ `fd77::K`.
+fn dual(ip: IpAddr) -> anyhow::Result<Vec<IpAddr>> {
+    let k = match ip {
+        IpAddr::V4(v4) if v4.octets()[..3] == [10, 77, 0] => u16::from(v4.octets()[3]),
+        IpAddr::V6(v6) if v6.segments()[..7] == [0xfd77, 0, 0, 0, 0, 0, 0] => v6.segments()[7],
+        _ => bail!("namespace bed address {ip} is outside 10.77.0.0/24 and fd77::/64"),
+    };
+    let k4 =
+        u8::try_from(k).map_err(|_| anyhow!("fd77::{k:x} has no IPv4 twin in 10.77.0.0/24"))?;
+    Ok(vec![
+        IpAddr::from([10, 77, 0, k4]),
+        IpAddr::from([0xfd77, 0, 0, 0, 0, 0, 0, k]),
+    ])
+}
+
 /// A running mesh: replicas, machines, their logs, and the context to reach them.
 pub struct Bed {
     pub dir: PathBuf,
@@ -73,6 +93,11 @@ pub struct Bed {
     bins: Binaries,
     replicas: BTreeMap<u64, Guarded>,
     hosts: BTreeMap<String, Guarded>,
+    /// Process (`replica-<id>`, `host-<m>`, `meshctl`) → the command put before it
+    /// (`ip netns exec <ns>`); empty on loopback.
+    prefix: BTreeMap<String, Vec<String>>,
+    // Dropped after the processes and before the directory: namespaces go once nothing runs there.
+    fabric: Option<netns::Fabric>,
     // Dropped last: processes stop before their directory goes.
     _tmp: tempfile::TempDir,
 }
@@ -96,9 +121,76 @@ impl Bed {
             mesh: Some(mesh),
             operator: "bed".into(),
         };
+        Bed::launch(bins, layout, mesh_text, tmp, None)
+    }
+
+    /// Like [`Bed::start`], every process in its own network namespace on one bridge (see
+    /// [`netns`]): replica `id` at `replicas`' address on port 7100, each machine at its mesh-file
+    /// `address` on port 7200, meshctl at `operator`. The mesh is written by init's own
+    /// `--replica` path. Every namespace is dual-stack: a node at `10.77.0.K` also has
+    /// `fd77::K` and the other way round, so IPv4 and IPv6 processes reach each other.
+    pub fn start_netns(
+        bins: Binaries,
+        replicas: &[(u64, IpAddr)],
+        operator: IpAddr,
+        mesh_text: &str,
+    ) -> anyhow::Result<Bed> {
+        let mesh = parse_mesh("bed.toml", mesh_text).map_err(|e| anyhow!("bed mesh: {e}"))?;
+        let tmp = tempfile::tempdir().context("bed temp dir")?;
+        let args = InitArgs {
+            dir: tmp.path().join("mesh"),
+            replicas: replicas.len() as u64,
+            replica: replicas
+                .iter()
+                .map(|(id, ip)| format!("{id}={ip}"))
+                .collect(),
+            host_port: host_port_default,
+            machines: Vec::new(),
+            file: None,
+            base_port: 7100,
+            operator: "bed".into(),
+        };
+        let layout = layout(&args, Some(mesh))?;
+        let mut nodes: Vec<(String, Vec<IpAddr>)> = Vec::new();
+        for (id, addr) in &layout.replicas {
+            nodes.push((format!("replica-{id}"), dual(addr.ip())?));
+        }
+        for (name, addr) in &layout.machines {
+            nodes.push((format!("host-{name}"), dual(addr.ip())?));
+        }
+        nodes.push(("meshctl".into(), dual(operator)?));
+        let specs: Vec<(&str, Vec<IpAddr>)> =
+            nodes.iter().map(|(n, a)| (n.as_str(), a.clone())).collect();
+        let fabric = netns::Fabric::create(&specs)?;
+        Bed::launch(bins, layout, mesh_text, tmp, Some(fabric))
+    }
+
+    /// Writes `layout` and starts every process (in the fabric's namespaces when there is one).
+    fn launch(
+        bins: Binaries,
+        layout: Layout,
+        mesh_text: &str,
+        tmp: tempfile::TempDir,
+        fabric: Option<netns::Fabric>,
+    ) -> anyhow::Result<Bed> {
         let written = write(&layout)?;
+        let dir = layout.dir.clone();
         std::fs::write(dir.join("mesh.toml"), mesh_text).context("write bed mesh")?;
         std::fs::create_dir_all(dir.join("logs")).context("logs dir")?;
+        let mut prefix = BTreeMap::new();
+        if let Some(fabric) = &fabric {
+            let mut names: Vec<String> = vec!["meshctl".into()];
+            names.extend(
+                layout
+                    .replicas
+                    .iter()
+                    .map(|(id, _)| format!("replica-{id}")),
+            );
+            names.extend(layout.machines.iter().map(|(m, _)| format!("host-{m}")));
+            for name in names {
+                prefix.insert(name.clone(), fabric.exec_prefix(&name)?);
+            }
+        }
         let mut bed = Bed {
             dir,
             context: written.context,
@@ -106,6 +198,8 @@ impl Bed {
             bins,
             replicas: BTreeMap::new(),
             hosts: BTreeMap::new(),
+            prefix,
+            fabric,
             _tmp: tmp,
         };
         let ids: Vec<u64> = bed.layout.replicas.iter().map(|(id, _)| *id).collect();
@@ -124,9 +218,10 @@ impl Bed {
         let config = self.dir.join(format!("replica-{id}.toml"));
         let log = self.dir.join("logs").join(format!("replica-{id}.log"));
         let config = config.display().to_string();
-        let child = Guarded::spawn(
+        let meshd = self.bins.meshd.clone();
+        let child = self.spawn(
             &format!("replica-{id}"),
-            &self.bins.meshd,
+            &meshd,
             &["--config", &config],
             &log,
             Duration::ZERO,
@@ -140,15 +235,43 @@ impl Bed {
         let config = self.dir.join(format!("host-{name}.toml"));
         let log = self.dir.join("logs").join(format!("host-{name}.log"));
         let config = config.display().to_string();
-        let child = Guarded::spawn(
+        let host = self.bins.host.clone();
+        let child = self.spawn(
             &format!("host-{name}"),
-            &self.bins.host,
+            &host,
             &["--config", &config],
             &log,
             Duration::from_millis(host_grace_ms),
         )?;
         self.hosts.insert(name.to_string(), child);
         Ok(())
+    }
+
+    /// Starts `program args` as process `name`, behind its prefix (its namespace) if it has one.
+    fn spawn(
+        &self,
+        name: &str,
+        program: &Path,
+        args: &[&str],
+        log: &Path,
+        grace: Duration,
+    ) -> anyhow::Result<Guarded> {
+        let child = match self.prefix.get(name).and_then(|p| p.split_first()) {
+            None => Guarded::spawn(name, program, args, log, grace)?,
+            Some((first, rest)) => {
+                let program = program.display().to_string();
+                let mut all: Vec<&str> = rest.iter().map(String::as_str).collect();
+                all.push(&program);
+                all.extend_from_slice(args);
+                Guarded::spawn(name, Path::new(first), &all, log, grace)?
+            }
+        };
+        Ok(child)
+    }
+
+    /// The namespaces of a [`Bed::start_netns`] bed (to cut and heal links), `None` on loopback.
+    pub fn fabric(&self) -> Option<&netns::Fabric> {
+        self.fabric.as_ref()
     }
 
     /// Stops machine `name`'s mesh-host (SIGTERM, so it stops its modules) and forgets it; a
@@ -169,7 +292,15 @@ impl Bed {
 
     /// Runs meshctl with another context file (one replica only, another certificate).
     pub fn meshctl_in(&self, context: &Path, args: &[&str]) -> anyhow::Result<Run> {
-        let out = Command::new(&self.bins.meshctl)
+        let mut command = match self.prefix.get("meshctl").and_then(|p| p.split_first()) {
+            None => Command::new(&self.bins.meshctl),
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&self.bins.meshctl);
+                c
+            }
+        };
+        let out = command
             .arg("--context")
             .arg(context)
             .args(args)
@@ -275,6 +406,27 @@ impl Bed {
     /// SIGCONTs replica `id` and puts every live replica back in the bed's context.
     pub fn resume_replica(&self, id: u64) -> anyhow::Result<()> {
         self.signal_replica(id, Signal::SIGCONT)?;
+        self.write_context_without(None)
+    }
+
+    /// Takes replica `id`'s link down (a partition on the namespace bed) and leaves it out of
+    /// the bed's context until [`Bed::heal_replica`].
+    pub fn partition_replica(&self, id: u64) -> anyhow::Result<()> {
+        let fabric = self
+            .fabric
+            .as_ref()
+            .ok_or_else(|| anyhow!("not a namespace bed"))?;
+        fabric.cut(&format!("replica-{id}"))?;
+        self.write_context_without(Some(id))
+    }
+
+    /// Brings replica `id`'s link back and every live replica back into the bed's context.
+    pub fn heal_replica(&self, id: u64) -> anyhow::Result<()> {
+        let fabric = self
+            .fabric
+            .as_ref()
+            .ok_or_else(|| anyhow!("not a namespace bed"))?;
+        fabric.heal(&format!("replica-{id}"))?;
         self.write_context_without(None)
     }
 

@@ -110,7 +110,7 @@ pub async fn ask_async(context: &Context, request: &Request) -> Result<Answer, C
         let ep = match &endpoint {
             Some(ep) => ep.clone(),
             None => {
-                let ep = Endpoint::bind(any_addr(addr), &identity, config.clone())
+                let ep = Endpoint::bind(any_addr(&context.replicas), &identity, config.clone())
                     .map_err(|e| ClientError::Bind(e.to_string()))?;
                 endpoint = Some(ep.clone());
                 ep
@@ -194,10 +194,12 @@ async fn ask_one(
     })
 }
 
-/// The unspecified address of the same family as `peer`, port 0: the OS picks.
-fn any_addr(peer: SocketAddr) -> SocketAddr {
-    match peer {
-        SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
-        SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
+/// Where the one client endpoint binds, port 0 (the OS picks): `[::]` when any replica is on IPv6,
+/// so the same socket dials both families (IPv4 through mapped addresses), else `0.0.0.0`.
+fn any_addr(replicas: &[(u64, SocketAddr)]) -> SocketAddr {
+    if replicas.iter().any(|(_, a)| a.is_ipv6()) {
+        SocketAddr::from(([0u16; 8], 0))
+    } else {
+        SocketAddr::from(([0, 0, 0, 0], 0))
     }
 }

@@ -512,7 +512,7 @@ fn consumed(
         }
         let endpoint = port.and_then(|port| {
             let host = world.machines.get(&provider.machine)?;
-            Some(format!("{}:{port}", host.address))
+            Some(endpoint(&host.address, port))
         });
         refs.push(ProvisionRef {
             id,
@@ -624,4 +624,28 @@ pub fn declaration_bytes(declaration: &Declaration) -> Vec<u8> {
 /// blake3 of [`declaration_bytes`]. Covers no epoch: a declaration has none.
 pub fn digest(declaration: &Declaration) -> Digest {
     Digest(*blake3::hash(&declaration_bytes(declaration)).as_bytes())
+}
+
+/// `address:port` as a consumer dials it; an IPv6 address goes in brackets (`[fd00::5]:5432`), as
+/// `host:port` parsers expect, whether the mesh file wrote it with them or not.
+pub fn endpoint(address: &str, port: u16) -> String {
+    if address.contains(':') && !address.starts_with('[') {
+        format!("[{address}]:{port}")
+    } else {
+        format!("{address}:{port}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::endpoint;
+
+    #[test]
+    fn an_ipv6_machine_address_is_bracketed_in_endpoints() {
+        // Issue 15: IPv6 included; `fd00::5:5432` would be one address with no port.
+        assert_eq!(endpoint("fd00::5", 5432), "[fd00::5]:5432");
+        assert_eq!(endpoint("[fd00::5]", 5432), "[fd00::5]:5432");
+        assert_eq!(endpoint("10.0.0.5", 5432), "10.0.0.5:5432");
+        assert_eq!(endpoint("db.lan", 5432), "db.lan:5432");
+    }
 }
