@@ -376,7 +376,7 @@ async fn announce_leadership(service: Weak<Service>) {
                 tracing::info!(
                     replica = id,
                     epoch,
-                    "leading: acting under epoch {epoch}, inside its lease"
+                    "leader of term {epoch}: it acts (mints, records, sends) only inside a lease a quorum round confirms"
                 );
             }
             leading = now;
@@ -478,6 +478,15 @@ impl Service {
         )
         .await;
         self.metrics.lease_round(round.is_ok());
+        match &round {
+            Ok(lease) => tracing::debug!(
+                replica = self.id,
+                term = lease.term(),
+                window_ms = self.replica.config().lease_window().as_millis() as u64,
+                "lease confirmed by a quorum round"
+            ),
+            Err(e) => tracing::info!(replica = self.id, error = %e, "no lease: the quorum round failed"),
+        }
         round.map_err(|e| match e {
             GateError::NotLeader { leader } => ApiError::Unavailable(format!(
                 "replica {} is not the leader (leader: {leader:?}); ask again",
