@@ -4,6 +4,8 @@
 pub mod cli;
 pub mod controller;
 pub mod core;
+pub mod durable;
+pub mod hex;
 pub mod host;
 pub mod logging;
 pub mod store;

@@ -103,3 +103,57 @@ fn no_unwrap_dbg_or_ignore_outside_tests() {
         found.join("\n")
     );
 }
+
+/// The shipped part of every Rust file under `src/<dir>`, with its path.
+fn shipped_under(dir: &str) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    for path in rust_files(&workspace_root().join("src").join(dir)) {
+        let text = fs::read_to_string(&path).expect("read");
+        if let Some(shipped) = shipped_part(&path, &text) {
+            out.push((path, shipped));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_controller_never_imports_the_host_agent() {
+    // Layers (design "Shape"): `controller` never imports `host`; what both need lives beside
+    // them (`crate::durable`, `crate::hex`).
+    let host = ["crate::", "host"].concat();
+    let mut found = Vec::new();
+    for (path, text) in shipped_under("controller") {
+        for (n, line) in text.lines().enumerate() {
+            if line.contains(&host) {
+                found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "controller imports host:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_core_does_no_io_reads_no_clock_and_draws_no_randomness() {
+    // Invariant: `src/core` is pure — everything it needs is an argument.
+    let banned = [
+        "tokio",
+        "std::fs",
+        "std::net",
+        "std::thread",
+        "std::process",
+        "getrandom",
+        "SystemTime",
+        "Instant::now",
+    ];
+    let mut found = Vec::new();
+    for (path, text) in shipped_under("core") {
+        for (n, line) in text.lines().enumerate() {
+            for word in banned {
+                if line.contains(word) {
+                    found.push(format!("{}:{}: {word}", path.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "impure core:\n{}", found.join("\n"));
+}

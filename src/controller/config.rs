@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use crate::host::config::{decode_hex_32, encode_hex};
+use crate::hex::{decode_hex_32, encode_hex};
 
 /// Most replicas a cluster may list in `[peers]` (three in production, one for dev).
 pub const peers_max: usize = 9;

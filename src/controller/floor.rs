@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::host::durable::{StorageError, write_atomic};
+use crate::durable::{StorageError, write_atomic};
 
 /// The file name inside the data directory.
 pub const floor_file_name: &str = "epoch-floor";

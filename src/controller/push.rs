@@ -93,7 +93,7 @@ fn plan_error(e: PlanError) -> ApiError {
 fn random_secret() -> Option<String> {
     let mut bytes = [0u8; secret_bytes];
     getrandom::getrandom(&mut bytes).ok()?;
-    Some(crate::host::config::encode_hex(&bytes))
+    Some(crate::hex::encode_hex(&bytes))
 }
 
 fn held_view(h: &crate::core::plan::Hold) -> HeldMount {
