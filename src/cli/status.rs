@@ -96,13 +96,17 @@ fn machine_line(m: &MachineView, width: usize) -> String {
 /// "up to date" only when the last send is confirmed and every module is ready; otherwise says
 /// what is wrong: `BEHIND`, `applied, 1 module failing`, `applied, 2 modules not ready`.
 pub fn machine_state(m: &MachineView) -> String {
-    let first = if m.behind { "BEHIND" } else { "applied" };
+    let first = match (m.behind, m.behind_why.is_empty()) {
+        (false, _) => "applied".to_string(),
+        (true, true) => "BEHIND".to_string(),
+        (true, false) => format!("BEHIND ({})", m.behind_why.join(", ")),
+    };
     match &m.health {
         Some(Health::Failing { modules }) => format!("{first}, {} failing", count(modules.len())),
         Some(Health::Settling { modules }) => {
             format!("{first}, {} not ready", count(modules.len()))
         }
-        Some(Health::Ready) | None if m.behind => first.to_string(),
+        Some(Health::Ready) | None if m.behind => first,
         Some(Health::Ready) | None => "up to date".to_string(),
     }
 }
