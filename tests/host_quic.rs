@@ -28,6 +28,12 @@ fn any_port() -> SocketAddr {
     "127.0.0.1:0".parse().expect("loopback")
 }
 
+/// A replica address for a host whose reports go nowhere in the test (port 9, discard: a config
+/// refuses port 0, which cannot be dialled).
+fn no_replica() -> SocketAddr {
+    "127.0.0.1:9".parse().expect("loopback")
+}
+
 fn endpoint(pki: &Pki, principal: &Principal) -> Endpoint {
     let config = TransportConfig::default()
         .check()
@@ -179,7 +185,7 @@ async fn g10_envelope_from_a_host_or_operator_certificate_is_refused_and_nothing
     // operator is refused by the writers table before the agent sees it: the sender gets an
     // error, the denial is counted, the high-water mark stays, and a replica can still send it.
     let (fx, pki) = (Fixture::new(), Pki::new());
-    let config = fx.process_config(&pki, &[any_port()]);
+    let config = fx.process_config(&pki, &[no_replica()]);
     let endpoint_host = listener::bind(&config).expect("bind");
     let agent = Arc::new(Agent::open(config, fx.sink.clone()).expect("open"));
     let _fatal = listener::serve(&endpoint_host, agent.clone()).expect("serve");
@@ -352,7 +358,7 @@ async fn g2_mesh_host_that_cannot_store_its_mark_applies_nothing_answers_an_erro
 async fn mesh_host_refuses_by_name_any_replica_message_other_than_an_envelope() {
     // G10: a replica may send Raft and Forward to anyone; a host has no use for them and says so.
     let (fx, pki) = (Fixture::new(), Pki::new());
-    let config = fx.process_config(&pki, &[any_port()]);
+    let config = fx.process_config(&pki, &[no_replica()]);
     let endpoint_host = listener::bind(&config).expect("bind");
     let agent = Arc::new(Agent::open(config, fx.sink.clone()).expect("open"));
     let _fatal = listener::serve(&endpoint_host, agent.clone()).expect("serve");
@@ -384,7 +390,7 @@ async fn an_envelope_arriving_after_shutdown_starts_nothing() {
     // No orphans: once the agent stopped its modules for exit, a late envelope must not start
     // one that would outlive mesh-host; it is answered with an error and the mark stays.
     let (fx, pki) = (Fixture::new(), Pki::new());
-    let config = fx.process_config(&pki, &[any_port()]);
+    let config = fx.process_config(&pki, &[no_replica()]);
     let endpoint_host = listener::bind(&config).expect("bind");
     let agent = Arc::new(Agent::open(config, fx.sink.clone()).expect("open"));
     let _fatal = listener::serve(&endpoint_host, agent.clone()).expect("serve");
