@@ -268,6 +268,7 @@ impl Bed {
             raft: Some(raft.clone()),
             transport: Some(TransportConfig::default()),
             http: None,
+            trusted_keys: Default::default(),
         };
         let path = self.dir.path().join(format!("{sub}.toml"));
         std::fs::write(&path, file.to_toml()?)?;

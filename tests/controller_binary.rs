@@ -50,6 +50,7 @@ fn write_config(dir: &Path, pki: &Pki, addr: SocketAddr, data_dir: &str) -> Path
         raft: Some(fast_raft()),
         transport: None,
         http: None,
+        trusted_keys: Default::default(),
     };
     let path = dir.join(format!("{data_dir}.toml"));
     std::fs::write(&path, file.to_toml().expect("toml")).expect("write config");

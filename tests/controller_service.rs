@@ -599,3 +599,80 @@ async fn apply_and_settings_set_refuse_the_validation_holes_before_proposing() {
     assert_eq!(revision(bed.ok(leader, &Request::Status).await), before);
     bed.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_floor() {
+    // G9: one host certificate claiming epoch u64::MAX must not raise the floor (every later
+    // election would overflow); the claim is refused and the cluster goes on. A claim carrying
+    // the signed header of an envelope from a trusted replica does raise it.
+    use mesh::core::declaration::Declaration;
+    use mesh::core::envelope::{open_with_proof, seal};
+    use mesh::core::report::Report;
+    use mesh::core::wire::{ReportReply, report_reply_what, report_what};
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &mount_mesh("/srv/a")).await;
+    let floor = || async {
+        let Body::Status(status) = bed.ok(leader, &Request::Status).await else {
+            panic!("status")
+        };
+        status.epoch_floor
+    };
+    let before = floor().await;
+    let host = Endpoint::bind(
+        "127.0.0.1:0".parse().expect("addr"),
+        &bed.pki.identity(&Principal::Host("ace".into())),
+        transport().check().expect("transport"),
+    )
+    .expect("bind");
+    let send = |report: Report| {
+        let host = &host;
+        let addr = bed.addrs[&leader];
+        async move {
+            let body = mesh_codec::encode(report_what, &report).expect("encode");
+            let kind = MessageKind::Report {
+                machine: "ace".into(),
+            };
+            let timeout = std::time::Duration::from_secs(5);
+            let answer = host.request(addr, kind, body, timeout).await.expect("answer");
+            mesh_codec::decode::<ReportReply>(report_reply_what, &answer).expect("reply")
+        }
+    };
+    let claim = |epoch: u64, report_sequence: u64| Report {
+        machine: "ace".into(),
+        epoch,
+        sequence: 1,
+        report_sequence,
+        applied: None,
+        modules: vec![],
+        refused_older: 0,
+        last_refusal: None,
+        proof: None,
+    };
+    let refused = send(claim(u64::MAX, 1_000_000)).await;
+    assert!(matches!(refused, ReportReply::Refused { .. }), "{refused:?}");
+    assert_eq!(floor().await, before, "an unproven claim moves nothing");
+    let pushed = bed.push(leader, "ace", &[]).await.expect("push after the claim");
+    assert!(matches!(lines(&pushed).get("ace"), Some(PushOutcome::Applied { .. })));
+    let proven_epoch = before + 5;
+    let envelope = Envelope {
+        machine: "ace".into(),
+        epoch: proven_epoch,
+        sequence: 1,
+        signer: 2,
+        moves: vec![],
+        declaration: Declaration {
+            machine: "ace".into(),
+            modules: vec![],
+        },
+    };
+    let wire = seal(&envelope, &replica_key(2)).expect("seal");
+    let trusted = BTreeMap::from([(2, replica_key(2).verifying_key())]);
+    let (_, proof) = open_with_proof(&wire, &trusted, "ace", None).expect("open");
+    let mut proven = claim(proven_epoch, 1_000_001);
+    proven.proof = Some(proof);
+    let filed = send(proven).await;
+    assert!(matches!(filed, ReportReply::Filed { .. }), "{filed:?}");
+    assert_eq!(floor().await, proven_epoch);
+    bed.shutdown().await;
+}

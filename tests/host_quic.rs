@@ -279,6 +279,7 @@ async fn a_redirect_loop_between_replicas_ends_after_three_hops_as_unavailable()
         modules: vec![],
         refused_older: 0,
         last_refusal: None,
+        proof: None,
     };
     let result = sink.deliver(&report).await;
     assert!(

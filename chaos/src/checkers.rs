@@ -453,5 +453,6 @@ fn report_at(machine: &str, at: ReportPosition) -> Report {
         modules: Vec::new(),
         refused_older: 0,
         last_refusal: None,
+        proof: None,
     }
 }

@@ -64,6 +64,7 @@ impl Host {
             modules: Vec::new(),
             refused_older: self.refused_older,
             last_refusal: self.last_refusal.clone(),
+            proof: None,
         }
     }
 }

@@ -363,7 +363,7 @@ pub fn write(layout: &Layout) -> Result<Written, InitError> {
         // meshd's own checks before anything is written, so init never writes a config meshd
         // refuses, nor half a mesh.
         let path = layout.dir.join(format!("replica-{id}.toml"));
-        let file = replica_file(layout, id, addr);
+        let file = replica_file(layout, id, addr, &BTreeMap::new());
         ReplicaConfig::from_file(file, &path, &layout.dir).map_err(|e| InitError::Render {
             what: path.display().to_string(),
             reason: e.to_string(),
@@ -372,12 +372,18 @@ pub fn write(layout: &Layout) -> Result<Written, InitError> {
     let genesis = genesis_all(layout)?;
     let ca = Ca::create(Validity::days_from_now(cert_validity_days))?;
     ca.write(&dir.join("ca.pem"), &dir.join("ca.key"))?;
+    // Every replica's key first: each replica trusts the others' to check the epoch a host
+    // proves (G9), as every host does.
+    let mut keys = Vec::new();
     let mut trusted = BTreeMap::new();
+    for &(id, _) in &layout.replicas {
+        let key = signing_key()?;
+        trusted.insert(id.to_string(), encode_hex(key.verifying_key().as_bytes()));
+        keys.push(key);
+    }
     let mut replica_configs = Vec::new();
-    for &(id, addr) in &layout.replicas {
-        let (path, public) = write_replica(layout, &ca, id, addr)?;
-        trusted.insert(id.to_string(), public);
-        replica_configs.push(path);
+    for (&(id, addr), key) in layout.replicas.iter().zip(keys) {
+        replica_configs.push(write_replica(layout, &ca, (id, addr), &key, &trusted)?);
     }
     let mut host_configs = Vec::new();
     for (name, addr) in &layout.machines {
@@ -449,9 +455,10 @@ fn tls_for(sub: &str) -> TlsToml {
 fn write_replica(
     layout: &Layout,
     ca: &Ca,
-    id: u64,
-    addr: SocketAddr,
-) -> Result<(PathBuf, String), InitError> {
+    (id, addr): (u64, SocketAddr),
+    key: &SigningKey,
+    trusted: &BTreeMap<String, String>,
+) -> Result<PathBuf, InitError> {
     let sub = format!("replica-{id}");
     let sub_dir = layout.dir.join(&sub);
     create_dir(&sub_dir)?;
@@ -460,7 +467,6 @@ fn write_replica(
         Validity::days_from_now(cert_validity_days),
     )?;
     cert.write(&sub_dir.join("cert.pem"), &sub_dir.join("key.pem"))?;
-    let key = signing_key()?;
     let secret_hex = format!("{}\n", encode_hex(key.as_bytes()));
     write_new(
         &sub_dir.join("signing.key"),
@@ -468,15 +474,25 @@ fn write_replica(
         secret_file_mode,
     )?;
     // `write` checked this config with meshd's own checks before anything was written.
-    let config = replica_file(layout, id, addr);
+    let others = trusted
+        .iter()
+        .filter(|(other, _)| **other != id.to_string())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let config = replica_file(layout, id, addr, &others);
     let path = layout.dir.join(format!("{sub}.toml"));
     write_toml(&path, &config)?;
-    Ok((path, encode_hex(key.verifying_key().as_bytes())))
+    Ok(path)
 }
 
 /// Replica `id`'s config: listening on the wildcard of its port (on `addr` itself when that is
 /// loopback), advertised to the others at `addr` through `[peers]`.
-fn replica_file(layout: &Layout, id: u64, addr: SocketAddr) -> ReplicaConfigFile {
+fn replica_file(
+    layout: &Layout,
+    id: u64,
+    addr: SocketAddr,
+    trusted_keys: &BTreeMap<String, String>,
+) -> ReplicaConfigFile {
     let sub = format!("replica-{id}");
     ReplicaConfigFile {
         id,
@@ -501,6 +517,7 @@ fn replica_file(layout: &Layout, id: u64, addr: SocketAddr) -> ReplicaConfigFile
         raft: None,
         transport: None,
         http: None,
+        trusted_keys: trusted_keys.clone(),
     }
 }
 

@@ -1,7 +1,7 @@
 //! `replica.toml`: the file `meshctl init` writes ([`ReplicaConfigFile`]) and the validated
 //! [`ReplicaConfig`] `meshd` runs with. Relative paths are relative to the config file's directory.
 
-use ed25519_dalek::SigningKey;
+use ed25519_dalek::{SigningKey, VerifyingKey};
 use mesh_raft::{RaftConfig, RaftSettings};
 use mesh_transport::{CheckedConfig, TransportConfig, addr};
 use serde::{Deserialize, Serialize};
@@ -79,6 +79,10 @@ pub struct ReplicaConfigFile {
     /// (`"9100"`) for loopback. Absent: no HTTP server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<String>,
+    /// Replica id → its envelope-signing public key (64 hex), to check the epoch a host proves
+    /// it accepted (G9). This replica's own key is trusted without being listed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub trusted_keys: BTreeMap<String, String>,
 }
 
 /// `[tls]`: the mesh CA and this replica's certificate (naming `replica:<id>`) and key.
@@ -113,6 +117,7 @@ pub struct ReplicaConfig {
     raft: RaftConfig,
     transport: CheckedConfig,
     http: Option<SocketAddr>,
+    trusted_keys: BTreeMap<u64, VerifyingKey>,
 }
 
 impl ReplicaConfig {
@@ -176,6 +181,8 @@ impl ReplicaConfig {
             None => None,
             Some(text) => Some(parse_http(text).map_err(|p| invalid("http", p))?),
         };
+        let trusted_keys =
+            parse_trusted(&raw.trusted_keys, &peers).map_err(|(k, p)| invalid(&k, p))?;
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         Ok(ReplicaConfig {
             file: file.to_path_buf(),
@@ -193,7 +200,14 @@ impl ReplicaConfig {
             raft,
             transport,
             http,
+            trusted_keys,
         })
+    }
+
+    /// The other replicas' envelope keys from `[trusted_keys]` (this replica's own is not here:
+    /// read it with [`ReplicaConfig::read_signing_key`]).
+    pub fn trusted_keys(&self) -> &BTreeMap<u64, VerifyingKey> {
+        &self.trusted_keys
     }
 
     /// The file this config came from (for messages).
@@ -333,6 +347,34 @@ fn parse_peers(
         peers.insert(id, addr);
     }
     Ok(peers)
+}
+
+/// `[trusted_keys]`: every id a replica of `[peers]`, every key 64 hex digits of an ed25519
+/// public key.
+fn parse_trusted(
+    raw: &BTreeMap<String, String>,
+    peers: &BTreeMap<u64, SocketAddr>,
+) -> Result<BTreeMap<u64, VerifyingKey>, (String, String)> {
+    let mut out = BTreeMap::new();
+    for (id, hex) in raw {
+        let key = format!("trusted_keys.{id}");
+        let parsed: u64 = id
+            .parse()
+            .map_err(|_| (key.clone(), "not a replica id".to_string()))?;
+        if !peers.contains_key(&parsed) {
+            return Err((key, format!("replica {parsed} is not in [peers]")));
+        }
+        let public = decode_hex_32(hex)
+            .and_then(|b| VerifyingKey::from_bytes(&b).ok())
+            .ok_or_else(|| {
+                (
+                    key.clone(),
+                    "not an ed25519 public key (64 hex digits); copy it from the replica's `meshctl init` output".to_string(),
+                )
+            })?;
+        out.insert(parsed, public);
+    }
+    Ok(out)
 }
 
 fn parse_hosts(

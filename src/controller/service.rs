@@ -22,6 +22,7 @@ use super::config::{ConfigError, ReplicaConfig};
 use super::floor::{FloorError, read_floor, write_floor};
 use super::metrics::{Metrics, request_kind};
 use crate::core::compose::World;
+use crate::core::envelope::{Position, ProofError};
 use crate::core::plan::DigestCache;
 use crate::core::report::Report;
 use crate::core::settings::Scope;
@@ -702,6 +703,11 @@ impl Service {
         }
         let term = self.replica.metrics().borrow().current_term;
         let actor = format!("host:{frame_machine}");
+        if let Err(reason) = self.check_claimed_epoch(&report) {
+            self.metrics.report("unproven");
+            tracing::warn!(machine = frame_machine, epoch = report.epoch, %reason, "report refused: epoch above the floor without a proof");
+            return Ok(ReportReply::Refused { reason });
+        }
         self.raise_floor_to(term, &actor, report.epoch).await;
         match self
             .propose(term, None, &actor, Command::RecordReport { report })
@@ -722,6 +728,36 @@ impl Service {
                 Ok(self.not_leader())
             }
         }
+    }
+
+    /// A report may claim an epoch above the floor only with the signed header of the envelope it
+    /// applied, from a trusted replica (G9): one host certificate must not be able to raise the
+    /// cluster's floor (to `u64::MAX`, say) by saying so.
+    fn check_claimed_epoch(&self, report: &Report) -> Result<(), String> {
+        let floor = self
+            .app
+            .state()
+            .map_err(|e| format!("cannot read the epoch floor: {e}"))?
+            .epoch_floor;
+        if report.epoch <= floor {
+            return Ok(());
+        }
+        let mut trusted = self.config.trusted_keys().clone();
+        trusted.insert(self.id, self.key.verifying_key());
+        let position = Position {
+            epoch: report.epoch,
+            sequence: report.sequence,
+        };
+        let proven = match &report.proof {
+            None => Err(ProofError::Missing),
+            Some(proof) => proof.verify(&trusted, &report.machine, position),
+        };
+        proven.map_err(|e| {
+            format!(
+                "the report claims epoch {} above the floor {floor} but {e}; it is not filed",
+                report.epoch
+            )
+        })
     }
 
     /// A host that reports an epoch above the floor has seen a leader this store does not remember

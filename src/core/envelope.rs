@@ -5,7 +5,8 @@ use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use super::declaration::Declaration;
+use super::compose::digest;
+use super::declaration::{Declaration, Digest};
 
 /// What a replica sends to a machine. The epoch is the Raft term of the leader that sent it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,11 +46,94 @@ impl std::fmt::Display for Position {
     }
 }
 
-/// The bytes on the wire: the encoded envelope and the signature over exactly those bytes.
+/// The bytes on the wire: the encoded envelope, the signature over exactly those bytes, and a
+/// second signature over the envelope's header, which the host keeps as its proof of the epoch it
+/// accepted (G9).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sealed {
     pub body: Vec<u8>,
     pub signature: Vec<u8>,
+    pub header_signature: Vec<u8>,
+}
+
+/// What a host can prove it accepted without carrying the whole envelope: machine, position,
+/// signer and the declaration's digest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvelopeHeader {
+    pub machine: String,
+    pub epoch: u64,
+    pub sequence: u64,
+    pub signer: u64,
+    pub digest: Digest,
+}
+
+/// A header with the signing replica's signature over [`header_bytes`]: sent in reports so a
+/// controller can check an epoch a host claims (G9).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochProof {
+    pub header: EnvelopeHeader,
+    pub signature: Vec<u8>,
+}
+
+/// Why a claimed epoch is not proven.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProofError {
+    #[error("no proof: the report carries no signed envelope header")]
+    Missing,
+    #[error("the proof is signed by replica {0}, which is not trusted")]
+    UnknownSigner(u64),
+    #[error("the proof's signature does not verify against replica {0}'s key")]
+    BadSignature(u64),
+    #[error("the proof is for {got}, not for what the report claims ({claimed})")]
+    Mismatch { claimed: String, got: String },
+}
+
+/// The bytes a header signature covers: a label, so no other signed message can pass for one.
+pub fn header_bytes(header: &EnvelopeHeader) -> Result<Vec<u8>, mesh_codec::CodecError> {
+    mesh_codec::encode("envelope header", &("mesh/envelope-header/v1", header))
+}
+
+impl Envelope {
+    /// The header a host keeps as its proof.
+    pub fn header(&self) -> EnvelopeHeader {
+        EnvelopeHeader {
+            machine: self.machine.clone(),
+            epoch: self.epoch,
+            sequence: self.sequence,
+            signer: self.signer,
+            digest: digest(&self.declaration),
+        }
+    }
+}
+
+impl EpochProof {
+    /// Checks that a trusted replica signed this header, and that it is for `machine` at
+    /// `position` (what a report claims).
+    pub fn verify(
+        &self,
+        trusted: &BTreeMap<u64, VerifyingKey>,
+        machine: &str,
+        position: Position,
+    ) -> Result<(), ProofError> {
+        let h = &self.header;
+        if h.machine != machine || h.epoch != position.epoch || h.sequence != position.sequence {
+            return Err(ProofError::Mismatch {
+                claimed: format!("{machine} at {position}"),
+                got: format!("{} at epoch {} sequence {}", h.machine, h.epoch, h.sequence),
+            });
+        }
+        let key = trusted
+            .get(&h.signer)
+            .ok_or(ProofError::UnknownSigner(h.signer))?;
+        let signature: [u8; 64] = self
+            .signature
+            .as_slice()
+            .try_into()
+            .map_err(|_| ProofError::BadSignature(h.signer))?;
+        let bytes = header_bytes(h).map_err(|_| ProofError::BadSignature(h.signer))?;
+        key.verify_strict(&bytes, &Signature::from_bytes(&signature))
+            .map_err(|_| ProofError::BadSignature(h.signer))
+    }
 }
 
 /// Why a host refused an envelope. Every refusal is counted and reported.
@@ -78,10 +162,14 @@ pub enum SealError {
 pub fn seal(envelope: &Envelope, key: &SigningKey) -> Result<Vec<u8>, SealError> {
     let body = mesh_codec::encode("envelope", envelope)?;
     let signature = key.sign(&body).to_bytes().to_vec();
-    Ok(mesh_codec::encode(
-        "sealed envelope",
-        &Sealed { body, signature },
-    )?)
+    let header = header_bytes(&envelope.header())?;
+    let header_signature = key.sign(&header).to_bytes().to_vec();
+    let sealed = Sealed {
+        body,
+        signature,
+        header_signature,
+    };
+    Ok(mesh_codec::encode("sealed envelope", &sealed)?)
 }
 
 /// Checks wire bytes against the host's trust: a known signer whose signature verifies over the body,
@@ -93,6 +181,16 @@ pub fn open(
     machine: &str,
     accepted: Option<Position>,
 ) -> Result<Envelope, Refusal> {
+    open_with_proof(wire, trusted, machine, accepted).map(|(envelope, _)| envelope)
+}
+
+/// [`open`], also checking the header signature and handing back the proof the host keeps.
+pub fn open_with_proof(
+    wire: &[u8],
+    trusted: &BTreeMap<u64, VerifyingKey>,
+    machine: &str,
+    accepted: Option<Position>,
+) -> Result<(Envelope, EpochProof), Refusal> {
     let sealed: Sealed = mesh_codec::decode("sealed envelope", wire)
         .map_err(|e| Refusal::Malformed(e.to_string()))?;
     let signer = peek_signer(&sealed.body)?;
@@ -123,7 +221,14 @@ pub fn open(
             accepted,
         });
     }
-    Ok(envelope)
+    let proof = EpochProof {
+        header: envelope.header(),
+        signature: sealed.header_signature,
+    };
+    proof
+        .verify(trusted, machine, envelope.position())
+        .map_err(|e| Refusal::Malformed(format!("header signature: {e}")))?;
+    Ok((envelope, proof))
 }
 
 /// Reads only the signer id, which the encoding places after the machine name, epoch and sequence;
@@ -220,6 +325,55 @@ mod tests {
         assert_eq!(
             open(&wire, &trust(1, &key(1)), "ace", None),
             Err(Refusal::BadSignature(1))
+        );
+    }
+
+    fn position(epoch: u64, sequence: u64) -> Position {
+        Position { epoch, sequence }
+    }
+
+    #[test]
+    fn g9_an_accepted_envelope_gives_a_proof_of_its_epoch_that_verifies_and_only_for_it() {
+        // G9: the host proves the epoch it accepted with the signed header it kept.
+        let k = key(1);
+        let wire = seal(&envelope("ace", 9, 4, 1), &k).expect("seal");
+        let (_, proof) = open_with_proof(&wire, &trust(1, &k), "ace", None).expect("open");
+        assert_eq!(proof.verify(&trust(1, &k), "ace", position(9, 4)), Ok(()));
+        assert!(matches!(
+            proof.verify(&trust(1, &k), "ace", position(u64::MAX, 4)),
+            Err(ProofError::Mismatch { .. })
+        ));
+        assert!(matches!(
+            proof.verify(&trust(1, &k), "g14", position(9, 4)),
+            Err(ProofError::Mismatch { .. })
+        ));
+        assert_eq!(
+            proof.verify(&trust(2, &k), "ace", position(9, 4)),
+            Err(ProofError::UnknownSigner(1))
+        );
+    }
+
+    #[test]
+    fn g9_a_forged_or_altered_proof_does_not_verify() {
+        // G9: an unproven claim is refused: a header raised by hand, or signed by another key.
+        let k = key(1);
+        let wire = seal(&envelope("ace", 9, 4, 1), &k).expect("seal");
+        let (_, proof) = open_with_proof(&wire, &trust(1, &k), "ace", None).expect("open");
+        let mut raised = proof.clone();
+        raised.header.epoch = u64::MAX;
+        assert_eq!(
+            raised.verify(&trust(1, &k), "ace", position(u64::MAX, 4)),
+            Err(ProofError::BadSignature(1))
+        );
+        let forged_wire = seal(&envelope("ace", u64::MAX, 4, 1), &key(7)).expect("seal");
+        let forged: Sealed = mesh_codec::decode("sealed", &forged_wire).expect("decode");
+        let forged = EpochProof {
+            header: envelope("ace", u64::MAX, 4, 1).header(),
+            signature: forged.header_signature,
+        };
+        assert_eq!(
+            forged.verify(&trust(1, &k), "ace", position(u64::MAX, 4)),
+            Err(ProofError::BadSignature(1))
         );
     }
 

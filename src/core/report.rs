@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::declaration::Digest;
+use super::envelope::EpochProof;
 
 /// What a host says after an apply or on its reconcile interval.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,6 +18,9 @@ pub struct Report {
     pub modules: Vec<ModuleStatus>,
     pub refused_older: u64,
     pub last_refusal: Option<String>,
+    /// The signed header of the envelope applied: proves its epoch to a controller whose floor is
+    /// below it (G9). `None` before any apply.
+    pub proof: Option<EpochProof>,
 }
 
 /// One module's state on its host.
@@ -233,6 +237,7 @@ mod tests {
             modules: vec![],
             refused_older: 0,
             last_refusal: None,
+            proof: None,
         }
     }
 

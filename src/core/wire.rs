@@ -42,6 +42,9 @@ pub enum ReportReply {
     Filed { accepted: bool },
     /// This replica is not the leader; `leader` is the leader's address (`host:port`) if known.
     NotLeader { leader: Option<String> },
+    /// The leader will not file it (an epoch above its floor without a valid proof, G9); sending
+    /// it again changes nothing.
+    Refused { reason: String },
 }
 
 /// A report whose body names another machine than its frame.
@@ -80,6 +83,7 @@ mod tests {
             modules: vec![],
             refused_older: 0,
             last_refusal: None,
+            proof: None,
         }
     }
 

@@ -18,7 +18,7 @@ use super::state::{AppliedRecord, RefusalCounts, StateError, StateFiles};
 use super::validate::{DeclarationRefusal, check_declaration, check_mount_moves};
 use crate::core::compose::digest;
 use crate::core::declaration::{Declaration, Digest};
-use crate::core::envelope::{Envelope, Position, Refusal, open};
+use crate::core::envelope::{Envelope, Position, Refusal, open_with_proof};
 use crate::core::report::{Exit, ModuleState, ModuleStatus, Report};
 
 /// After a module changes state, the board must be quiet this long before the change is
@@ -230,14 +230,15 @@ impl Agent {
 
     async fn accept(&self, inner: &mut Inner, wire: &[u8]) -> Result<Applied, HostError> {
         let trusted = self.config.trusted();
-        let envelope = match open(wire, trusted, self.config.name(), inner.high_water) {
-            Ok(envelope) => envelope,
-            Err(refusal) => {
-                let older = matches!(refusal, Refusal::Older { .. });
-                self.count_refusal(inner, older, refusal.to_string())?;
-                return Err(HostError::Refused(refusal));
-            }
-        };
+        let (envelope, proof) =
+            match open_with_proof(wire, trusted, self.config.name(), inner.high_water) {
+                Ok(opened) => opened,
+                Err(refusal) => {
+                    let older = matches!(refusal, Refusal::Older { .. });
+                    self.count_refusal(inner, older, refusal.to_string())?;
+                    return Err(HostError::Refused(refusal));
+                }
+            };
         let position = envelope.position();
         if let Err(refusal) = self.check(inner, &envelope) {
             self.count_refusal(inner, false, refusal.to_string())?;
@@ -250,6 +251,7 @@ impl Agent {
         let record = AppliedRecord {
             position,
             declaration: envelope.declaration,
+            proof: Some(proof),
         };
         self.files.store_applied(&record)?;
         tracing::info!(machine = %self.config.name(), epoch = position.epoch,
@@ -391,9 +393,9 @@ impl Agent {
     }
 
     fn build_report(&self, inner: &Inner) -> Result<Report, HostError> {
-        let (position, applied) = match &inner.applied {
-            Some(r) => (r.position, Some(digest(&r.declaration))),
-            None => (Position::default(), None),
+        let (position, applied, proof) = match &inner.applied {
+            Some(r) => (r.position, Some(digest(&r.declaration)), r.proof.clone()),
+            None => (Position::default(), None, None),
         };
         Ok(Report {
             machine: self.config.name().to_string(),
@@ -404,6 +406,7 @@ impl Agent {
             modules: inner.runtime.status(),
             refused_older: inner.refusals.older,
             last_refusal: inner.refusals.last.clone(),
+            proof,
         })
     }
 

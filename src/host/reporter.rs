@@ -252,6 +252,7 @@ mod tests {
             modules: vec![],
             refused_older: 0,
             last_refusal: None,
+            proof: None,
         }
     }
 

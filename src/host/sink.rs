@@ -186,6 +186,11 @@ impl QuicSink {
 fn read_reply(address: &str, answer: &[u8]) -> Attempt {
     match mesh_codec::decode::<ReportReply>(report_reply_what, answer) {
         Ok(ReportReply::Filed { accepted }) => Attempt::Filed { accepted },
+        Ok(ReportReply::Refused { reason }) => {
+            // Never filed, and the same report would be refused again: drop it.
+            tracing::warn!(replica = address, %reason, "report refused by the leader");
+            Attempt::Filed { accepted: false }
+        }
         Ok(ReportReply::NotLeader {
             leader: Some(leader),
         }) => Attempt::Redirect(leader),

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::durable::{self, StorageError};
 use crate::core::declaration::Declaration;
-use crate::core::envelope::Position;
+use crate::core::envelope::{EpochProof, Position};
 
 /// Mode of state files: the applied declaration carries provision secrets.
 const state_file_mode: u32 = 0o600;
@@ -36,6 +36,8 @@ pub enum StateError {
 pub struct AppliedRecord {
     pub position: Position,
     pub declaration: Declaration,
+    /// The envelope's signed header, reported so a controller can check the epoch (G9).
+    pub proof: Option<EpochProof>,
 }
 
 /// Refusals so far, reported to the controller.

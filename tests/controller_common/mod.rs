@@ -37,7 +37,7 @@ pub fn fast_raft() -> RaftSettings {
     }
 }
 
-fn transport() -> TransportConfig {
+pub fn transport() -> TransportConfig {
     TransportConfig {
         request_timeout_ms: 3_000,
         ..TransportConfig::default()
@@ -99,7 +99,7 @@ pub struct Bed {
     pub operator: Endpoint,
 }
 
-fn replica_key(id: u64) -> SigningKey {
+pub fn replica_key(id: u64) -> SigningKey {
     SigningKey::from_bytes(&[id as u8 + 40; 32])
 }
 
@@ -203,6 +203,14 @@ impl Bed {
             raft: Some(fast_raft()),
             transport: Some(transport()),
             http: None,
+            trusted_keys: self
+                .addrs
+                .keys()
+                .map(|i| {
+                    let public = replica_key(*i).verifying_key();
+                    (i.to_string(), mesh::hex::encode_hex(public.as_bytes()))
+                })
+                .collect(),
         };
         let path = self.dir.path().join(format!("{sub}.toml"));
         std::fs::write(&path, file.to_toml().expect("toml")).expect("write config");
