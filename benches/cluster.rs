@@ -1,7 +1,9 @@
 //! Cluster benchmark (plain `Instant`, prints figures): three replicas over real QUIC on loopback with
 //! in-process hosts. Commit throughput (1, 64, 500 clients), failover, `push --behind` to N hosts and
-//! controller memory with 10,000 machines. Run with `cargo bench --bench cluster [-- <section>...]`
-//! (sections: throughput, failover, push, memory); figures go to docs/benchmarks.md.
+//! controller memory with 10,000 machines; and failover of the real binaries (`kill`: SIGKILL of the
+//! leader → new leader → host applies its envelope, and → `meshctl push` through a survivor
+//! succeeds). Run with `cargo bench --bench cluster [-- <section>...]` (sections: throughput,
+//! failover, kill, push, memory); figures go to docs/benchmarks.md.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -33,6 +35,8 @@ const throughput_measure_ms: u64 = 5_000;
 /// One operator endpoint per this many clients: a connection allows 256 concurrent streams.
 const clients_per_operator: usize = 200;
 const failover_runs: usize = 5;
+/// Runs of the real-binaries failover (`kill`), as docs/benchmarks.md reports them.
+const kill_runs: usize = 20;
 const push_hosts: [usize; 3] = [100, 300, 1_000];
 const memory_machines: usize = 10_000;
 const memory_modules_per_machine: usize = 10;
@@ -63,6 +67,12 @@ fn main() -> Result<()> {
         if run("failover") {
             failover("default timeouts", RaftSettings::default()).await?;
             failover("test-bed timeouts", fast_raft()).await?;
+        }
+        if run("kill") {
+            // Real processes, driven from a thread of their own (the bed blocks).
+            tokio::task::spawn_blocking(kill_failover)
+                .await
+                .context("kill section")??;
         }
         if run("push") {
             push_behind().await?;
@@ -716,6 +726,176 @@ async fn wait_rejoined(bed: &Bed, old: u64, new: u64) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2b. Failover of the real binaries: SIGKILL of the leader
+
+const pair_mesh: &str = include_str!("../beds/meshes/pair.toml");
+
+/// Three `meshd` and two `mesh-host` processes (the bed harness, default settings); per run the
+/// leader is SIGKILLed and the clock runs from the kill to (a) the new leader's "leader of term"
+/// log line, (b) machine ace's host writing an applied envelope of a newer epoch (its state file,
+/// polled every 2 ms), (c) the first `meshctl push ace` through a survivor that exits 0, started
+/// right after the kill and repeated until one does. Runs alternate the survivor meshctl asks.
+fn kill_failover() -> Result<()> {
+    use mesh::host::state::StateFiles;
+    let mut bed = mesh_beds::Bed::start(mesh_beds::binaries!(), 3, pair_mesh)?;
+    bed.leader_other_than(None)?;
+    bed.apply(pair_mesh, "bench")?;
+    bed.meshctl_ok(&["push", "--all", "--why", "bench"])?;
+    println!(
+        "failover of real processes (meshd ×3, mesh-host ×2, default RaftSettings: heartbeat {} ms, election {}-{} ms), {kill_runs} runs",
+        RaftSettings::default().heartbeat_ms,
+        RaftSettings::default().election_timeout_min_ms,
+        RaftSettings::default().election_timeout_max_ms
+    );
+    let host = StateFiles::new(&bed.host_root("ace"));
+    let (mut elected, mut applied, mut pushed) = (Vec::new(), Vec::new(), Vec::new());
+    for run in 0..kill_runs {
+        let old = bed.leader_other_than(None)?;
+        let before = host
+            .load_applied()?
+            .map(|a| a.position.epoch)
+            .ok_or_else(|| anyhow!("ace applied nothing yet"))?;
+        let survivors: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
+        let via = survivors[run % survivors.len()];
+        let context = bed.context_for(via)?;
+        let log_len: BTreeMap<u64, usize> = survivors
+            .iter()
+            .map(|id| (*id, bed.replica_log(*id).len()))
+            .collect();
+        let wall0 = std::time::SystemTime::now();
+        let t0 = Instant::now();
+        bed.kill_replica(old)?;
+        let watcher = {
+            let host = StateFiles::new(&bed.host_root("ace"));
+            std::thread::spawn(move || -> Result<Duration> {
+                let deadline = t0 + Duration::from_millis(wait_deadline_ms);
+                loop {
+                    let epoch = host.load_applied().ok().flatten().map(|a| a.position.epoch);
+                    if epoch.is_some_and(|e| e > before) {
+                        return Ok(t0.elapsed());
+                    }
+                    if Instant::now() > deadline {
+                        bail!("ace applied nothing above epoch {before}");
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+        };
+        let mut attempts = 0;
+        let push = loop {
+            attempts += 1;
+            let out = bed.meshctl_in(&context, &["push", "ace", "--why", "after the kill"])?;
+            if out.code == Some(0) {
+                break t0.elapsed();
+            }
+            if t0.elapsed() > Duration::from_millis(wait_deadline_ms) {
+                bail!("no push through replica {via} succeeded: {}", out.stderr);
+            }
+        };
+        let apply = watcher
+            .join()
+            .map_err(|_| anyhow!("the host watcher panicked"))??;
+        let (new, elect) = leader_line_after(&bed, &log_len, wall0)?;
+        println!(
+            "kill run {run}: leader {old} SIGKILLed; replica {new} leads after {:.0} ms; ace applied its envelope after {:.0} ms; meshctl push via replica {via} succeeded after {:.0} ms ({attempts} attempt{}) (load {})",
+            ms(elect),
+            ms(apply),
+            ms(push),
+            if attempts == 1 { "" } else { "s" },
+            load_average()
+        );
+        elected.push(elect);
+        applied.push(apply);
+        pushed.push(push);
+        bed.restart_replica(old)?;
+        wait_all_answer(&bed)?;
+    }
+    for (what, list) in [
+        ("kill → new leader", &mut elected),
+        (
+            "kill → host applied the new leader's envelope",
+            &mut applied,
+        ),
+        (
+            "kill → meshctl push through a survivor succeeded",
+            &mut pushed,
+        ),
+    ] {
+        list.sort();
+        println!(
+            "{what} over {} runs: median {:.0} ms, min {:.0} ms, max {:.0} ms",
+            list.len(),
+            ms(percentile(list, 0.5)),
+            ms(list[0]),
+            ms(list[list.len() - 1])
+        );
+    }
+    Ok(())
+}
+
+/// The first "leader of term" line a survivor logged after `wall0` (past `log_len` bytes of its
+/// log): which replica and how long after `wall0`, by the log's own timestamp.
+fn leader_line_after(
+    bed: &mesh_beds::Bed,
+    log_len: &BTreeMap<u64, usize>,
+    wall0: std::time::SystemTime,
+) -> Result<(u64, Duration)> {
+    let mut first: Option<(u64, Duration)> = None;
+    for (id, len) in log_len {
+        let log = bed.replica_log(*id);
+        let tail = log.get(*len..).unwrap_or_default();
+        for line in tail.lines().filter(|l| l.contains("leader of term")) {
+            let at = line
+                .split_whitespace()
+                .next()
+                .and_then(parse_utc)
+                .ok_or_else(|| anyhow!("no timestamp in {line:?}"))?;
+            let after = at.duration_since(wall0).unwrap_or_default();
+            if first.is_none_or(|(_, d)| after < d) {
+                first = Some((*id, after));
+            }
+        }
+    }
+    first.ok_or_else(|| anyhow!("no survivor logged a leadership"))
+}
+
+/// `2026-11-30T09:42:57.120456Z` (the log's timestamps) as a system time.
+fn parse_utc(s: &str) -> Option<std::time::SystemTime> {
+    let (date, time) = s.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':').map(|p| p.parse::<u64>().ok());
+    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
+    let nanos = format!("{frac:0<9}").get(..9)?.parse::<u64>().ok()?;
+    // Days from 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's days_from_civil).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
+    let secs = days * 86_400 + hh * 3_600 + mm * 60 + ss;
+    Some(std::time::UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_nanos(nanos))
+}
+
+/// Waits until every replica answers status and none lags.
+fn wait_all_answer(bed: &mesh_beds::Bed) -> Result<()> {
+    bed.wait_for(
+        "all three replicas answer, none lagging",
+        wait_deadline_ms,
+        || {
+            let status = bed.status()?;
+            let rows = status["replicas"].as_array().cloned().unwrap_or_default();
+            let ok =
+                rows.len() == 3 && rows.iter().all(|r| r["reachable"] == true && r["lag"] == 0);
+            Ok(ok.then_some(()))
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------------------------

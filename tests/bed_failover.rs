@@ -1,5 +1,6 @@
-//! Beds for leadership changes with real processes: failover after SIGKILL, and G2/G3 with two
-//! controllers (the old leader paused with SIGSTOP while a new one is elected and pushes).
+//! Beds for leadership changes with real processes: failover after SIGKILL, a push through a
+//! follower at once after the leader's death, `status` live about a killed replica, and G2/G3 with
+//! two controllers (the old leader paused with SIGSTOP while a new one is elected and pushes).
 
 use mesh::host::state::StateFiles;
 use mesh_beds::{Bed, binaries, wait_ms_default};
@@ -49,6 +50,78 @@ fn failover_after_leader_sigkill_new_leader_pushes_and_hosts_accept_its_epoch() 
         epoch > old_epoch,
         "new leader {new} sent at {epoch}, old at {old_epoch}"
     );
+    Ok(())
+}
+
+#[test]
+fn g13_first_push_through_a_follower_after_the_leader_is_killed_is_applied() -> anyhow::Result<()> {
+    // G13 / issue 12 (decision 0110): the very first push sent to a survivor right after the leader
+    // was SIGKILLed is forwarded to the new leader (the follower probes the dead one, gives up on
+    // it and forwards to the one elected next) and applied by the host; no retry by the operator.
+    let mut bed = Bed::start(binaries!(), 3, pair)?;
+    let old = bed.leader_other_than(None)?;
+    bed.apply(pair, "first model")?;
+    bed.meshctl_ok(&["push", "--all", "--why", "first send"])?;
+    let (old_epoch, _) =
+        last_send(&bed.status()?, "ace").ok_or_else(|| anyhow::anyhow!("no first send"))?;
+    bed.kill_replica(old)?;
+    let run = bed.meshctl(&["push", "ace", "--why", "right after the kill"])?;
+    assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("applied"), "{}", run.stdout);
+    let status = bed.status()?;
+    let (epoch, _) = last_send(&status, "ace").ok_or_else(|| anyhow::anyhow!("no send"))?;
+    assert!(
+        epoch > old_epoch,
+        "sent at {epoch}, the killed leader at {old_epoch}"
+    );
+    Ok(())
+}
+
+#[test]
+fn status_shows_a_killed_replica_unreachable_and_each_live_one_with_its_own_answer()
+-> anyhow::Result<()> {
+    // Issue 12 (live status): `reachable` means it answered the status's probe just now; a replica
+    // SIGKILLed is unreachable with nothing guessed for it (epoch 0, no role), and every live row
+    // carries what that replica said (its role, its term).
+    let mut bed = Bed::start(binaries!(), 3, pair)?;
+    let leader = bed.leader_other_than(None)?;
+    let status = bed.status()?;
+    let term = status["replicas"]
+        .as_array()
+        .and_then(|rs| rs.iter().find(|r| r["id"] == leader))
+        .and_then(|r| r["epoch"].as_u64())
+        .ok_or_else(|| anyhow::anyhow!("no leader row: {status}"))?;
+    let follower = (1..=3)
+        .find(|id| *id != leader)
+        .ok_or_else(|| anyhow::anyhow!("no follower"))?;
+    bed.kill_replica(follower)?;
+    let rows = bed.wait_for("the killed follower unreachable", 5_000, || {
+        let status = bed.status()?;
+        let rows = status["replicas"].as_array().cloned().unwrap_or_default();
+        let gone = rows
+            .iter()
+            .any(|r| r["id"] == follower && r["reachable"] == false);
+        Ok(gone.then_some(rows))
+    })?;
+    for row in &rows {
+        if row["id"] == follower {
+            assert_eq!(row["epoch"], 0, "{row}");
+            assert!(
+                row["role"].is_null() && row["answered_in_ms"].is_null(),
+                "{row}"
+            );
+            continue;
+        }
+        assert_eq!(row["reachable"], true, "{row}");
+        assert_eq!(row["epoch"].as_u64(), Some(term), "{row}");
+        let role = if row["id"] == leader {
+            "leader"
+        } else {
+            "follower"
+        };
+        assert_eq!(row["role"], role, "{row}");
+        assert_eq!(row["leader"], row["id"] == leader, "{row}");
+    }
     Ok(())
 }
 

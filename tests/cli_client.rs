@@ -8,7 +8,8 @@ use std::process::Output;
 use std::sync::{Arc, Mutex};
 
 use mesh::controller::api::{
-    Answer, ApiError, Body, PushLine, PushOutcome, PushView, ReplicaView, Request, StatusView,
+    Answer, ApiError, Body, PushLine, PushOutcome, PushView, ReplicaSaid, ReplicaView, Request,
+    StatusView,
 };
 use mesh::store::command::HeldMount;
 use mesh_transport::{
@@ -140,6 +141,12 @@ fn status_answer(forwarded_by: Option<u64>) -> Answer {
                 leader: true,
                 epoch: 4,
                 reachable: true,
+                said: Some(ReplicaSaid {
+                    role: mesh_raft::Role::Leader,
+                    log_index: Some(9),
+                    lag: 0,
+                    answered_in_ms: 0,
+                }),
             }],
             machines: Vec::new(),
             revision: 2,

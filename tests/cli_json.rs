@@ -15,7 +15,8 @@ use mesh::cli::render::Via;
 use mesh::cli::{Cli, CliError};
 use mesh::controller::api::{
     ApiError, HistoryItem, MachineView, PlanView, PlannedChange, PlannedMachine, PlannedMint,
-    PushLine, PushOutcome, PushTarget, PushView, ReplicaView, SettingsView, StatusView,
+    PushLine, PushOutcome, PushTarget, PushView, ReplicaSaid, ReplicaView, SettingsView,
+    StatusView,
 };
 use mesh::core::declaration::Digest;
 use mesh::core::model::{Placement, Provision};
@@ -150,13 +151,20 @@ fn status_view() -> StatusView {
                 leader: true,
                 epoch: 3,
                 reachable: true,
+                said: Some(ReplicaSaid {
+                    role: mesh_raft::Role::Leader,
+                    log_index: Some(41),
+                    lag: 0,
+                    answered_in_ms: 0,
+                }),
             },
             ReplicaView {
                 id: 2,
                 addr: "127.0.0.1:7102".into(),
                 leader: false,
-                epoch: 3,
+                epoch: 0,
                 reachable: false,
+                said: None,
             },
         ],
         machines: vec![ace, g14],

@@ -397,6 +397,13 @@ impl Bed {
         self.write_context_without(Some(id))
     }
 
+    /// Starts replica `id` again after [`Bed::kill_replica`] (on the same store) and puts it back
+    /// in the bed's context.
+    pub fn restart_replica(&mut self, id: u64) -> anyhow::Result<()> {
+        self.start_replica(id)?;
+        self.write_context_without(None)
+    }
+
     /// SIGSTOPs replica `id` and leaves it out of the bed's context until [`Bed::resume_replica`].
     pub fn pause_replica(&self, id: u64) -> anyhow::Result<()> {
         self.signal_replica(id, Signal::SIGSTOP)?;

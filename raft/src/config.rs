@@ -1,6 +1,9 @@
 //! Raft timing and limits: plain settings with etcd-like defaults for a noisy shared machine, validated
-//! once into a [`RaftConfig`] that cannot be invalid.
+//! once into a [`RaftConfig`] that cannot be invalid. Each voter draws its election timeout from its
+//! own slice of the election window ([`RaftConfig::openraft_for`], decision 0110), so two survivors
+//! of a failover never campaign together.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +27,9 @@ pub struct RaftSettings {
     pub heartbeat_ms: u64,
     /// Lower bound of the randomised election timeout; also the base of the lease.
     pub election_timeout_min_ms: u64,
-    /// Upper bound of the randomised election timeout (openraft's leader lease on followers).
+    /// Upper bound of the randomised election timeout. Each voter gets its own slice of
+    /// `election_timeout_min_ms..election_timeout_max_ms`; openraft 0.9 makes a follower wait the top
+    /// of its slice (its "leader lease") plus its drawn timeout after the last heartbeat.
     pub election_timeout_max_ms: u64,
     /// Taken off the lease for clock-rate drift between processes and scheduling delay.
     pub lease_margin_ms: u64,
@@ -53,10 +58,11 @@ pub struct RaftSettings {
 impl Default for RaftSettings {
     fn default() -> Self {
         Self {
+            // Decision 0110: a follower campaigns 0.9-1.55 s after the leader's last heartbeat.
             heartbeat_ms: 100,
-            election_timeout_min_ms: 1000,
-            election_timeout_max_ms: 2000,
-            lease_margin_ms: 200,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 700,
+            lease_margin_ms: 100,
             snapshot_logs_since_last: 10_000,
             logs_kept_after_snapshot: 1_000,
             payload_entries_max: 512,
@@ -202,11 +208,17 @@ impl RaftSettings {
     }
 
     fn openraft_config(&self) -> openraft::Config {
+        self.openraft_window(self.election_timeout_min_ms, self.election_timeout_max_ms)
+    }
+
+    /// openraft's config with the election timeout drawn from `min..max` (openraft also takes `max`
+    /// as the lease a follower keeps for a leader it heard).
+    fn openraft_window(&self, min: u64, max: u64) -> openraft::Config {
         openraft::Config {
             cluster_name: "mesh".to_string(),
             heartbeat_interval: self.heartbeat_ms,
-            election_timeout_min: self.election_timeout_min_ms,
-            election_timeout_max: self.election_timeout_max_ms,
+            election_timeout_min: min,
+            election_timeout_max: max,
             install_snapshot_timeout: self.install_snapshot_timeout_ms,
             max_payload_entries: self.payload_entries_max,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_logs_since_last),
@@ -231,9 +243,39 @@ impl RaftConfig {
         &self.settings
     }
 
-    /// The openraft configuration to start a node with.
+    /// The openraft configuration with the whole election window (for a node that knows no voters).
     pub fn openraft(&self) -> Arc<openraft::Config> {
         self.openraft.clone()
+    }
+
+    /// The election window of voter `id` among `voters`: the `k`-th of `n` equal, disjoint slices
+    /// of `election_timeout_min..election_timeout_max`, `k` being `id`'s place among the sorted ids.
+    /// openraft 0.9 draws a node's timeout once, at start; with one window for all, two survivors
+    /// that drew close timeouts campaign together, split the vote and do so again every round.
+    /// Every slice starts at or above `election_timeout_min`, so the lease (decision 0030) holds.
+    /// A node outside `voters`, or slices under 1 ms, get the whole window.
+    pub fn election_window(&self, id: u64, voters: &BTreeSet<u64>) -> (u64, u64) {
+        let (min, max) = (
+            self.settings.election_timeout_min_ms,
+            self.settings.election_timeout_max_ms,
+        );
+        let n = voters.len() as u64;
+        let Some(k) = voters.iter().position(|v| *v == id) else {
+            return (min, max);
+        };
+        let width = (max - min) / n.max(1);
+        if width == 0 {
+            return (min, max);
+        }
+        let low = min + k as u64 * width;
+        (low, low + width)
+    }
+
+    /// The openraft configuration for voter `id` of `voters`: its own election window
+    /// ([`RaftConfig::election_window`]), everything else as [`RaftConfig::openraft`].
+    pub fn openraft_for(&self, id: u64, voters: &BTreeSet<u64>) -> Arc<openraft::Config> {
+        let (min, max) = self.election_window(id, voters);
+        Arc::new(self.settings.openraft_window(min, max))
     }
 
     /// How long a lease lasts after the start of the round that confirmed it:
@@ -307,10 +349,41 @@ mod tests {
     fn election_timeout_max_not_above_min_is_refused() {
         // Liveness: the election timeout must be randomised over a non-empty range.
         let s = RaftSettings {
-            election_timeout_max_ms: 1000,
+            election_timeout_max_ms: 400,
             ..RaftSettings::default()
         };
         assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn each_voter_campaigns_in_its_own_slice_of_the_election_window() {
+        // Liveness (decision 0110): voters' windows are disjoint, so two survivors never draw the
+        // same timeout; safety (decision 0030): every slice starts at or above the lease's base.
+        let config = RaftConfig::default();
+        let s = config.settings().clone();
+        let voters: BTreeSet<u64> = [1, 2, 3].into();
+        let windows: Vec<(u64, u64)> = voters
+            .iter()
+            .map(|id| config.election_window(*id, &voters))
+            .collect();
+        assert_eq!(windows, vec![(400, 500), (500, 600), (600, 700)]);
+        for pair in windows.windows(2) {
+            assert!(pair[0].1 <= pair[1].0, "overlapping windows {windows:?}");
+        }
+        for (min, max) in &windows {
+            assert!(*min >= s.election_timeout_min_ms && *max <= s.election_timeout_max_ms);
+            assert!(
+                config.lease_window().as_millis() < u128::from(*min),
+                "a follower could campaign inside the lease"
+            );
+            let openraft = config.openraft_for(1, &voters);
+            assert!(openraft.clone().as_ref().clone().validate().is_ok());
+        }
+        let stranger = config.election_window(9, &voters);
+        assert_eq!(
+            stranger,
+            (s.election_timeout_min_ms, s.election_timeout_max_ms)
+        );
     }
 
     #[test]

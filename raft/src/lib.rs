@@ -23,7 +23,7 @@ pub use gate::{
     BootClock, Clock, Gate, GateError, Lease, MonotonicClock, TestClock, VoteFence, fenced_vote,
 };
 pub use log_store::LogStore;
-pub use network::{QuicNetwork, answer as answer_raft_rpc};
+pub use network::{Probed, QuicNetwork, Role, answer as answer_raft_rpc, probe as probe_replica};
 pub use replica::{
     ProposeError, Proposed, Replica, ReplicaSpec, RestoreError, Restored, ShutdownError,
     StartError, restore, store_file_name,

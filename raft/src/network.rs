@@ -5,8 +5,13 @@
 //! Snapshots travel as openraft's chunked `InstallSnapshotRequest`s; a chunk larger than
 //! [`snapshot_chunk_bytes_max`] (or half the transport's frame limit) is split into several requests
 //! with consecutive offsets, so no frame ever nears `frame_bytes_max` whatever openraft's chunk size.
+//!
+//! A [`RaftRequest::Probe`] asks a replica what its Raft core says of itself right now ([`Probed`]):
+//! a follower checks that the leader it forwards to is alive, and `status` shows each replica's own
+//! role, term and log position ([`probe`]).
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use mesh_transport::{Endpoint, MessageKind, Peer, Principal, TransportError};
 use openraft::error::{
@@ -31,6 +36,60 @@ pub enum RaftRequest {
     AppendEntries(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+    /// What are you, in which term, and how far is your log? Answered from the metrics, no I/O.
+    Probe,
+}
+
+/// A replica's role as its Raft core reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Stopping,
+}
+
+/// What a probed replica said of itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probed {
+    pub id: NodeId,
+    pub role: Role,
+    /// Its current term.
+    pub term: u64,
+    /// The leader it knows of.
+    pub leader: Option<NodeId>,
+    /// Index of the last entry in its log.
+    pub last_log_index: Option<u64>,
+    /// Index of the last entry its state machine applied.
+    pub applied_index: Option<u64>,
+}
+
+impl Probed {
+    /// What `raft`'s metrics say right now.
+    pub fn of(raft: &Raft) -> Probed {
+        let m = raft.metrics().borrow().clone();
+        let role = match m.state {
+            openraft::ServerState::Leader => Role::Leader,
+            openraft::ServerState::Follower => Role::Follower,
+            openraft::ServerState::Candidate => Role::Candidate,
+            openraft::ServerState::Learner => Role::Learner,
+            openraft::ServerState::Shutdown => Role::Stopping,
+        };
+        Probed {
+            id: m.id,
+            role,
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log_index: m.last_log_index,
+            applied_index: m.last_applied.map(|l| l.index),
+        }
+    }
+
+    /// Whether it leads, by its own account.
+    pub fn leads(&self) -> bool {
+        self.role == Role::Leader && self.leader == Some(self.id)
+    }
 }
 
 /// The answer to a [`RaftRequest`], including the remote Raft node's own refusal.
@@ -41,6 +100,7 @@ pub enum RaftReply {
     InstallSnapshot(
         Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
     ),
+    Probe(Probed),
 }
 
 /// Why an RPC did not reach the other Raft node or came back unreadable.
@@ -76,8 +136,35 @@ pub async fn answer(
         RaftRequest::InstallSnapshot(rpc) => {
             RaftReply::InstallSnapshot(raft.install_snapshot(rpc).await)
         }
+        RaftRequest::Probe => RaftReply::Probe(Probed::of(raft)),
     };
     mesh_codec::encode("raft reply", &reply).map_err(|e| e.to_string())
+}
+
+/// Asks replica `target` at `addr` what it is ([`RaftRequest::Probe`]), within `timeout` (dial and
+/// handshake included). `endpoint` must carry a replica's identity: only replicas send Raft.
+pub async fn probe(
+    endpoint: &Endpoint,
+    target: NodeId,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<Probed, NetworkFault> {
+    let fault = |what: String| NetworkFault::BadReply { target, what };
+    let body = mesh_codec::encode("raft request", &RaftRequest::Probe)
+        .map_err(|e| fault(format!("probe could not be encoded: {e}")))?;
+    let peer = Peer::expecting(addr, Principal::Replica(target));
+    let bytes = endpoint
+        .request(peer, MessageKind::Raft, body, timeout)
+        .await
+        .map_err(|source| NetworkFault::Transport { target, source })?;
+    match mesh_codec::decode("raft reply", &bytes) {
+        Ok(RaftReply::Probe(probed)) if probed.id == target => Ok(probed),
+        Ok(RaftReply::Probe(probed)) => {
+            Err(fault(format!("answered a probe as replica {}", probed.id)))
+        }
+        Ok(_) => Err(fault("answered a probe with another kind of reply".into())),
+        Err(e) => Err(fault(format!("reply could not be decoded: {e}"))),
+    }
 }
 
 /// The network factory of one replica: dials peers through its transport endpoint.

@@ -184,9 +184,17 @@ impl<A: App> Replica<A> {
                 "vote raised to the term floor: the next election is above every epoch used before"
             );
         }
+        // Each founding voter campaigns in its own slice of the election window (decision 0110).
+        let openraft = match &spec.bootstrap {
+            Some(members) => {
+                let voters = members.keys().copied().collect();
+                spec.config.openraft_for(spec.id, &voters)
+            }
+            None => spec.config.openraft(),
+        };
         let raft = Raft::new(
             spec.id,
-            spec.config.openraft(),
+            openraft,
             network,
             LogStore::new(db.clone()),
             StateMachine::new(db.clone(), app.clone()),

@@ -171,13 +171,23 @@ pub struct StatusJson {
     pub machines: Vec<MachineJson>,
 }
 
+/// One replica as it answered a probe of this status request (`reachable`), or did not.
 #[derive(Debug, Serialize)]
 pub struct ReplicaJson {
     pub id: u64,
     pub addr: String,
+    /// It said it leads.
     pub leader: bool,
+    /// The term it reported; 0 when it did not answer.
     pub epoch: u64,
     pub reachable: bool,
+    /// `leader`, `follower`, `candidate`, `learner` or `stopping`, as it said; `null` when it did
+    /// not answer.
+    pub role: Option<&'static str>,
+    pub log_index: Option<u64>,
+    /// Entries behind the longest log among the replicas that answered.
+    pub lag: Option<u64>,
+    pub answered_in_ms: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -271,7 +281,22 @@ impl From<&ReplicaView> for ReplicaJson {
             leader: r.leader,
             epoch: r.epoch,
             reachable: r.reachable,
+            role: r.said.as_ref().map(|s| role_name(s.role)),
+            log_index: r.said.as_ref().and_then(|s| s.log_index),
+            lag: r.said.as_ref().map(|s| s.lag),
+            answered_in_ms: r.said.as_ref().map(|s| s.answered_in_ms),
         }
+    }
+}
+
+/// A replica's role as `status --json` writes it.
+pub fn role_name(role: mesh_raft::Role) -> &'static str {
+    match role {
+        mesh_raft::Role::Leader => "leader",
+        mesh_raft::Role::Follower => "follower",
+        mesh_raft::Role::Candidate => "candidate",
+        mesh_raft::Role::Learner => "learner",
+        mesh_raft::Role::Stopping => "stopping",
     }
 }
 

@@ -1,11 +1,13 @@
-//! `meshctl status`: replicas (leader, epoch, reachable) and per machine the last send, the last
-//! report (and how long ago the leader filed it), whether it is behind, its holds, and each
-//! module's state from that report: a machine whose modules fail never reads "up to date".
+//! `meshctl status`: each replica as it answered just now (role, its own epoch, its log) or
+//! unreachable, and per machine the last send, the last report (and how long ago the leader filed
+//! it), whether it is behind, its holds, and each module's state from that report: a machine whose
+//! modules fail never reads "up to date".
 
 use std::path::Path;
 
+use super::json::{self, role_name};
+use super::render;
 use super::{CliError, JsonArgs, Output};
-use super::{json, render};
 use crate::controller::api::{Body, MachineView, Request, StatusView};
 use crate::core::report::{Health, ModuleState, ModuleStatus};
 
@@ -35,16 +37,22 @@ pub fn render_text(v: &StatusView) -> String {
     }
     out.push_str("replicas:\n");
     for r in &v.replicas {
-        let role = if r.leader { "leader" } else { "follower" };
-        let reach = if r.reachable {
-            "reachable"
-        } else {
-            "UNREACHABLE"
+        let line = match &r.said {
+            Some(said) => {
+                let log = said
+                    .log_index
+                    .map_or("log empty".to_string(), |i| format!("log {i}"));
+                format!(
+                    "{:9}  epoch {}  {log} (lag {})  answered in {} ms",
+                    role_name(said.role),
+                    r.epoch,
+                    said.lag,
+                    said.answered_in_ms
+                )
+            }
+            None => "UNREACHABLE: did not answer just now".to_string(),
         };
-        out.push_str(&format!(
-            "  {}  {:21}  {:8}  epoch {}  {reach}\n",
-            r.id, r.addr, role, r.epoch
-        ));
+        out.push_str(&format!("  {}  {:21}  {line}\n", r.id, r.addr));
     }
     out.push_str("machines:\n");
     let width = v.machines.iter().map(|m| m.name.len()).max().unwrap_or(0);

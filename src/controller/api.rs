@@ -160,13 +160,31 @@ pub struct StatusView {
     pub store_reset: Option<String>,
 }
 
+/// One replica as it answered a probe just now (`status_ping_ms`), or did not.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaView {
     pub id: u64,
     pub addr: String,
+    /// It said it leads.
     pub leader: bool,
+    /// The term it reported; 0 when it did not answer.
     pub epoch: u64,
+    /// It answered the probe of this status request.
     pub reachable: bool,
+    /// What it said, when it answered.
+    pub said: Option<ReplicaSaid>,
+}
+
+/// What a replica said of itself in answer to a status probe.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaSaid {
+    pub role: mesh_raft::Role,
+    /// Index of the last entry in its log.
+    pub log_index: Option<u64>,
+    /// Entries it is behind the longest log among the replicas that answered.
+    pub lag: u64,
+    /// How long its answer took, in milliseconds (0 for the replica that answers the status).
+    pub answered_in_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1,10 +1,14 @@
 //! The operator requests other than push and plan: apply a model, settings (G6), status, history and
 //! snapshots. Each validates before it proposes, so a refused request writes nothing.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::api::{ApiError, Body, HistoryItem, MachineView, ReplicaView, SettingsView, StatusView};
+use mesh_raft::{Probed, probe_replica};
+
+use super::api::{
+    ApiError, Body, HistoryItem, MachineView, ReplicaSaid, ReplicaView, SettingsView, StatusView,
+};
 use super::push::known_of;
 use super::service::{Service, now_ms};
 use crate::core::compose::{World, compose, digest};
@@ -17,7 +21,8 @@ use crate::store::app::MeshApp;
 use crate::store::command::{Applied, Command};
 use crate::store::state::{DomainState, leave_refused};
 
-/// How long `status` waits for a replica that is not replicating from this one.
+/// How long `status` waits for each replica's answer to its probe; a replica that takes longer is
+/// shown unreachable.
 pub const status_ping_ms: u64 = 300;
 
 impl Service {
@@ -200,27 +205,45 @@ impl Service {
         }))
     }
 
+    /// Every replica as it answers a probe now (all asked at once, each within `status_ping_ms`):
+    /// its own role, term and log. One that does not answer is shown unreachable, nothing guessed.
     async fn replica_views(&self) -> Vec<ReplicaView> {
-        let m = self.replica.metrics().borrow().clone();
+        let own = Probed::of(self.replica.raft());
+        let wait = Duration::from_millis(status_ping_ms);
+        let asks = self.config.peers().iter().map(|(id, addr)| {
+            let own = own.clone();
+            async move {
+                if *id == self.id {
+                    return (*id, Some((own, Duration::ZERO)));
+                }
+                let asked = std::time::Instant::now();
+                let answer = probe_replica(&self.endpoint, *id, *addr, wait).await;
+                (*id, answer.ok().map(|p| (p, asked.elapsed())))
+            }
+        });
+        let answers: BTreeMap<u64, Option<(Probed, Duration)>> =
+            futures::future::join_all(asks).await.into_iter().collect();
+        let longest = answers
+            .values()
+            .flatten()
+            .filter_map(|(p, _)| p.last_log_index)
+            .max()
+            .unwrap_or(0);
         let mut out = Vec::new();
         for (id, addr) in self.config.peers() {
-            let replicated = m
-                .replication
-                .as_ref()
-                .and_then(|r| r.get(id))
-                .is_some_and(|matched| matched.is_some());
-            let reachable = if *id == self.id || replicated {
-                true
-            } else {
-                let wait = Duration::from_millis(status_ping_ms);
-                self.endpoint.peer_principal(*addr, wait).await.is_ok()
-            };
+            let answer = answers.get(id).cloned().flatten();
             out.push(ReplicaView {
                 id: *id,
                 addr: addr.to_string(),
-                leader: m.current_leader == Some(*id),
-                epoch: m.current_term,
-                reachable,
+                leader: answer.as_ref().is_some_and(|(p, _)| p.leads()),
+                epoch: answer.as_ref().map_or(0, |(p, _)| p.term),
+                reachable: answer.is_some(),
+                said: answer.map(|(p, took)| ReplicaSaid {
+                    role: p.role,
+                    log_index: p.last_log_index,
+                    lag: longest.saturating_sub(p.last_log_index.unwrap_or(0)),
+                    answered_in_ms: took.as_millis() as u64,
+                }),
             });
         }
         out

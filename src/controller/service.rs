@@ -38,7 +38,11 @@ pub const answer_what: &str = "answer";
 /// Codec label of a forwarded request body.
 pub const forwarded_what: &str = "forwarded request";
 /// How long a follower waits for the leader's answer to a forwarded request (a push to many hosts).
+/// It is only asked once the leader answered a probe just before (decision 0110).
 pub const forward_timeout_ms: u64 = 120_000;
+/// How long a follower keeps looking for a leader that answers before it refuses an operator's
+/// request: a failover takes under 2 s (decision 0110), an election with a split vote longer.
+pub const forward_find_ms: u64 = 8_000;
 /// How long shutdown waits for in-flight requests to finish.
 pub const shutdown_drain_ms: u64 = 5_000;
 
@@ -599,7 +603,8 @@ impl Service {
         }
     }
 
-    /// An operator's command: handled here when leading, else forwarded to the leader (G13).
+    /// An operator's command: handled here when leading, else forwarded to a leader that answers
+    /// (G13, decision 0110).
     async fn command(&self, operator: &str, body: &[u8]) -> Answer {
         let request: Request = match mesh_codec::decode(request_what, body) {
             Ok(r) => r,
@@ -609,37 +614,114 @@ impl Service {
         if self.is_leader() {
             return self.answer(self.handle(&actor, request).await);
         }
-        let Some(leader) = self.leader().filter(|l| *l != self.id) else {
-            // Status still helps an operator find out why there is no leader.
-            if request == Request::Status {
-                return self.answer(self.status().await);
-            }
-            return self.answer(Err(ApiError::Unavailable(format!(
-                "replica {} knows no leader right now (an election may be running); retry in a few seconds",
-                self.id
-            ))));
+        // Status is a read every replica can answer: it does not wait out an election.
+        let find = if request == Request::Status {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(forward_find_ms)
         };
         let forwarded = Forwarded {
             actor,
             via: self.id,
             request,
         };
-        match self.forward(leader, &forwarded).await {
-            Ok(mut answer) => {
+        match self.forward_to_leader(&forwarded, find).await {
+            Ok(Some(mut answer)) => {
                 answer.forwarded_by = Some(self.id);
                 answer
             }
+            // This replica was elected while looking.
+            Ok(None) => self.answer(self.handle(&forwarded.actor, forwarded.request).await),
+            Err(_) if forwarded.request == Request::Status => self.answer(self.status().await),
             Err(e) => self.answer(Err(e)),
         }
     }
 
-    async fn forward(&self, leader: u64, forwarded: &Forwarded) -> Result<Answer, ApiError> {
+    /// Forwards to the leader this replica knows once that leader answered a probe; a leader that
+    /// does not answer within the probe timeout, or cannot be dialled, counts as gone and the
+    /// replica forwards to the next leader its Raft metrics name, until `find` has passed. `None`:
+    /// this replica leads now. A request is written to a leader at most once, and only to one
+    /// that answered just before, so nothing runs twice.
+    async fn forward_to_leader(
+        &self,
+        forwarded: &Forwarded,
+        find: Duration,
+    ) -> Result<Option<Answer>, ApiError> {
+        let deadline = tokio::time::Instant::now() + find;
+        let mut metrics = self.replica.metrics();
+        let mut why = "no leader is known (an election may be running)".to_string();
+        loop {
+            let leader = {
+                let m = metrics.borrow_and_update();
+                if m.state == ServerState::Leader && m.current_leader == Some(self.id) {
+                    return Ok(None);
+                }
+                m.current_leader.filter(|l| *l != self.id)
+            };
+            if let Some(leader) = leader {
+                match self.probe_leader(leader, &mut metrics).await {
+                    // Once written, never again elsewhere: it may have run there.
+                    Ok(addr) => return self.forward(leader, addr, forwarded).await.map(Some),
+                    Err(e) => why = e,
+                }
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(ApiError::Unavailable(format!(
+                    "replica {} found no leader that answers within {} ms: {why}; retry in a few seconds",
+                    self.id,
+                    find.as_millis()
+                )));
+            }
+            // Until the metrics name another leader (or a heartbeat later, to ask again).
+            let pause = Duration::from_millis(self.replica.config().settings().heartbeat_ms);
+            let _ = tokio::time::timeout((deadline - now).min(pause), metrics.changed()).await;
+        }
+    }
+
+    /// `leader`'s address when it answers a probe saying it leads; the probe is dropped as soon as
+    /// the metrics name another leader. Its timeout is half of `election_timeout_min`, so a dead
+    /// leader costs less than an election does.
+    async fn probe_leader(
+        &self,
+        leader: u64,
+        metrics: &mut tokio::sync::watch::Receiver<mesh_raft::Metrics>,
+    ) -> Result<std::net::SocketAddr, String> {
         let addr = self.config.peers().get(&leader).copied().ok_or_else(|| {
-            ApiError::Unavailable(format!(
+            format!(
                 "leader {leader} is not in [peers] of {}; fix the config",
                 self.config.file().display()
-            ))
+            )
         })?;
+        let timeout =
+            Duration::from_millis(self.replica.config().settings().election_timeout_min_ms / 2);
+        let probe = mesh_raft::probe_replica(&self.endpoint, leader, addr, timeout);
+        let moved = async {
+            loop {
+                if metrics.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                if metrics.borrow().current_leader != Some(leader) {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            probed = probe => match probed {
+                Ok(p) if p.leads() => Ok(addr),
+                Ok(p) => Err(format!("replica {leader} no longer leads (it is {:?} in term {})", p.role, p.term)),
+                Err(e) => Err(format!("the leader did not answer a probe within {} ms: {e}", timeout.as_millis())),
+            },
+            () = moved => Err(format!("replica {leader} stopped being the leader")),
+        }
+    }
+
+    async fn forward(
+        &self,
+        leader: u64,
+        addr: std::net::SocketAddr,
+        forwarded: &Forwarded,
+    ) -> Result<Answer, ApiError> {
         let body = mesh_codec::encode(forwarded_what, forwarded)
             .map_err(|e| ApiError::Failed(format!("cannot encode the forwarded request: {e}")))?;
         let peer = Peer::expecting(addr, Principal::Replica(leader));
