@@ -106,10 +106,14 @@ async fn meshd_serves_saves_a_snapshot_stops_on_sigterm_and_restores_loudly() {
         }
     })
     .await;
-    let Some(Body::Snapshot { bytes, .. }) = ask(&operator, addr, &Request::SnapshotSave).await
-    else {
+    let first = Request::SnapshotChunk {
+        snapshot: None,
+        offset: 0,
+    };
+    let Some(Body::SnapshotChunk { bytes, total, .. }) = ask(&operator, addr, &first).await else {
         panic!("snapshot")
     };
+    assert_eq!(total, bytes.len() as u64, "a small store is one chunk");
     let snapshot = dir.path().join("backup.snapshot");
     std::fs::write(&snapshot, bytes).expect("write snapshot");
     let pid = nix::unistd::Pid::from_raw(meshd.0.id() as i32);

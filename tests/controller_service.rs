@@ -446,9 +446,20 @@ async fn g9_restore_from_a_snapshot_keeps_the_model_and_elects_above_its_floor()
     let Body::Applied { revision, .. } = bed.apply(1, &mount_mesh("/srv/a")).await else {
         panic!("apply")
     };
-    let Body::Snapshot { bytes, epoch_floor } = bed.ok(1, &Request::SnapshotSave).await else {
+    let first = Request::SnapshotChunk {
+        snapshot: None,
+        offset: 0,
+    };
+    let Body::SnapshotChunk {
+        bytes,
+        total,
+        epoch_floor,
+        ..
+    } = bed.ok(1, &first).await
+    else {
         panic!("snapshot")
     };
+    assert_eq!(total, bytes.len() as u64, "a small store is one chunk");
     let file = bed.dir.path().join("backup.snapshot");
     std::fs::write(&file, &bytes).expect("write snapshot");
     bed.stop_replica(1).await;

@@ -151,8 +151,8 @@ fn is_read(request: &Request) -> bool {
         Request::Status
             | Request::Plan { .. }
             | Request::SettingsShow { .. }
-            | Request::History
-            | Request::SnapshotSave
+            | Request::History { .. }
+            | Request::SnapshotChunk { .. }
     )
 }
 

@@ -1,23 +1,130 @@
-//! `meshctl history`: every model apply, send and settings change, oldest first, with why, who,
-//! when and epoch.
+//! `meshctl history`: model applies, sends and settings changes, oldest first, with why, who,
+//! when and epoch; `--limit`, `--since` and `--machine` narrow it. Read page by page, so no
+//! answer outgrows a frame however long the history is.
 
 use std::path::Path;
 
 use super::json;
 use super::render::{self, Via};
-use super::{CliError, JsonArgs, Output};
-use crate::controller::api::{Body, HistoryItem, Request};
+use super::{CliError, Output};
+use crate::controller::api::{
+    Body, HistoryItem, HistoryPage, HistoryQuery, Request, history_page_items_max,
+};
 use crate::store::command::{ModelChange, SendRecord, SettingsChange};
 
-pub fn run(ctx: Option<&Path>, args: &JsonArgs) -> Result<Output, CliError> {
-    let (via, body) = render::ask(ctx, &Request::History)?;
-    let Body::History(items) = body else {
-        return Err(render::unexpected(via, "history", &body));
+/// Most pages one `history` reads: with full pages, ten million entries.
+pub const history_pages_max: u64 = 10_000;
+
+#[derive(Debug, clap::Args)]
+pub struct HistoryArgs {
+    /// Show only the newest N entries.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// Show only entries at or after TIME: RFC 3339 (`2026-12-01T07:00:00Z`) or an age
+    /// (`90s`, `30m`, `2h`, `3d`).
+    #[arg(long, value_name = "TIME", value_parser = parse_since)]
+    pub since: Option<u64>,
+    /// Show only the sends to this machine.
+    #[arg(long, value_name = "MACHINE")]
+    pub machine: Option<String>,
+    /// Print the answer as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(ctx: Option<&Path>, args: &HistoryArgs) -> Result<Output, CliError> {
+    let query = HistoryQuery {
+        since_ms: args.since,
+        machine: args.machine.clone(),
+        ..Default::default()
     };
+    let (via, items) = newest_pages(ctx, query, args.limit)?;
     if args.json {
         return json::output(Some(via), json::HistoryJson::new(&items), super::exit_done);
     }
     Ok(Output::done(render_text(via, &items)))
+}
+
+/// Every item `query` matches, oldest first, read page by page.
+pub fn all_pages(
+    ctx: Option<&Path>,
+    query: HistoryQuery,
+) -> Result<(Via, Vec<HistoryItem>), CliError> {
+    newest_pages(ctx, query, None)
+}
+
+/// The newest `newest` items `query` matches (all without it), oldest first, page by page.
+fn newest_pages(
+    ctx: Option<&Path>,
+    mut query: HistoryQuery,
+    newest: Option<u64>,
+) -> Result<(Via, Vec<HistoryItem>), CliError> {
+    query.offset = 0;
+    query.limit = 0;
+    let (mut via, first) = page(ctx, &query)?;
+    let total = first.total;
+    query.offset = match newest {
+        Some(n) => total.saturating_sub(n),
+        None => 0,
+    };
+    query.limit = history_page_items_max;
+    let mut items: Vec<HistoryItem> = Vec::new();
+    // Page by page: every answer stays under a frame however long the history is.
+    for _ in 0..history_pages_max {
+        if query.offset >= total {
+            break;
+        }
+        let (answered, got) = page(ctx, &query)?;
+        via = answered;
+        if got.items.is_empty() {
+            break;
+        }
+        query.offset += got.items.len() as u64;
+        items.extend(got.items);
+    }
+    Ok((via, items))
+}
+
+fn page(ctx: Option<&Path>, query: &HistoryQuery) -> Result<(Via, HistoryPage), CliError> {
+    let request = Request::History {
+        query: query.clone(),
+    };
+    let (via, body) = render::ask(ctx, &request)?;
+    match body {
+        Body::History(page) => Ok((via, page)),
+        other => Err(render::unexpected(via, "history", &other)),
+    }
+}
+
+/// `--since`: RFC 3339, or an age before now, as milliseconds since the Unix epoch.
+pub fn parse_since(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let bad = || {
+        format!(
+            "`{text}` is neither an RFC 3339 time (2026-12-01T07:00:00Z) nor an age (90s, 30m, 2h, 3d)"
+        )
+    };
+    if let Ok(t) =
+        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+    {
+        let ms = t.unix_timestamp_nanos() / 1_000_000;
+        return u64::try_from(ms).map_err(|_| bad());
+    }
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let unit_ms: u64 = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(bad()),
+    };
+    let age = n.checked_mul(unit_ms).ok_or_else(bad)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|e| format!("the system clock is before 1970: {e}"))?;
+    Ok((now.as_millis() as u64).saturating_sub(age))
 }
 
 /// The lines `history` prints.

@@ -84,7 +84,7 @@ pub enum Command {
     #[command(subcommand)]
     Settings(settings::SettingsCommand),
     /// Model applies, sends and settings changes, oldest first, with why, who, when and epoch.
-    History(JsonArgs),
+    History(history::HistoryArgs),
     /// Backups of the store.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCommand),
@@ -104,7 +104,8 @@ impl Command {
     pub fn wants_json(&self) -> bool {
         match self {
             Command::Check(a) => a.json,
-            Command::Status(a) | Command::History(a) => a.json,
+            Command::Status(a) => a.json,
+            Command::History(a) => a.json,
             Command::Apply(a) => a.json,
             Command::Plan(a) => a.json,
             Command::Push(a) => a.json,

@@ -61,9 +61,10 @@ pub fn parse_scope(text: &str) -> Result<Scope, CliError> {
 /// The request a settings command makes, or why it is refused before anything is sent.
 pub fn request(cmd: &SettingsCommand) -> Result<Request, CliError> {
     match cmd {
-        SettingsCommand::Show { scope, history, .. } => Ok(Request::SettingsShow {
+        // The history comes page by page afterwards (see `run`).
+        SettingsCommand::Show { scope, .. } => Ok(Request::SettingsShow {
             scope: scope.as_deref().map(parse_scope).transpose()?,
-            history: *history,
+            history: false,
         }),
         SettingsCommand::Set {
             scope,
@@ -148,10 +149,36 @@ impl SettingsCommand {
     }
 }
 
+/// Every settings change (of `scope`, if given), oldest first, read page by page.
+fn settings_history(
+    ctx: Option<&Path>,
+    scope: Option<crate::core::settings::Scope>,
+) -> Result<Vec<crate::store::command::SettingsChange>, CliError> {
+    let query = crate::controller::api::HistoryQuery {
+        settings_only: true,
+        scope,
+        ..Default::default()
+    };
+    let items = super::history::all_pages(ctx, query)?.1;
+    Ok(items
+        .into_iter()
+        .filter_map(|i| match i {
+            crate::controller::api::HistoryItem::Settings(c) => Some(c),
+            _ => None,
+        })
+        .collect())
+}
+
 pub fn run(ctx: Option<&Path>, cmd: &SettingsCommand) -> Result<Output, CliError> {
     let as_json = cmd.wants_json();
     let request = request(cmd)?;
-    let (via, body) = render::ask(ctx, &request)?;
+    let (via, mut body) = render::ask(ctx, &request)?;
+    if let (SettingsCommand::Show { history: true, .. }, Request::SettingsShow { scope, .. }) =
+        (cmd, &request)
+        && let Body::Settings(view) = &mut body
+    {
+        view.history = settings_history(ctx, scope.clone())?;
+    }
     match &body {
         Body::Settings(view) if as_json => json::output(
             Some(via),

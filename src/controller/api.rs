@@ -51,9 +51,17 @@ pub enum Request {
         scope: Scope,
         why: String,
     },
-    History,
-    /// A consistent backup of the store that `meshd restore` takes.
-    SnapshotSave,
+    /// Model applies, sends and settings changes, oldest first, one page at a time.
+    History {
+        query: HistoryQuery,
+    },
+    /// A consistent backup of the store that `meshd restore` takes, one chunk at a time: without
+    /// `snapshot` the replica takes a new backup and answers its first chunk; with it, the chunk of
+    /// that backup at `offset`.
+    SnapshotChunk {
+        snapshot: Option<u64>,
+        offset: u64,
+    },
     /// The first envelope of a machine that never ran (G11): composed, minted and recorded as a
     /// push of it would be, its cascade sent, its own envelope sealed and returned.
     Genesis {
@@ -110,8 +118,12 @@ pub enum Body {
         changed: Vec<String>,
         removed: Vec<String>,
     },
-    History(Vec<HistoryItem>),
-    Snapshot {
+    History(HistoryPage),
+    /// `total` bytes in all; this chunk starts at `offset`.
+    SnapshotChunk {
+        snapshot: u64,
+        total: u64,
+        offset: u64,
         bytes: Vec<u8>,
         epoch_floor: u64,
     },
@@ -316,6 +328,37 @@ pub struct SettingsView {
     /// every layer merged, later scope wins. `None` for the mesh and machine scopes.
     pub effective: Option<Layer>,
     pub history: Vec<SettingsChange>,
+}
+
+/// Bytes of a backup in one `snapshot save` chunk, well under a frame.
+pub const snapshot_chunk_bytes: usize = 4 * 1024 * 1024;
+
+/// Most items in one history page.
+pub const history_page_items_max: u32 = 1_000;
+/// Most encoded bytes of items in one history page, well under a frame (`frame_bytes_max`).
+pub const history_page_bytes_max: usize = 4 * 1024 * 1024;
+
+/// Which history items to answer: those at or after `since_ms` (with `machine` only its sends,
+/// with `settings_only` only settings changes, of `scope` if given), from the `offset`-th of them, at most `limit` (capped by [`history_page_items_max`] and
+/// [`history_page_bytes_max`]). `limit` 0 asks only for the total.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryQuery {
+    pub offset: u64,
+    pub limit: u32,
+    pub since_ms: Option<u64>,
+    pub machine: Option<String>,
+    /// Only settings changes (`settings show --history`), and with `scope` only that scope's.
+    pub settings_only: bool,
+    pub scope: Option<Scope>,
+}
+
+/// One page of history: the items from `offset`, and how many match the query in all. The next
+/// page starts at `offset + items.len()`; the history ends when that reaches `total`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HistoryPage {
+    pub items: Vec<HistoryItem>,
+    pub offset: u64,
+    pub total: u64,
 }
 
 /// `meshctl history`: model applies, sends and settings changes, newest last.

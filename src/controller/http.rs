@@ -157,9 +157,8 @@ async fn status_page(service: &Service) -> Result<String, String> {
         Ok(_) => return Err("status answered something else; this is a bug".into()),
         Err(e) => return Err(format!("cannot read the status: {e}")),
     };
-    let history: Vec<HistoryItem> = match service.history() {
-        Ok(Body::History(items)) => items,
-        Ok(_) => return Err("history answered something else; this is a bug".into()),
+    let history: Vec<HistoryItem> = match service.history_items() {
+        Ok(items) => items,
         Err(e) => return Err(format!("cannot read the history: {e}")),
     };
     let state = service.state().map_err(|e| e.to_string())?;

@@ -250,8 +250,8 @@ pub(crate) fn request_kind(request: &Request) -> &'static str {
         Request::SettingsShow { .. } => "settings_show",
         Request::SettingsSet { .. } => "settings_set",
         Request::SettingsClear { .. } => "settings_clear",
-        Request::History => "history",
-        Request::SnapshotSave => "snapshot_save",
+        Request::History { .. } => "history",
+        Request::SnapshotChunk { .. } => "snapshot_save",
         Request::Genesis { .. } => "genesis",
     }
 }

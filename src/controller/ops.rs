@@ -7,7 +7,8 @@ use std::time::Duration;
 use mesh_raft::{Probed, probe_replica};
 
 use super::api::{
-    ApiError, Body, HistoryItem, MachineView, ReplicaSaid, ReplicaView, SettingsView, StatusView,
+    ApiError, Body, HistoryItem, HistoryPage, HistoryQuery, MachineView, ReplicaSaid, ReplicaView,
+    SettingsView, StatusView, history_page_bytes_max, history_page_items_max, snapshot_chunk_bytes,
 };
 use super::push::known_of;
 use super::service::{Service, now_ms};
@@ -92,15 +93,13 @@ impl Service {
             .filter(|(s, _)| scope.as_ref().is_none_or(|want| want == *s))
             .map(|(s, l)| (s.clone(), l.clone()))
             .collect();
-        let history = if history {
-            MeshApp::settings_history(self.replica.database())
-                .map_err(|e| ApiError::Failed(format!("cannot read settings history: {e}")))?
-                .into_iter()
-                .filter(|c| scope.as_ref().is_none_or(|want| *want == c.scope))
-                .collect()
-        } else {
-            Vec::new()
-        };
+        if history {
+            // An unbounded answer: meshctl pages it with `Request::History` instead.
+            return Err(ApiError::Invalid(
+                "settings history comes page by page: ask `Request::History` with settings_only (meshctl does)".into(),
+            ));
+        }
+        let history = Vec::new();
         let effective = scope
             .as_ref()
             .and_then(|s| placement_of(&state, s))
@@ -249,8 +248,46 @@ impl Service {
         out
     }
 
-    /// `Request::History`: every model apply, send and settings change, oldest first.
-    pub(crate) fn history(&self) -> Result<Body, ApiError> {
+    /// `Request::History`: one page of the model applies, sends and settings changes the query
+    /// names, oldest first; bounded by count and bytes, so no answer outgrows a frame.
+    pub(crate) fn history(&self, query: &HistoryQuery) -> Result<Body, ApiError> {
+        let mut items = self.history_items()?;
+        if let Some(since) = query.since_ms {
+            items.retain(|i| item_time(i) >= since);
+        }
+        if let Some(machine) = &query.machine {
+            items.retain(|i| matches!(i, HistoryItem::Send(s) if s.machine == *machine));
+        }
+        if query.settings_only {
+            items.retain(|i| match i {
+                HistoryItem::Settings(c) => query.scope.as_ref().is_none_or(|s| *s == c.scope),
+                _ => false,
+            });
+        }
+        let total = items.len() as u64;
+        let limit = query.limit.min(history_page_items_max) as usize;
+        let mut page = Vec::new();
+        let mut bytes = 0usize;
+        for item in items.into_iter().skip(query.offset as usize).take(limit) {
+            let size = mesh_codec::encode("history item", &item)
+                .map_err(|e| ApiError::Failed(format!("cannot encode a history item: {e}")))?
+                .len();
+            // Always at least one item, so a page never stalls on one large entry.
+            if !page.is_empty() && bytes + size > history_page_bytes_max {
+                break;
+            }
+            bytes += size;
+            page.push(item);
+        }
+        Ok(Body::History(HistoryPage {
+            items: page,
+            offset: query.offset,
+            total,
+        }))
+    }
+
+    /// Every model apply, send and settings change, oldest first.
+    pub(crate) fn history_items(&self) -> Result<Vec<HistoryItem>, ApiError> {
         let db = self.replica.database();
         let sends = MeshApp::sends(db, None)
             .map_err(|e| ApiError::Failed(format!("cannot read send records: {e}")))?;
@@ -269,18 +306,65 @@ impl Service {
             items.push((c.time_ms, HistoryItem::Settings(c)));
         }
         items.sort_by_key(|(t, _)| *t);
-        Ok(Body::History(items.into_iter().map(|(_, i)| i).collect()))
+        Ok(items.into_iter().map(|(_, i)| i).collect())
     }
 
-    /// `Request::SnapshotSave`: a consistent backup `meshd restore` takes.
-    pub(crate) async fn snapshot(&self) -> Result<Body, ApiError> {
-        let bytes = self
-            .replica
-            .backup()
-            .await
-            .map_err(|e| ApiError::Failed(format!("cannot build the backup: {e}")))?;
-        let epoch_floor = self.state()?.epoch_floor;
-        Ok(Body::Snapshot { bytes, epoch_floor })
+    /// `Request::SnapshotChunk`: a consistent backup `meshd restore` takes, a chunk at a time.
+    /// The backup is taken once, at the first chunk, and held until the next one is taken or
+    /// [`backup_held_ms`] pass, so every chunk comes from the same view of the store.
+    pub(crate) async fn snapshot(
+        &self,
+        snapshot: Option<u64>,
+        offset: u64,
+    ) -> Result<Body, ApiError> {
+        let backup = match snapshot {
+            None => {
+                let bytes = self
+                    .replica
+                    .backup()
+                    .await
+                    .map_err(|e| ApiError::Failed(format!("cannot build the backup: {e}")))?;
+                let backup = Backup {
+                    id: backup_id()?,
+                    bytes: std::sync::Arc::new(bytes),
+                    epoch_floor: self.state()?.epoch_floor,
+                    taken: std::time::Instant::now(),
+                };
+                *self.held_backup() = Some(backup.clone());
+                backup
+            }
+            Some(id) => {
+                let held = self.held_backup().clone();
+                let fresh = |b: &Backup| {
+                    b.id == id && b.taken.elapsed() < Duration::from_millis(backup_held_ms)
+                };
+                match held {
+                    Some(b) if fresh(&b) => b,
+                    _ => {
+                        return Err(ApiError::Invalid(format!(
+                            "snapshot {id} is no longer held by replica {} (another was taken, or {backup_held_ms} ms passed); run `meshctl snapshot save` again",
+                            self.id
+                        )));
+                    }
+                }
+            }
+        };
+        let total = backup.bytes.len() as u64;
+        let start = offset.min(total) as usize;
+        let end = (start + snapshot_chunk_bytes).min(total as usize);
+        Ok(Body::SnapshotChunk {
+            snapshot: backup.id,
+            total,
+            offset: start as u64,
+            bytes: backup.bytes[start..end].to_vec(),
+            epoch_floor: backup.epoch_floor,
+        })
+    }
+
+    fn held_backup(&self) -> std::sync::MutexGuard<'_, Option<Backup>> {
+        self.backup
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -445,4 +529,33 @@ fn machine_view(state: &DomainState, machine: &str, lag: Option<&Lag>, now_ms: u
         // A leader's clock ahead of this replica's reads as age 0, not as a report from the future.
         report_age_ms: filed_ms.map(|f| now_ms.saturating_sub(f)),
     }
+}
+
+/// When a history item happened (the proposer's wall clock).
+fn item_time(item: &HistoryItem) -> u64 {
+    match item {
+        HistoryItem::Send(s) => s.time_ms,
+        HistoryItem::Settings(c) => c.time_ms,
+        HistoryItem::Model(m) => m.time_ms,
+    }
+}
+
+/// How long a backup stays held for its chunks after it was taken.
+pub const backup_held_ms: u64 = 600_000;
+
+/// A backup being read chunk by chunk.
+#[derive(Clone, Debug)]
+pub(crate) struct Backup {
+    id: u64,
+    bytes: std::sync::Arc<Vec<u8>>,
+    epoch_floor: u64,
+    taken: std::time::Instant,
+}
+
+/// A random id for a backup, so a chunk request names the one it started reading.
+fn backup_id() -> Result<u64, ApiError> {
+    let mut bytes = [0u8; 8];
+    getrandom::getrandom(&mut bytes)
+        .map_err(|e| ApiError::Failed(format!("the OS random source failed: {e}")))?;
+    Ok(u64::from_le_bytes(bytes))
 }

@@ -188,6 +188,8 @@ pub struct Service {
     pub(crate) work: tokio::sync::Mutex<Work>,
     /// Counters for `/metrics`.
     pub(crate) metrics: Metrics,
+    /// The backup `snapshot save` is reading chunk by chunk (one at a time).
+    pub(crate) backup: std::sync::Mutex<Option<super::ops::Backup>>,
 }
 
 /// A started replica: the service and the tasks around it. Call [`Running::shutdown`] to stop it.
@@ -294,6 +296,7 @@ pub async fn start_on(
             cache: DigestCache::default(),
         }),
         metrics: Metrics::new(),
+        backup: std::sync::Mutex::new(None),
     });
     let http = match service.config.http() {
         Some(addr) => Some(super::http::HttpServer::start(addr, Arc::downgrade(&service)).await?),
@@ -597,8 +600,8 @@ impl Service {
                     .await
             }
             Request::SettingsClear { scope, why } => self.settings_clear(actor, scope, why).await,
-            Request::History => self.history(),
-            Request::SnapshotSave => self.snapshot().await,
+            Request::History { query } => self.history(&query),
+            Request::SnapshotChunk { snapshot, offset } => self.snapshot(snapshot, offset).await,
             Request::Genesis { machine, why } => self.genesis(actor, machine, why).await,
         }
     }
