@@ -168,13 +168,24 @@ async fn g6_settings_removal_is_refused_without_replace_and_history_is_kept() {
     };
     bed.ok(leader, &set(&[("a", "1"), ("b", "2")], &[], false))
         .await;
-    let history = |body: Body| match body {
-        Body::Settings(v) => v.history.len(),
+    let settings_changes = |body: Body| match body {
+        Body::History(page) => page
+            .items
+            .into_iter()
+            .filter_map(|i| match i {
+                mesh::controller::api::HistoryItem::Settings(c) => Some(c),
+                _ => None,
+            })
+            .collect::<Vec<_>>(),
         other => panic!("{other:?}"),
     };
-    let show = Request::SettingsShow {
-        scope: None,
-        history: true,
+    let history = |body: Body| settings_changes(body).len();
+    let show = Request::History {
+        query: mesh::controller::api::HistoryQuery {
+            limit: 1_000,
+            settings_only: true,
+            ..Default::default()
+        },
     };
     let before = history(bed.ok(leader, &show).await);
     let refused = bed.ask(leader, &set(&[], &["b"], false)).await;
@@ -192,11 +203,9 @@ async fn g6_settings_removal_is_refused_without_replace_and_history_is_kept() {
         Body::SettingsSet { removed, .. } => assert_eq!(removed, vec!["b".to_string()]),
         other => panic!("{other:?}"),
     }
-    let Body::Settings(view) = bed.ok(leader, &show).await else {
-        panic!("settings")
-    };
-    assert_eq!(view.history.len(), before + 1);
-    let last = view.history.last().expect("history");
+    let changes = settings_changes(bed.ok(leader, &show).await);
+    assert_eq!(changes.len(), before + 1);
+    let last = changes.last().expect("history");
     assert_eq!(
         last.before
             .as_ref()
