@@ -87,6 +87,11 @@ fn with_http(bed: &mut Bed) -> anyhow::Result<BTreeMap<u64, SocketAddr>> {
     let ports = free_tcp_ports(ids.len())?;
     let mut out = BTreeMap::new();
     for (id, port) in ids.iter().copied().zip(ports) {
+        // Killed only once its store exists: a replica killed while redb creates the file leaves
+        // one no later start can open.
+        bed.wait_for("the replica's store open", wait_ms_default, || {
+            Ok(bed.replica_log(id).contains("replica started").then_some(()))
+        })?;
         // Gone (and its store closed) before it starts again.
         bed.kill_replica(id)?;
         let config = bed.dir.join(format!("replica-{id}.toml"));
