@@ -3,6 +3,7 @@
 //! calls `core` or asks a replica) kept apart from its rendering.
 
 pub mod apply;
+pub mod bench;
 pub mod check;
 pub mod client;
 pub mod context;
@@ -91,6 +92,9 @@ pub enum Command {
     /// Machines joining the running mesh.
     #[command(subcommand)]
     Machines(machines::MachinesCommand),
+    /// Write load through the operator API, shaped like `etcdctl check perf`: `--load s|m|l|xl`;
+    /// prints writes/s, p50, p99, slowest and stddev, exits 1 below the load's target.
+    Bench(bench::BenchArgs),
     /// Write a shell completion script to stdout, e.g.
     /// `meshctl completions bash > /etc/bash_completion.d/meshctl`.
     Completions(help::CompletionsArgs),
@@ -114,6 +118,7 @@ impl Command {
             Command::Init(_)
             | Command::Dev(_)
             | Command::Machines(_)
+            | Command::Bench(_)
             | Command::Completions(_)
             | Command::Help(_) => false,
         }
@@ -225,6 +230,7 @@ fn run_command(cli: Cli) -> Result<Output, CliError> {
         Command::History(args) => history::run(ctx.as_deref(), &args),
         Command::Snapshot(cmd) => snapshot::run(ctx.as_deref(), &cmd),
         Command::Machines(cmd) => machines::run(ctx.as_deref(), &cmd),
+        Command::Bench(args) => bench::run(ctx.as_deref(), &args),
         Command::Completions(args) => help::completions(args.shell).map(Output::done),
         Command::Help(args) => help::help(&args).map(Output::done),
     }
