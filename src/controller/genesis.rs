@@ -7,9 +7,9 @@
 use mesh_raft::Lease;
 
 use super::api::{ApiError, Body, PushTarget};
-use super::push::PushJob;
+use super::push::{PushJob, envelope_of};
 use super::service::Service;
-use crate::core::envelope::{Envelope, seal};
+use crate::core::envelope::seal;
 use crate::core::plan::PlannedSend;
 use crate::store::command::SendRecord;
 
@@ -69,14 +69,7 @@ impl Service {
         record: &SendRecord,
     ) -> Result<Vec<u8>, String> {
         self.acting(lease)?;
-        let envelope = Envelope {
-            machine: send.machine.clone(),
-            epoch: record.epoch,
-            sequence: record.sequence,
-            signer: self.id,
-            moves: record.moves.clone(),
-            declaration: send.declaration.clone(),
-        };
+        let envelope = envelope_of(send, record, self.id);
         seal(&envelope, &self.key).map_err(|e| format!("could not seal the genesis: {e}"))
     }
 }

@@ -459,14 +459,7 @@ impl Service {
                 });
             }
         };
-        let envelope = Envelope {
-            machine: send.machine.clone(),
-            epoch: record.epoch,
-            sequence: record.sequence,
-            signer: self.id,
-            moves: record.moves.clone(),
-            declaration: send.declaration.clone(),
-        };
+        let envelope = envelope_of(send, record, self.id);
         let sent = |error: String| PushOutcome::Sent {
             reason: reason.clone(),
             sequence: record.sequence,
@@ -537,6 +530,18 @@ impl Service {
             }
             Err(e) => line(sent(format!("the host's answer is unreadable: {e}"))),
         }
+    }
+}
+
+/// The envelope of a recorded send, signed by replica `signer`.
+pub(crate) fn envelope_of(send: &PlannedSend, record: &SendRecord, signer: u64) -> Envelope {
+    Envelope {
+        machine: send.machine.clone(),
+        epoch: record.epoch,
+        sequence: record.sequence,
+        signer,
+        moves: record.moves.clone(),
+        declaration: send.declaration.clone(),
     }
 }
 
