@@ -55,17 +55,31 @@ fn g1_a_provider_port_change_reaches_the_consumer_in_one_push_of_the_provider() 
     bed.apply(&moved, "db listens on 5433")?;
     wait_behind(&bed, &["g14"])?;
     let plan = bed.meshctl_ok(&["plan", "ace", "--diff"])?;
-    assert!(plan.stdout.contains("would send g14 (cascaded from ace)"), "{}", plan.stdout);
+    assert!(
+        plan.stdout.contains("would send g14 (cascaded from ace)"),
+        "{}",
+        plan.stdout
+    );
     assert!(plan.stdout.contains("127.0.0.1:5433"), "{}", plan.stdout);
     let run = bed.meshctl(&["push", "ace", "--why", "db port"])?;
     assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
-    assert!(line(&run.stdout, "ace").contains("applied"), "{}", run.stdout);
+    assert!(
+        line(&run.stdout, "ace").contains("applied"),
+        "{}",
+        run.stdout
+    );
     let g14 = line(&run.stdout, "g14");
-    assert!(g14.contains("applied") && g14.contains("cascaded from ace"), "{}", run.stdout);
+    assert!(
+        g14.contains("applied") && g14.contains("cascaded from ace"),
+        "{}",
+        run.stdout
+    );
     let file = bed.host_root("g14").join("modules/app/provisions.toml");
-    bed.wait_for("g14's provisions.toml with the new port", wait_ms_default, || {
-        Ok(bed.read(&file).contains("127.0.0.1:5433").then_some(()))
-    })?;
+    bed.wait_for(
+        "g14's provisions.toml with the new port",
+        wait_ms_default,
+        || Ok(bed.read(&file).contains("127.0.0.1:5433").then_some(())),
+    )?;
     Ok(())
 }
 
@@ -81,7 +95,11 @@ fn g1_a_removed_consumer_has_its_grant_revoked_on_the_provider_in_one_push() -> 
     bed.apply(pair, "app no longer needs sql")?;
     let run = bed.meshctl(&["push", "g14", "--why", "drop app's sql"])?;
     assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
-    assert!(line(&run.stdout, "ace").contains("cascaded from g14"), "{}", run.stdout);
+    assert!(
+        line(&run.stdout, "ace").contains("cascaded from g14"),
+        "{}",
+        run.stdout
+    );
     bed.wait_for("app's grant gone from ace", wait_ms_default, || {
         let text = bed.read(&grants);
         Ok((!text.contains("app@g14")).then_some(()))
@@ -97,12 +115,23 @@ fn g1_a_new_consume_after_apply_shows_both_machines_behind_and_push_behind_sends
     // on g14, a grant on ace) and `push --behind` sends both.
     let bed = settled(pair)?;
     let applied = bed.apply(consumer, "app needs sql")?;
-    assert!(applied.stdout.contains("behind their last send: ace, g14"), "{}", applied.stdout);
+    assert!(
+        applied.stdout.contains("behind their last send: ace, g14"),
+        "{}",
+        applied.stdout
+    );
     wait_behind(&bed, &["ace", "g14"])?;
     let history = bed.meshctl_ok(&["history"])?;
-    let model = history.stdout.lines().rfind(|l| l.contains("model revision 2 applied"));
+    let model = history
+        .stdout
+        .lines()
+        .rfind(|l| l.contains("model revision 2 applied"));
     let model = model.unwrap_or_default();
-    assert!(model.contains("should-be changed on ace, g14"), "{}", history.stdout);
+    assert!(
+        model.contains("should-be changed on ace, g14"),
+        "{}",
+        history.stdout
+    );
     assert!(model.ends_with("app needs sql"), "{}", history.stdout);
     let run = bed.meshctl(&["push", "--behind", "--why", "app needs sql"])?;
     assert_eq!(run.code, Some(0), "{}{}", run.stdout, run.stderr);
@@ -111,7 +140,11 @@ fn g1_a_new_consume_after_apply_shows_both_machines_behind_and_push_behind_sends
         Ok(bed.read(&grants).contains("app@g14").then_some(()))
     })?;
     let file = bed.host_root("g14").join("modules/app/provisions.toml");
-    assert!(bed.read(&file).contains("127.0.0.1:5432"), "{}", bed.read(&file));
+    assert!(
+        bed.read(&file).contains("127.0.0.1:5432"),
+        "{}",
+        bed.read(&file)
+    );
     Ok(())
 }
 
@@ -162,23 +195,50 @@ fn a_machine_that_runs_modules_leaves_the_model_only_through_a_drain_that_stops_
     // `--drain` g14 stays empty, the push stops app, and the next apply removes g14; its settings
     // layer can still be shown and cleared.
     let bed = settled(pair)?;
-    bed.meshctl_ok(&["settings", "set", "machine/g14", "tier=edge", "--why", "tag"])?;
+    bed.meshctl_ok(&[
+        "settings",
+        "set",
+        "machine/g14",
+        "tier=edge",
+        "--why",
+        "tag",
+    ])?;
     let revision = |bed: &Bed| -> anyhow::Result<u64> {
-        bed.status()?["revision"].as_u64().ok_or_else(|| anyhow::anyhow!("no revision"))
+        bed.status()?["revision"]
+            .as_u64()
+            .ok_or_else(|| anyhow::anyhow!("no revision"))
     };
     let before = revision(&bed)?;
     let file = bed.dir.join("ace-only.toml");
     std::fs::write(&file, ace_only)?;
     let file = file.display().to_string();
     let refused = bed.meshctl(&["apply", "-f", &file, "--why", "retire g14"])?;
-    assert_eq!(refused.code, Some(2), "{}{}", refused.stdout, refused.stderr);
-    assert!(refused.stderr.contains("machine g14 cannot leave the model: it still runs app"), "{}", refused.stderr);
+    assert_eq!(
+        refused.code,
+        Some(2),
+        "{}{}",
+        refused.stdout,
+        refused.stderr
+    );
+    assert!(
+        refused
+            .stderr
+            .contains("machine g14 cannot leave the model: it still runs app"),
+        "{}",
+        refused.stderr
+    );
     assert_eq!(revision(&bed)?, before, "nothing was stored");
     let drained = bed.meshctl_ok(&["apply", "-f", &file, "--drain", "--why", "retire g14"])?;
-    assert!(drained.stdout.contains("draining g14"), "{}", drained.stdout);
+    assert!(
+        drained.stdout.contains("draining g14"),
+        "{}",
+        drained.stdout
+    );
     bed.meshctl_ok(&["push", "g14", "--why", "stop app before g14 goes"])?;
     let app = bed.host_root("g14").join("modules/app");
-    bed.wait_for("app stopped on g14", wait_ms_default, || Ok((!app.exists()).then_some(())))?;
+    bed.wait_for("app stopped on g14", wait_ms_default, || {
+        Ok((!app.exists()).then_some(()))
+    })?;
     bed.wait_for("g14's empty send confirmed", wait_ms_default, || {
         let run = bed.meshctl(&["apply", "-f", &file, "--why", "g14 is empty now"])?;
         Ok((run.code == Some(0)).then_some(()))

@@ -90,7 +90,10 @@ fn with_http(bed: &mut Bed) -> anyhow::Result<BTreeMap<u64, SocketAddr>> {
         // Killed only once its store exists: a replica killed while redb creates the file leaves
         // one no later start can open.
         bed.wait_for("the replica's store open", wait_ms_default, || {
-            Ok(bed.replica_log(id).contains("replica started").then_some(()))
+            Ok(bed
+                .replica_log(id)
+                .contains("replica started")
+                .then_some(()))
         })?;
         // Gone (and its store closed) before it starts again.
         bed.kill_replica(id)?;

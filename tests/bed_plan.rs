@@ -16,7 +16,11 @@ fn settled() -> anyhow::Result<Bed> {
 
 fn sends_in_history(bed: &Bed) -> anyhow::Result<usize> {
     let history = bed.meshctl_ok(&["history"])?;
-    Ok(history.stdout.lines().filter(|l| l.contains("  send ")).count())
+    Ok(history
+        .stdout
+        .lines()
+        .filter(|l| l.contains("  send "))
+        .count())
 }
 
 #[test]
@@ -27,13 +31,26 @@ fn g7_plan_shows_every_machine_it_would_send_with_its_own_diff_and_settings_in_t
     let bed = settled()?;
     let quiet = bed.meshctl(&["plan", "--behind", "--detailed-exitcode"])?;
     assert_eq!(quiet.code, Some(0), "{}{}", quiet.stdout, quiet.stderr);
-    assert!(quiet.stdout.starts_with("nothing to send"), "{}", quiet.stdout);
-    bed.meshctl_ok(&["settings", "set", "mesh", "region=eu", "--why", "move region"])?;
+    assert!(
+        quiet.stdout.starts_with("nothing to send"),
+        "{}",
+        quiet.stdout
+    );
+    bed.meshctl_ok(&[
+        "settings",
+        "set",
+        "mesh",
+        "region=eu",
+        "--why",
+        "move region",
+    ])?;
     let plan = bed.meshctl(&["plan", "--behind", "--detailed-exitcode"])?;
     assert_eq!(plan.code, Some(6), "{}{}", plan.stdout, plan.stderr);
     for (machine, module) in [("ace", "db"), ("g14", "app")] {
         assert!(
-            plan.stdout.contains(&format!("would send {machine} (behind): 1 change from the last send")),
+            plan.stdout.contains(&format!(
+                "would send {machine} (behind): 1 change from the last send"
+            )),
             "{}",
             plan.stdout
         );
@@ -48,7 +65,14 @@ fn g7_a_saved_plan_is_sent_exactly_and_refused_once_the_store_moved() -> anyhow:
     // G7: `push --plan FILE` sends the reviewed plan; after another change it is refused, naming
     // what moved, and nothing is sent.
     let bed = settled()?;
-    bed.meshctl_ok(&["settings", "set", "mesh", "region=eu", "--why", "move region"])?;
+    bed.meshctl_ok(&[
+        "settings",
+        "set",
+        "mesh",
+        "region=eu",
+        "--why",
+        "move region",
+    ])?;
     let file = bed.dir.join("reviewed.plan");
     let file = file.display().to_string();
     bed.meshctl_ok(&["plan", "ace", "--out", &file])?;
@@ -56,13 +80,34 @@ fn g7_a_saved_plan_is_sent_exactly_and_refused_once_the_store_moved() -> anyhow:
     assert_eq!(sent.code, Some(0), "{}{}", sent.stdout, sent.stderr);
     assert!(sent.stdout.contains("applied"), "{}", sent.stdout);
     bed.meshctl_ok(&["plan", "g14", "--out", &file])?;
-    bed.meshctl_ok(&["settings", "set", "module/app", "mode=fast", "--why", "tune app"])?;
+    bed.meshctl_ok(&[
+        "settings",
+        "set",
+        "module/app",
+        "mode=fast",
+        "--why",
+        "tune app",
+    ])?;
     let before = sends_in_history(&bed)?;
     let refused = bed.meshctl(&["push", "--plan", &file, "--why", "stale review"])?;
-    assert_eq!(refused.code, Some(1), "{}{}", refused.stdout, refused.stderr);
+    assert_eq!(
+        refused.code,
+        Some(1),
+        "{}{}",
+        refused.stdout,
+        refused.stderr
+    );
     assert!(refused.one_line_error(), "{}", refused.stderr);
-    assert!(refused.stderr.contains("no longer holds"), "{}", refused.stderr);
-    assert!(refused.stderr.contains("g14's changes differ"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("no longer holds"),
+        "{}",
+        refused.stderr
+    );
+    assert!(
+        refused.stderr.contains("g14's changes differ"),
+        "{}",
+        refused.stderr
+    );
     assert_eq!(sends_in_history(&bed)?, before, "nothing was sent");
     let junk = bed.dir.join("junk.plan");
     std::fs::write(&junk, "not a plan")?;

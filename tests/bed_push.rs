@@ -81,8 +81,15 @@ fn g7_bare_push_is_refused_and_a_leader_change_alone_shows_no_diff() -> anyhow::
         let plan = bed
             .meshctl_ok(&["plan", machine, "--diff", "--json"])?
             .json()?;
-        let machines = plan["answer"]["machines"].as_array().cloned().unwrap_or_default();
-        assert_eq!(machines.len(), 1, "{machine}: only the named machine: {plan}");
+        let machines = plan["answer"]["machines"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            machines.len(),
+            1,
+            "{machine}: only the named machine: {plan}"
+        );
         assert_eq!(
             machines[0]["changes"],
             serde_json::json!([]),

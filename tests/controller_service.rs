@@ -654,7 +654,10 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
                 machine: "ace".into(),
             };
             let timeout = std::time::Duration::from_secs(5);
-            let answer = host.request(addr, kind, body, timeout).await.expect("answer");
+            let answer = host
+                .request(addr, kind, body, timeout)
+                .await
+                .expect("answer");
             mesh_codec::decode::<ReportReply>(report_reply_what, &answer).expect("reply")
         }
     };
@@ -670,10 +673,19 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
         proof: None,
     };
     let refused = send(claim(u64::MAX, 1_000_000)).await;
-    assert!(matches!(refused, ReportReply::Refused { .. }), "{refused:?}");
+    assert!(
+        matches!(refused, ReportReply::Refused { .. }),
+        "{refused:?}"
+    );
     assert_eq!(floor().await, before, "an unproven claim moves nothing");
-    let pushed = bed.push(leader, "ace", &[]).await.expect("push after the claim");
-    assert!(matches!(lines(&pushed).get("ace"), Some(PushOutcome::Applied { .. })));
+    let pushed = bed
+        .push(leader, "ace", &[])
+        .await
+        .expect("push after the claim");
+    assert!(matches!(
+        lines(&pushed).get("ace"),
+        Some(PushOutcome::Applied { .. })
+    ));
     let proven_epoch = before + 5;
     let envelope = Envelope {
         machine: "ace".into(),

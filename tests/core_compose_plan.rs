@@ -227,7 +227,11 @@ fn behind_counts_an_unconfirmed_send_and_pending_mints() {
     let cache = DigestCache::build(&fresh).expect("cache");
     let known = all_confirmed(&fresh, &cache);
     let p = plan_push(&fresh, &cache, &known, Target::Behind, &[]).expect("plan");
-    assert_eq!(sent_machines(&p), ["ace", "g14", "novox"], "shanks wants nothing");
+    assert_eq!(
+        sent_machines(&p),
+        ["ace", "g14", "novox"],
+        "shanks wants nothing"
+    );
     assert_eq!(p.mints.len(), 2);
 }
 
@@ -244,7 +248,8 @@ fn a_push_after_its_mints_are_committed_mints_nothing_and_cascades_nowhere() {
     cache.apply(&first);
     assert_eq!(cache, DigestCache::build(&world).expect("cache"));
     let known = all_confirmed(&world, &cache);
-    let again = plan_push(&world, &cache, &known, Target::Machine("ace".into()), &[]).expect("plan");
+    let again =
+        plan_push(&world, &cache, &known, Target::Machine("ace".into()), &[]).expect("plan");
     assert!(again.mints.is_empty());
     assert_eq!(sent_machines(&again), ["ace"]);
 }
@@ -707,7 +712,10 @@ fn g1_a_provider_port_change_cascades_to_its_consumer_with_the_new_endpoint() {
         broker.provisions[0].endpoint.as_deref(),
         Some("10.0.0.5:47111")
     );
-    assert!(p.mints.is_empty(), "the provision stays; only its endpoint moves");
+    assert!(
+        p.mints.is_empty(),
+        "the provision stays; only its endpoint moves"
+    );
 }
 
 #[test]
@@ -720,7 +728,10 @@ fn g1_a_removed_consumer_revokes_its_grant_on_the_provider_in_the_same_push() {
     let granted = |p: &PushPlan, machine: &str| -> Vec<String> {
         let send = p.sends.iter().find(|s| s.machine == machine).expect("sent");
         let modules = &send.declaration.modules;
-        modules.iter().flat_map(|m| m.grants.iter().map(|g| g.consumer.to_string())).collect()
+        modules
+            .iter()
+            .flat_map(|m| m.grants.iter().map(|g| g.consumer.to_string()))
+            .collect()
     };
     mesh.modules.remove("report");
     let p = replan(mesh, &provisions, &known, Target::Machine("shanks".into()));
@@ -743,10 +754,26 @@ fn g1_a_module_moved_between_machines_sends_both_and_its_consumers_in_one_push()
     let ace = p.sends.iter().find(|s| s.machine == "ace").expect("ace");
     let web = &ace.declaration.modules[0];
     assert_eq!(web.provisions[0].provider.machine, "shanks");
-    assert_eq!(web.provisions[0].endpoint.as_deref(), Some("10.0.0.6:47100"));
-    let shanks = p.sends.iter().find(|s| s.machine == "shanks").expect("shanks");
-    let broker = shanks.declaration.modules.iter().find(|m| m.name == "broker").expect("broker");
-    assert_eq!(broker.grants.len(), 1, "web's new provision is granted on shanks");
+    assert_eq!(
+        web.provisions[0].endpoint.as_deref(),
+        Some("10.0.0.6:47100")
+    );
+    let shanks = p
+        .sends
+        .iter()
+        .find(|s| s.machine == "shanks")
+        .expect("shanks");
+    let broker = shanks
+        .declaration
+        .modules
+        .iter()
+        .find(|m| m.name == "broker")
+        .expect("broker");
+    assert_eq!(
+        broker.grants.len(),
+        1,
+        "web's new provision is granted on shanks"
+    );
 }
 
 #[test]

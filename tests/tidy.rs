@@ -129,7 +129,11 @@ fn the_controller_never_imports_the_host_agent() {
             }
         }
     }
-    assert!(found.is_empty(), "controller imports host:\n{}", found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "controller imports host:\n{}",
+        found.join("\n")
+    );
 }
 
 #[test]

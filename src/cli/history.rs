@@ -104,8 +104,7 @@ pub fn parse_since(text: &str) -> Result<u64, String> {
             "`{text}` is neither an RFC 3339 time (2026-12-01T07:00:00Z) nor an age (90s, 30m, 2h, 3d)"
         )
     };
-    if let Ok(t) =
-        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+    if let Ok(t) = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
     {
         let ms = t.unix_timestamp_nanos() / 1_000_000;
         return u64::try_from(ms).map_err(|_| bad());

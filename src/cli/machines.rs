@@ -91,7 +91,9 @@ pub fn run(ctx: Option<&Path>, cmd: &MachinesCommand) -> Result<Output, CliError
     })?;
     let genesis = state.join(genesis_file_name);
     write_new(&genesis, &envelope, public_file_mode).map_err(init_error)?;
-    Ok(Output::done(render_text(via, name, &written, &genesis, &cascade)))
+    Ok(Output::done(render_text(
+        via, name, &written, &genesis, &cascade,
+    )))
 }
 
 fn init_error(e: InitError) -> CliError {
@@ -111,24 +113,18 @@ fn trusted_keys(
             source,
         })?;
         let bytes = decode_hex_32(text.trim()).ok_or_else(|| {
-                CliError::Usage(format!(
-                    "{} is not a replica signing key (64 hex digits)",
-                    path.display()
-                ))
-            })?;
+            CliError::Usage(format!(
+                "{} is not a replica signing key (64 hex digits)",
+                path.display()
+            ))
+        })?;
         let public = SigningKey::from_bytes(&bytes).verifying_key();
         out.insert(id.to_string(), encode_hex(public.as_bytes()));
     }
     Ok(out)
 }
 
-fn render_text(
-    via: Via,
-    name: &str,
-    config: &Path,
-    genesis: &Path,
-    cascade: &PushView,
-) -> String {
+fn render_text(via: Via, name: &str, config: &Path, genesis: &Path, cascade: &PushView) -> String {
     let mut out = format!(
         "machine {name}: genesis at epoch {} written to {}\n",
         cascade.epoch,

@@ -403,7 +403,11 @@ fn settings_answer(scope: Scope, applied: Applied) -> Result<Body, ApiError> {
 /// Machines `mesh` drops that may still run modules: refused, or with `drain` put back into
 /// `mesh` with no modules (their modules are already gone from the file), so the next push stops
 /// them and a later apply can drop the machine.
-fn keep_draining(state: &DomainState, mesh: &mut Mesh, drain: bool) -> Result<Vec<String>, ApiError> {
+fn keep_draining(
+    state: &DomainState,
+    mesh: &mut Mesh,
+    drain: bool,
+) -> Result<Vec<String>, ApiError> {
     let mut draining = Vec::new();
     for (name, machine) in &state.mesh.machines {
         if mesh.machines.contains_key(name) {

@@ -68,12 +68,15 @@ pub(crate) fn plan_view(
     let minted: BTreeSet<&str> = planned.mints.iter().map(|p| p.id.as_str()).collect();
     let mut holds: BTreeMap<&str, Vec<HeldMount>> = BTreeMap::new();
     for h in &planned.holds {
-        holds.entry(h.machine.as_str()).or_default().push(HeldMount {
-            module: h.module.clone(),
-            mount: h.mount.clone(),
-            old_dir: h.old_dir.clone(),
-            new_dir: h.new_dir.clone(),
-        });
+        holds
+            .entry(h.machine.as_str())
+            .or_default()
+            .push(HeldMount {
+                module: h.module.clone(),
+                mount: h.mount.clone(),
+                old_dir: h.old_dir.clone(),
+                new_dir: h.new_dir.clone(),
+            });
     }
     let mut machines = Vec::new();
     for send in planned.sends.iter().chain(&planned.held) {
@@ -106,7 +109,14 @@ pub(crate) fn plan_view(
     view.token = if reveal.values.is_empty() {
         token_of(&view)
     } else {
-        plan_view(state, view.target.clone(), view.moves.clone(), planned, &Reveal::none()).token
+        plan_view(
+            state,
+            view.target.clone(),
+            view.moves.clone(),
+            planned,
+            &Reveal::none(),
+        )
+        .token
     };
     view
 }
@@ -134,7 +144,10 @@ pub(crate) fn what_moved(saved: &PlanView, now: &PlanView) -> String {
     }
     for n in &now.machines {
         if !saved.machines.iter().any(|m| m.machine == n.machine) {
-            out.push(format!("{} would now be sent too ({})", n.machine, n.reason));
+            out.push(format!(
+                "{} would now be sent too ({})",
+                n.machine, n.reason
+            ));
         }
     }
     if saved.mints != now.mints {

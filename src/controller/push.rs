@@ -18,8 +18,8 @@ use crate::core::envelope::{Envelope, seal};
 use crate::core::plan::{Known, PlanError, PlanInput, PlannedSend, PushPlan, Target, plan};
 use crate::core::report::ModuleState;
 use crate::core::summary::summarize;
-use crate::store::app::MeshApp;
 use crate::core::wire::{EnvelopeReply, envelope_reply_what};
+use crate::store::app::MeshApp;
 use crate::store::command::{Applied, Command, HeldMount, SendRecord};
 use crate::store::state::DomainState;
 
@@ -142,7 +142,9 @@ impl Service {
         .map_err(plan_error)?;
         drop(work);
         let reveal = Reveal::new(&state, &history);
-        Ok(Body::Plan(plan_view(&state, target, moves, &planned, &reveal)))
+        Ok(Body::Plan(plan_view(
+            &state, target, moves, &planned, &reveal,
+        )))
     }
 
     /// `Request::Push`.
@@ -499,7 +501,13 @@ impl Service {
         };
         let mut answer = self
             .endpoint
-            .request_gated(peer.clone(), MessageKind::Envelope, bytes.clone(), timeout, &gate)
+            .request_gated(
+                peer.clone(),
+                MessageKind::Envelope,
+                bytes.clone(),
+                timeout,
+                &gate,
+            )
             .await;
         if let Err(TransportError::ResetAfterWrite { .. }) = answer {
             // The host restarted under a connection it no longer knows. An envelope may go

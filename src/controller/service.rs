@@ -493,7 +493,9 @@ impl Service {
                 window_ms = self.replica.config().lease_window().as_millis() as u64,
                 "lease confirmed by a quorum round"
             ),
-            Err(e) => tracing::info!(replica = self.id, error = %e, "no lease: the quorum round failed"),
+            Err(e) => {
+                tracing::info!(replica = self.id, error = %e, "no lease: the quorum round failed")
+            }
         }
         round.map_err(|e| match e {
             GateError::NotLeader { leader } => ApiError::Unavailable(format!(

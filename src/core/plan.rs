@@ -376,8 +376,7 @@ fn dependents(
                 out.push((y, reason));
             }
         }
-        let mut providers: BTreeSet<String> =
-            world.modules_on(x).map(|m| m.name.clone()).collect();
+        let mut providers: BTreeSet<String> = world.modules_on(x).map(|m| m.name.clone()).collect();
         let mut candidates = world.linked_machines(x);
         if let Some(last) = last {
             providers.extend(last.modules.keys().cloned());
@@ -391,8 +390,14 @@ fn dependents(
             let mut now = summarize(&composed.declaration).links(&providers, x);
             for w in &composed.wanted {
                 if providers.contains(&w.provider.module) {
-                    let key = format!("{} consumes {} from {}", w.consumer.module, w.kind, w.provider.module);
-                    now.consumed.insert(key, format!("{} from {} (to be minted)", w.kind, w.provider));
+                    let key = format!(
+                        "{} consumes {} from {}",
+                        w.consumer.module, w.kind, w.provider.module
+                    );
+                    now.consumed.insert(
+                        key,
+                        format!("{} from {} (to be minted)", w.kind, w.provider),
+                    );
                 }
             }
             let was = known

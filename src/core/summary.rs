@@ -211,7 +211,9 @@ impl Summary {
             }
             for (id, g) in &m.grants {
                 if g.consumer.machine == machine {
-                    links.granted.insert(format!("{module} grant {id}"), g.line());
+                    links
+                        .granted
+                        .insert(format!("{module} grant {id}"), g.line());
                 }
             }
         }
@@ -339,7 +341,13 @@ fn diff_module(name: &str, a: &ModuleSummary, b: &ModuleSummary, out: &mut Vec<I
     let grants = |m: &BTreeMap<String, GrantSummary>| -> BTreeMap<String, String> {
         m.iter().map(|(id, g)| (id.clone(), g.line())).collect()
     };
-    diff_map(name, "provision", &provisions(&a.provisions), &provisions(&b.provisions), out);
+    diff_map(
+        name,
+        "provision",
+        &provisions(&a.provisions),
+        &provisions(&b.provisions),
+        out,
+    );
     diff_map(name, "grant", &grants(&a.grants), &grants(&b.grants), out);
 }
 
@@ -580,7 +588,9 @@ mod tests {
             }),
             ("grant id", |m| m.grants[0].id.push('x')),
             ("grant kind", |m| m.grants[0].kind.push('x')),
-            ("grant consumer module", |m| m.grants[0].consumer.module.push('x')),
+            ("grant consumer module", |m| {
+                m.grants[0].consumer.module.push('x')
+            }),
             ("grant consumer machine", |m| {
                 m.grants[0].consumer.machine.push('x')
             }),

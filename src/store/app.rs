@@ -394,7 +394,10 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
     }
     let mut models = txn.open_table(tables::MODEL_HISTORY)?;
     for m in &snap.models {
-        models.insert(m.revision, mesh_codec::encode("model change", m)?.as_slice())?;
+        models.insert(
+            m.revision,
+            mesh_codec::encode("model change", m)?.as_slice(),
+        )?;
     }
     Ok(())
 }

@@ -275,8 +275,15 @@ impl Endpoint {
         timeout: Duration,
         gate: WriteGate<'_>,
     ) -> Result<Vec<u8>, TransportError> {
-        self.send(peer.into(), kind, body, timeout, Outgoing::Request, Some(gate))
-            .await
+        self.send(
+            peer.into(),
+            kind,
+            body,
+            timeout,
+            Outgoing::Request,
+            Some(gate),
+        )
+        .await
     }
 
     /// Sends a one-way message; `Ok` once the peer's QUIC stack has acknowledged all of it (not
@@ -370,7 +377,8 @@ impl Endpoint {
                 let _ = go.await;
             }
         }
-        self.send_with_redial(peer, bytes, deadline, what, gate).await
+        self.send_with_redial(peer, bytes, deadline, what, gate)
+            .await
     }
 
     /// Sends once; if a reused connection turns out to be dead before the whole message was
@@ -386,14 +394,17 @@ impl Endpoint {
     ) -> Result<Vec<u8>, TransportError> {
         let (conn, principal, reused) = self.connection(peer.addr, deadline).await?;
         check_expected(peer, &principal)?;
-        let result = self.exchange(&conn, peer.addr, bytes, deadline, what, gate).await;
+        let result = self
+            .exchange(&conn, peer.addr, bytes, deadline, what, gate)
+            .await;
         let result = match result {
             Err(Attempt::Stale(reason)) if reused => {
                 tracing::debug!(peer = %peer.addr, %reason, "connection was stale; dialling again");
                 self.forget_connection(peer.addr).await;
                 let (conn, principal, _) = self.connection(peer.addr, deadline).await?;
                 check_expected(peer, &principal)?;
-                self.exchange(&conn, peer.addr, bytes, deadline, what, gate).await
+                self.exchange(&conn, peer.addr, bytes, deadline, what, gate)
+                    .await
             }
             result => result,
         };
@@ -431,12 +442,13 @@ impl Endpoint {
                         addr,
                         reason: crate::serve::stop_reason(code),
                     })),
-                    Err(quinn::StoppedError::ConnectionLost(source)) => {
-                        Err(Attempt::after_write(addr, FrameError::ConnectionLost {
+                    Err(quinn::StoppedError::ConnectionLost(source)) => Err(Attempt::after_write(
+                        addr,
+                        FrameError::ConnectionLost {
                             action: "waiting for the acknowledgement",
                             source,
-                        }))
-                    }
+                        },
+                    )),
                     Err(e) => Err(Attempt::Failed(TransportError::Unreachable {
                         addr,
                         reason: e.to_string(),
@@ -471,7 +483,10 @@ impl Endpoint {
             Err(FrameError::Timeout { .. }) if write_by.is_some() => {
                 // Nothing more of it may leave: unsent and unacknowledged data is dropped.
                 let _ = send.reset(quinn::VarInt::from_u32(0));
-                return Err(gated(addr, "the write did not finish inside its gate".into()));
+                return Err(gated(
+                    addr,
+                    "the write did not finish inside its gate".into(),
+                ));
             }
             Err(e) => return Err(Attempt::from_frame(e)),
         }

@@ -32,11 +32,21 @@ async fn g3_a_request_delayed_past_its_gate_writes_no_byte_to_the_peer() {
             .ok_or_else(|| "lease closed".to_string())
     };
     let err = leader
-        .request_gated(addr, MessageKind::Envelope, b"decl".to_vec(), timeout, &gate)
+        .request_gated(
+            addr,
+            MessageKind::Envelope,
+            b"decl".to_vec(),
+            timeout,
+            &gate,
+        )
         .await
         .expect_err("the lease ran out before the write");
     assert!(matches!(err, TransportError::Gated { .. }), "{err:?}");
-    assert_eq!(asked.load(Ordering::SeqCst), 1, "asked once, after the delay");
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        1,
+        "asked once, after the delay"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(recorder.seen().is_empty(), "{:?}", recorder.seen());
 }
