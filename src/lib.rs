@@ -9,3 +9,4 @@ pub mod hex;
 pub mod host;
 pub mod logging;
 pub mod store;
+pub mod timefmt;

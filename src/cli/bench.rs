@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_transport::{Endpoint, Identity, MessageKind, Peer, Principal, TransportConfig};
+use mesh_transport::{Endpoint, MessageKind, Peer, Principal, TransportConfig};
 use tokio::sync::{Mutex, mpsc};
 
 use super::client::{self, ClientError, answer_what, request_what};
@@ -475,22 +475,11 @@ async fn connect(
     clients: u32,
 ) -> Result<Vec<BenchClient>, CliError> {
     let ctx_name = context.path.display().to_string();
-    let identity =
-        Identity::load(&context.tls.ca, &context.tls.cert, &context.tls.key).map_err(|source| {
-            ClientError::Identity {
-                context: ctx_name.clone(),
-                source,
-            }
-        })?;
-    let identity = Arc::new(identity);
+    let identity = Arc::new(client::load_identity(context)?);
     let config = TransportConfig::default()
         .check()
         .map_err(|e| ClientError::Bind(e.to_string()))?;
-    let bind_addr = if context.replicas.iter().any(|(_, a)| a.is_ipv6()) {
-        SocketAddr::from(([0u16; 8], 0))
-    } else {
-        SocketAddr::from(([0, 0, 0, 0], 0))
-    };
+    let bind_addr = client::any_addr(&context.replicas);
     let mut out = Vec::with_capacity(clients as usize);
     let mut start = 0u32;
     while start < clients {

@@ -92,13 +92,7 @@ pub fn ask(context: &Context, request: &Request) -> Result<Answer, ClientError> 
 /// [`ask`] inside a running tokio runtime.
 pub async fn ask_async(context: &Context, request: &Request) -> Result<Answer, ClientError> {
     let ctx_name = context.path.display().to_string();
-    let identity =
-        Identity::load(&context.tls.ca, &context.tls.cert, &context.tls.key).map_err(|source| {
-            ClientError::Identity {
-                context: ctx_name.clone(),
-                source,
-            }
-        })?;
+    let identity = load_identity(context)?;
     let body = mesh_codec::encode(request_what, request)
         .map_err(|e| ClientError::Encode(e.to_string()))?;
     let config = TransportConfig::default()
@@ -196,7 +190,18 @@ async fn ask_one(
 
 /// Where the one client endpoint binds, port 0 (the OS picks): `[::]` when any replica is on IPv6,
 /// so the same socket dials both families (IPv4 through mapped addresses), else `0.0.0.0`.
-fn any_addr(replicas: &[(u64, SocketAddr)]) -> SocketAddr {
+/// The operator identity the context names.
+pub fn load_identity(context: &Context) -> Result<Identity, ClientError> {
+    Identity::load(&context.tls.ca, &context.tls.cert, &context.tls.key).map_err(|source| {
+        ClientError::Identity {
+            context: context.path.display().to_string(),
+            source,
+        }
+    })
+}
+
+/// The wildcard address to bind meshctl's socket on: IPv6 as soon as any replica is IPv6.
+pub fn any_addr(replicas: &[(u64, SocketAddr)]) -> SocketAddr {
     if replicas.iter().any(|(_, a)| a.is_ipv6()) {
         SocketAddr::from(([0u16; 8], 0))
     } else {

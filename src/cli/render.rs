@@ -57,18 +57,11 @@ pub fn unexpected(via: Via, asked: &'static str, got: &Body) -> CliError {
 
 /// A time in milliseconds since the Unix epoch as `2026-11-30 09:42:57Z`.
 pub fn time_ms(ms: u64) -> String {
-    let nanos = i128::from(ms) * 1_000_000;
-    match time::OffsetDateTime::from_unix_timestamp_nanos(nanos) {
-        Ok(t) => format!(
-            "{:04}-{:02}-{:02} {:02}:{:02}:{:02}Z",
-            t.year(),
-            u8::from(t.month()),
-            t.day(),
-            t.hour(),
-            t.minute(),
-            t.second()
-        ),
-        Err(_) => format!("{ms} ms"),
+    let text = crate::timefmt::utc_seconds(ms);
+    if text.ends_with(" ms") {
+        text
+    } else {
+        text + "Z"
     }
 }
 

@@ -316,19 +316,7 @@ fn history(out: &mut String, items: &[HistoryItem]) {
 
 /// `2026-11-30 10:05:22` from ms since the Unix epoch.
 fn utc(ms: u64) -> String {
-    let nanos = i128::from(ms) * 1_000_000;
-    match time::OffsetDateTime::from_unix_timestamp_nanos(nanos) {
-        Ok(t) => format!(
-            "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
-            t.year(),
-            u8::from(t.month()),
-            t.day(),
-            t.hour(),
-            t.minute(),
-            t.second()
-        ),
-        Err(_) => format!("{ms} ms"),
-    }
+    crate::timefmt::utc_seconds(ms)
 }
 
 /// Text made safe for HTML and SVG (element content and quoted attributes).
