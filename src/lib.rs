@@ -3,7 +3,8 @@
 
 pub mod cli;
 pub mod controller;
-pub mod core;
+// The pure domain is its own crate (core/, decision 0130); `crate::core::…` paths name it.
+pub use mesh_core as core;
 pub mod durable;
 pub mod hex;
 pub mod host;

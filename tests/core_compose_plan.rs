@@ -795,3 +795,11 @@ fn g1_a_new_cross_machine_consume_shows_behind_on_both_sides_and_behind_sends_th
     let provider = replan(mesh, &provisions, &known, Target::Machine("novox".into()));
     assert_eq!(sent_machines(&provider), ["novox"]);
 }
+
+#[test]
+fn model_bytes_max_leaves_room_for_the_rest_of_a_proposal_under_raft_s_default_limit() {
+    // Issue 9: a model that passes `validate` fits in one proposal of a default replica. Here, not
+    // in mesh-core, because mesh-core cannot see mesh-raft (decision 0130).
+    let proposal_bytes_max = mesh_raft::RaftSettings::default().batch_bytes_max;
+    assert!(mesh::core::validate::model_bytes_max + 64 * 1024 <= proposal_bytes_max);
+}

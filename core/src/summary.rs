@@ -434,8 +434,8 @@ impl std::fmt::Display for SummaryDiff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::declaration::{Grant, ProvisionRef};
-    use crate::core::model::{Mount, Placement};
+    use crate::declaration::{Grant, ProvisionRef};
+    use crate::model::{Mount, Placement};
 
     fn declared(name: &str) -> DeclaredModule {
         DeclaredModule {

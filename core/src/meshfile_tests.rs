@@ -2,10 +2,10 @@
 //! position, and no input makes parsing panic.
 
 use super::*;
-use crate::core::compose::{World, compose};
-use crate::core::plan::{DigestCache, PlanInput, Target, plan};
-use crate::core::settings::setting_value_bytes_max;
-use crate::core::validate::model_bytes_max;
+use crate::compose::{World, compose};
+use crate::plan::{DigestCache, PlanInput, Target, plan};
+use crate::settings::setting_value_bytes_max;
+use crate::validate::model_bytes_max;
 use proptest::prelude::*;
 
 const example: &str = include_str!("../../examples/mesh.toml");
@@ -32,7 +32,7 @@ fn the_example_parses_and_every_machine_composes_and_plans() {
         compose(&world, m).expect("composes");
     }
     let cache = DigestCache::build(&world).expect("cache");
-    let mut secret = |_: &crate::core::compose::MintRequest| "s".to_string();
+    let mut secret = |_: &crate::compose::MintRequest| "s".to_string();
     let p = plan(PlanInput {
         world: &world,
         cache: &cache,

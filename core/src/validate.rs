@@ -250,7 +250,7 @@ fn size_problem(mesh: &Mesh, out: &mut Vec<Problem>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::model::{Machine, Provide};
+    use crate::model::{Machine, Provide};
 
     fn module(name: &str, machine: &str, port: Option<u16>, probe: Option<&str>) -> Module {
         Module {
@@ -323,12 +323,5 @@ mod tests {
             module("c", "ace", None, Some("10.0.0.2:80")),
         ]);
         assert_eq!(subjects(&fine), Vec::<String>::new());
-    }
-
-    #[test]
-    fn model_bytes_max_leaves_room_for_the_rest_of_a_proposal_under_raft_s_default_limit() {
-        // Issue 9: a model that passes `validate` fits in one proposal of a default replica.
-        let proposal_bytes_max = mesh_raft::RaftSettings::default().batch_bytes_max;
-        assert!(model_bytes_max + 64 * 1024 <= proposal_bytes_max);
     }
 }
