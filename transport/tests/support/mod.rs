@@ -1,5 +1,6 @@
-//! Shared test fixtures: a mesh PKI in a temp dir, endpoints on loopback port 0, a handler that
-//! records what it was given, and waiting on conditions with a deadline.
+//! The transport tests' own fixtures: endpoints on loopback port 0, a handler that records what it
+//! was given, raw QUIC connections and frames, captured logs. The PKI, principals and waits come
+//! from mesh-testkit.
 
 #![allow(dead_code)]
 
@@ -8,51 +9,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mesh_transport::{
-    BoxFuture, Ca, CheckedConfig, Endpoint, Handler, Identity, MessageKind, Principal,
-    TransportConfig, Validity,
+    BoxFuture, CheckedConfig, Endpoint, Handler, Identity, MessageKind, Principal, TransportConfig,
 };
 use tokio::sync::Notify;
 
-pub const loopback: &str = "127.0.0.1:0";
-pub const wait_ms_max: u64 = 10_000;
+pub const wait_ms_max: u64 = mesh_testkit::wait_deadline.as_millis() as u64;
 pub const timeout: Duration = Duration::from_secs(5);
 
+#[allow(unused_imports)] // each test binary uses some of them
+pub use mesh_testkit::{Pki, host, operator, replica, wait_for};
+
 pub fn any_port() -> SocketAddr {
-    loopback.parse().expect("loopback address")
-}
-
-/// A CA and the identities issued from it, kept in memory.
-pub struct Pki {
-    pub ca: Ca,
-}
-
-impl Pki {
-    pub fn new() -> Pki {
-        Pki {
-            ca: Ca::create(Validity::days_from_now(1)).expect("create CA"),
-        }
-    }
-
-    pub fn identity(&self, principal: &Principal) -> Identity {
-        let issued = self
-            .ca
-            .issue(principal, Validity::days_from_now(1))
-            .expect("issue");
-        Identity::from_pem(self.ca.cert_pem(), issued.cert_pem(), issued.key_pem())
-            .expect("identity")
-    }
-}
-
-pub fn replica(id: u64) -> Principal {
-    Principal::Replica(id)
-}
-
-pub fn host(name: &str) -> Principal {
-    Principal::Host(name.to_string())
-}
-
-pub fn operator(name: &str) -> Principal {
-    Principal::Operator(name.to_string())
+    mesh_testkit::loopback()
 }
 
 pub fn report(machine: &str) -> MessageKind {
@@ -176,18 +144,6 @@ pub fn client(pki: &Pki, principal: &Principal) -> Endpoint {
     Endpoint::bind(any_port(), &pki.identity(principal), config()).expect("bind")
 }
 
-/// Waits until `check` holds, polling; panics with `what` after the deadline.
-pub async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms_max);
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gave up waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// A raw QUIC connection presenting exactly this certificate and key, for writing bytes that
 /// the endpoint API would never send.
 pub async fn raw_connection(
@@ -217,10 +173,7 @@ pub async fn raw_connection_as(
     principal: &Principal,
     server: SocketAddr,
 ) -> quinn::Connection {
-    let issued = pki
-        .ca
-        .issue(principal, Validity::days_from_now(1))
-        .expect("issue");
+    let issued = pki.issue(principal);
     raw_connection(
         pki.ca.cert_pem(),
         issued.cert_pem(),
