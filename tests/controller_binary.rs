@@ -5,23 +5,14 @@ mod controller_common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use controller_common::*;
 use mesh::controller::api::{Body, Request};
 use mesh::controller::config::{ReplicaConfigFile, TlsFile, write_signing_key};
-use mesh_transport::{Ca, Endpoint, MessageKind, Peer, Principal, TransportConfig, Validity};
-
-/// Kills the process on drop, so no meshd outlives a failed test.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use mesh_testkit::ChildGuard;
+use mesh_transport::{Endpoint, MessageKind, Peer, Principal, TransportConfig};
 
 fn free_port() -> SocketAddr {
     let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
@@ -73,16 +64,11 @@ async fn ask(operator: &Endpoint, addr: SocketAddr, request: &Request) -> Option
 async fn meshd_serves_saves_a_snapshot_stops_on_sigterm_and_restores_loudly() {
     // Processes (G9): meshd runs from its config, exits 0 on SIGTERM, and restore says what it did.
     let dir = tempfile::tempdir().expect("tempdir");
-    let pki = Pki {
-        ca: Ca::create(Validity::days_from_now(1)).expect("CA"),
-        dir: dir.path().join("pki"),
-    };
-    std::fs::create_dir_all(&pki.dir).expect("pki dir");
-    std::fs::write(pki.ca_path(), pki.ca.cert_pem()).expect("ca");
+    let pki = Pki::in_dir(&dir.path().join("pki"));
     let addr = free_port();
     let config = write_config(dir.path(), &pki, addr, "replica-1");
     let log = std::fs::File::create(dir.path().join("meshd.log")).expect("log");
-    let mut meshd = Guard(
+    let mut meshd = ChildGuard(
         Command::new(env!("CARGO_BIN_EXE_meshd"))
             .arg("--config")
             .arg(&config)
@@ -118,14 +104,7 @@ async fn meshd_serves_saves_a_snapshot_stops_on_sigterm_and_restores_loudly() {
     std::fs::write(&snapshot, bytes).expect("write snapshot");
     let pid = nix::unistd::Pid::from_raw(meshd.0.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    let deadline = std::time::Instant::now() + wait_deadline;
-    let status = loop {
-        if let Some(status) = meshd.0.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(std::time::Instant::now() < deadline, "meshd did not exit");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = meshd.exited().await;
     assert!(status.success(), "meshd exit: {status}");
     let restored = write_config(dir.path(), &pki, addr, "replica-1-restored");
     let out = Command::new(env!("CARGO_BIN_EXE_meshd"))

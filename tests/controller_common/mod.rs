@@ -1,5 +1,5 @@
 //! A bed for controller tests: three replica services from the library over real QUIC on loopback,
-//! certificates from the transport PKI in a temp dir, in-process mesh-host agents (listener, QUIC
+//! certificates from mesh-testkit's PKI in a temp dir, in-process mesh-host agents (listener, QUIC
 //! report sink, reconcile loop) stopped on drop, and an operator endpoint that issues `Request`s.
 #![allow(dead_code)]
 
@@ -13,70 +13,22 @@ use ed25519_dalek::SigningKey;
 use mesh::controller::api::{Answer, ApiError, Body, PushTarget, Request};
 use mesh::controller::config::{ReplicaConfig, ReplicaConfigFile, TlsFile, write_signing_key};
 use mesh::controller::{Running, Service};
-use mesh::core::model::{Machine, Mesh, Module, Mount, Need, Provide};
+use mesh::core::model::Mesh;
 use mesh::host::config::encode_hex;
 use mesh::host::{Agent, HostConfig, QuicSink, listener};
-use mesh_raft::{Clock, MonotonicClock, RaftSettings};
-use mesh_transport::{
-    Ca, Endpoint, Identity, MessageKind, Peer, Principal, TransportConfig, Validity,
-};
+use mesh_raft::{Clock, MonotonicClock};
+#[allow(unused_imports)] // each test binary uses some of them
+pub use mesh_testkit::model::{machine, mount_mesh, provider_consumer_mesh, sleeper};
+#[allow(unused_imports)]
+pub use mesh_testkit::{Pki, fast_raft, wait_deadline, wait_until, wait_value};
+use mesh_transport::{Endpoint, MessageKind, Peer, Principal, TransportConfig};
 use openraft::ServerState;
 use tokio::sync::watch;
-
-/// How long any condition may take before a test fails.
-pub const wait_deadline: Duration = Duration::from_secs(20);
-
-pub fn fast_raft() -> RaftSettings {
-    RaftSettings {
-        heartbeat_ms: 50,
-        election_timeout_min_ms: 500,
-        election_timeout_max_ms: 1000,
-        lease_margin_ms: 100,
-        propose_timeout_ms: 5_000,
-        ..RaftSettings::default()
-    }
-}
 
 pub fn transport() -> TransportConfig {
     TransportConfig {
         request_timeout_ms: 3_000,
         ..TransportConfig::default()
-    }
-}
-
-fn loopback() -> SocketAddr {
-    "127.0.0.1:0".parse().expect("loopback")
-}
-
-pub struct Pki {
-    pub ca: Ca,
-    pub dir: PathBuf,
-}
-
-impl Pki {
-    pub fn identity(&self, principal: &Principal) -> Identity {
-        let cert = self
-            .ca
-            .issue(principal, Validity::days_from_now(1))
-            .expect("issue");
-        Identity::from_pem(self.ca.cert_pem(), cert.cert_pem(), cert.key_pem()).expect("identity")
-    }
-
-    /// Writes a certificate and key for `principal` under `sub`; returns (cert, key) paths.
-    pub fn write(&self, sub: &str, principal: &Principal) -> (PathBuf, PathBuf) {
-        let dir = self.dir.join(sub);
-        std::fs::create_dir_all(&dir).expect("dir");
-        let cert = self
-            .ca
-            .issue(principal, Validity::days_from_now(1))
-            .expect("issue");
-        let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
-        cert.write(&c, &k).expect("write cert");
-        (c, k)
-    }
-
-    pub fn ca_path(&self) -> PathBuf {
-        self.dir.join("ca.pem")
     }
 }
 
@@ -123,18 +75,12 @@ impl Bed {
         clock: Arc<dyn Clock>,
     ) -> Bed {
         let dir = tempfile::tempdir().expect("tempdir");
-        let ca = Ca::create(Validity::days_from_now(1)).expect("CA");
-        let pki = Pki {
-            ca,
-            dir: dir.path().join("pki"),
-        };
-        std::fs::create_dir_all(&pki.dir).expect("pki dir");
-        std::fs::write(pki.ca_path(), pki.ca.cert_pem()).expect("ca.pem");
+        let pki = Pki::in_dir(&dir.path().join("pki"));
         let mut endpoints = BTreeMap::new();
         let mut addrs = BTreeMap::new();
         for id in 1..=n {
             let e = Endpoint::bind(
-                loopback(),
+                mesh_testkit::loopback(),
                 &pki.identity(&Principal::Replica(id)),
                 transport().check().expect("transport"),
             )
@@ -156,7 +102,7 @@ impl Bed {
         }
         let mut bed = Bed {
             operator: Endpoint::bind(
-                loopback(),
+                mesh_testkit::loopback(),
                 &pki.identity(&Principal::Operator("alice".into())),
                 transport().check().expect("transport"),
             )
@@ -229,20 +175,16 @@ impl Bed {
 
     /// Waits until one of `among` leads in a term above `above`; returns it and its term.
     pub async fn wait_leader_among(&self, among: &[u64], above: u64) -> (u64, u64) {
-        let deadline = tokio::time::Instant::now() + wait_deadline;
-        loop {
-            for id in among {
+        let what = format!("a leader above term {above} among {among:?}");
+        wait_value(&what, || {
+            let led = among.iter().find_map(|id| {
                 let m = self.service(*id).replica().metrics().borrow().clone();
-                if m.state == ServerState::Leader && m.current_term > above {
-                    return (*id, m.current_term);
-                }
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no leader above term {above} among {among:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+                (m.state == ServerState::Leader && m.current_term > above)
+                    .then_some((*id, m.current_term))
+            });
+            std::future::ready(led)
+        })
+        .await
     }
 
     pub fn follower(&self, leader: u64) -> u64 {
@@ -404,80 +346,5 @@ async fn start_host(
         endpoint,
         stop,
         root,
-    }
-}
-
-/// A module running `sleep 600` (exec'd by sh, so the pid is the sleeper's).
-pub fn sleeper(name: &str, machine: &str) -> Module {
-    Module {
-        name: name.into(),
-        machine: machine.into(),
-        command: "sh".into(),
-        args: vec!["-c".into(), "exec sleep 600".into()],
-        env: BTreeMap::new(),
-        files: BTreeMap::new(),
-        mounts: vec![],
-        ready: None,
-        after: vec![],
-        provides: vec![],
-        consumes: vec![],
-    }
-}
-
-pub fn machine(name: &str) -> Machine {
-    Machine {
-        name: name.into(),
-        address: "127.0.0.1".into(),
-    }
-}
-
-/// `db` on ace provides `pg` on a port; `app` on g14 consumes it (a cross-machine provision).
-pub fn provider_consumer_mesh() -> Mesh {
-    let mut db = sleeper("db", "ace");
-    db.provides.push(Provide {
-        kind: "pg".into(),
-        port: Some(5999),
-    });
-    let mut app = sleeper("app", "g14");
-    app.consumes.push(Need {
-        kind: "pg".into(),
-        from: "db".into(),
-    });
-    let mut mesh = Mesh::default();
-    for m in ["ace", "g14"] {
-        mesh.machines.insert(m.into(), machine(m));
-    }
-    mesh.modules.insert("db".into(), db);
-    mesh.modules.insert("app".into(), app);
-    mesh
-}
-
-/// `broker` on ace with a mount `data` at `host_dir`.
-pub fn mount_mesh(host_dir: &str) -> Mesh {
-    let mut broker = sleeper("broker", "ace");
-    broker.mounts.push(Mount {
-        name: "data".into(),
-        host_dir: host_dir.into(),
-        target: "data".into(),
-    });
-    let mut mesh = Mesh::default();
-    mesh.machines.insert("ace".into(), machine("ace"));
-    mesh.modules.insert("broker".into(), broker);
-    mesh
-}
-
-/// Waits until `check` is true, or fails after the deadline.
-pub async fn wait_until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + wait_deadline;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
