@@ -100,7 +100,7 @@ async fn g4_stale_epoch_and_moved_revision_are_refused_and_change_nothing() {
             settings_ignored: vec![]
         })
     );
-    let before = one.app.state().expect("state").clone();
+    let before = one.app.state().expect("state").as_ref().clone();
 
     let stale = one
         .propose(
@@ -248,7 +248,7 @@ async fn g9_epoch_floor_follows_terms_and_state_survives_restart() {
     )
     .await;
     assert_eq!(one.app.state().expect("state").epoch_floor, one.term);
-    let before = one.app.state().expect("state").clone();
+    let before = one.app.state().expect("state").as_ref().clone();
     let term = one.term;
     one.replica.shutdown().await.expect("shutdown");
 
@@ -257,7 +257,7 @@ async fn g9_epoch_floor_follows_terms_and_state_survives_restart() {
         again.term >= term,
         "a restarted replica never goes back to an older term"
     );
-    let state = again.app.state().expect("state").clone();
+    let state = again.app.state().expect("state").as_ref().clone();
     assert_eq!(state.mesh, before.mesh);
     assert_eq!(state.revision, before.revision);
     assert_eq!(
@@ -312,7 +312,7 @@ async fn models_and_settings_that_break_the_rules_are_refused_at_apply_and_chang
         },
     )
     .await;
-    let before = one.app.state().expect("state").clone();
+    let before = one.app.state().expect("state").as_ref().clone();
     let history = MeshApp::settings_history(one.replica.database())
         .expect("history")
         .len();
@@ -358,7 +358,7 @@ async fn models_and_settings_that_break_the_rules_are_refused_at_apply_and_chang
             "{says}: {out:?}"
         );
     }
-    let mut after = one.app.state().expect("state").clone();
+    let mut after = one.app.state().expect("state").as_ref().clone();
     after.epoch_floor = before.epoch_floor;
     assert_eq!(after, before, "a refused command changed the state");
     assert_eq!(

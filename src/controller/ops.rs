@@ -19,47 +19,63 @@ use crate::core::report::Health;
 use crate::core::settings::{Edit, Layer, Scope, clear_layer, edit_layer, effective};
 use crate::core::validate::validate;
 use crate::store::app::MeshApp;
-use crate::store::command::{Applied, Command};
+use crate::store::command::{Applied, Command, Outcome, Refusal};
 use crate::store::state::{DomainState, leave_refused};
 
 /// How long `status` waits for each replica's answer to its probe; a replica that takes longer is
 /// shown unreachable.
 pub const status_ping_ms: u64 = 300;
+/// How often `apply` checks a model again when concurrent writes moved the revision under it.
+pub const apply_attempts_max: u32 = 5;
 
 impl Service {
     /// `Request::Apply`: the model keeps the rules `meshctl check` checks and every machine must
     /// compose with it; a machine it drops must run nothing (or is kept empty with `drain`); then
-    /// one CAS write.
+    /// one write, compare-and-set on the revision it was checked at (the machines it changes were
+    /// decided on that read). No lease round: the write only changes the replicated state. When a
+    /// concurrent write moved the revision first, it is checked again on the new state, up to
+    /// [`apply_attempts_max`] times.
     pub(crate) async fn apply(
         &self,
         actor: &str,
-        mut mesh: Mesh,
+        mesh: Mesh,
         why: String,
         drain: bool,
     ) -> Result<Body, ApiError> {
         validate(&mesh).map_err(|e| ApiError::Invalid(format!("{e}\nnothing was stored")))?;
         let mut work = self.work.lock().await;
-        let lease = self.lease().await?;
-        let state = self.state()?;
-        work.refresh(&state)?;
-        let draining = keep_draining(&state, &mut mesh, drain)?;
-        let changes = should_be_changes(&state, &work.cache, &mesh)?;
-        let applied = self
-            .propose(
-                lease.term(),
-                Some(state.revision),
-                actor,
-                Command::ApplyModel { mesh, why, changes },
-            )
-            .await?;
-        let Applied::Model {
-            revision,
-            settings_ignored,
-        } = applied
-        else {
-            return Err(ApiError::Failed(format!(
-                "the store answered apply with {applied:?}"
-            )));
+        let mut attempt = 0;
+        let (state, revision, settings_ignored, draining) = loop {
+            attempt += 1;
+            let term = self.leading_term()?;
+            let state = self.state()?;
+            work.refresh(&state)?;
+            let mut mesh = mesh.clone();
+            let draining = keep_draining(&state, &mut mesh, drain)?;
+            let changes = should_be_changes(&state, &work.cache, &mesh)?;
+            let command = Command::ApplyModel {
+                mesh,
+                why: why.clone(),
+                changes,
+            };
+            match self
+                .propose_outcome(term, Some(state.revision), actor, command)
+                .await?
+            {
+                Outcome::Applied(Applied::Model {
+                    revision,
+                    settings_ignored,
+                }) => break (state, revision, settings_ignored, draining),
+                Outcome::Applied(other) => {
+                    return Err(ApiError::Failed(format!(
+                        "the store answered apply with {other:?}"
+                    )));
+                }
+                Outcome::Refused(Refusal::RevisionMoved { .. }) if attempt < apply_attempts_max => {
+                    continue;
+                }
+                Outcome::Refused(refusal) => return Err(ApiError::Refused(refusal.to_string())),
+            }
         };
         let new_state = self.state()?;
         work.advance(&state, &new_state)?;
@@ -111,7 +127,11 @@ impl Service {
         }))
     }
 
-    /// `Request::SettingsSet` (G6): the outcome is computed first, so a refused edit writes nothing.
+    /// `Request::SettingsSet` (G6): checked against the current snapshot for a quick refusal,
+    /// then decided again at apply, where the answer per key (added, changed, removed) and a
+    /// removal refused without `replace` come from the state the write lands on. No lease round
+    /// and no revision check: the write only changes the replicated state, so its commit in this
+    /// leader's term is the check, and concurrent writes go into one proposal batch.
     pub(crate) async fn settings_set(
         &self,
         actor: &str,
@@ -121,8 +141,7 @@ impl Service {
         replace: bool,
         why: String,
     ) -> Result<Body, ApiError> {
-        let mut work = self.work.lock().await;
-        let lease = self.lease().await?;
+        let term = self.leading_term()?;
         let state = self.state()?;
         check_scope(&state, &scope)?;
         let edit = Edit {
@@ -131,6 +150,7 @@ impl Service {
         };
         edit_layer(state.mesh.settings.layers.get(&scope), edit, replace)
             .map_err(|e| ApiError::Invalid(format!("settings {scope}: {e}")))?;
+        drop(state);
         let command = Command::SetSettings {
             scope: scope.clone(),
             set: layer,
@@ -138,21 +158,19 @@ impl Service {
             replace,
             why,
         };
-        let applied = self
-            .propose(lease.term(), Some(state.revision), actor, command)
-            .await?;
-        self.advance_after_write(&mut work, &state);
+        let applied = self.propose(term, None, actor, command).await?;
         settings_answer(scope, applied)
     }
 
+    /// `Request::SettingsClear`: like a set, decided at apply (a layer already gone is refused
+    /// there).
     pub(crate) async fn settings_clear(
         &self,
         actor: &str,
         scope: Scope,
         why: String,
     ) -> Result<Body, ApiError> {
-        let mut work = self.work.lock().await;
-        let lease = self.lease().await?;
+        let term = self.leading_term()?;
         let state = self.state()?;
         // A layer left behind by a machine or module the model dropped can still be cleared.
         if !state.mesh.settings.layers.contains_key(&scope) {
@@ -160,14 +178,12 @@ impl Service {
         }
         clear_layer(state.mesh.settings.layers.get(&scope))
             .map_err(|e| ApiError::Invalid(format!("settings {scope}: {e}")))?;
+        drop(state);
         let command = Command::ClearSettings {
             scope: scope.clone(),
             why,
         };
-        let applied = self
-            .propose(lease.term(), Some(state.revision), actor, command)
-            .await?;
-        self.advance_after_write(&mut work, &state);
+        let applied = self.propose(term, None, actor, command).await?;
         settings_answer(scope, applied)
     }
 
@@ -216,7 +232,8 @@ impl Service {
                     return (*id, Some((own, Duration::ZERO)));
                 }
                 let asked = std::time::Instant::now();
-                let answer = probe_replica(&self.endpoint, *id, *addr, wait).await;
+                let timings = self.replica.config().timings();
+                let answer = probe_replica(&self.endpoint, &timings, *id, *addr, wait).await;
                 (*id, answer.ok().map(|p| (p, asked.elapsed())))
             }
         });
@@ -365,18 +382,6 @@ impl Service {
         self.backup
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-impl Service {
-    /// Keeps the compose cache current after a settings write; on failure the next request
-    /// rebuilds it (the write itself already succeeded).
-    fn advance_after_write(&self, work: &mut super::service::Work, before: &DomainState) {
-        let advanced = self.state().and_then(|after| work.advance(before, &after));
-        if let Err(e) = advanced {
-            tracing::warn!(error = %e, "compose cache not advanced; it will be rebuilt");
-            work.revision = None;
-        }
     }
 }
 

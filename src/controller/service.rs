@@ -468,12 +468,26 @@ impl Service {
         self.replica.metrics().borrow().current_leader
     }
 
-    /// A copy of the domain state.
-    pub(crate) fn state(&self) -> Result<DomainState, ApiError> {
+    /// The domain state as an immutable snapshot (shared, not copied).
+    pub(crate) fn state(&self) -> Result<Arc<DomainState>, ApiError> {
         self.app
             .state()
-            .map(|s| s.clone())
             .map_err(|e| ApiError::Failed(format!("cannot read the domain state: {e}")))
+    }
+
+    /// The term this replica leads in, for a write that only changes the replicated state: its
+    /// commit in that term is the proof it was decided by the leader of that term (G4), so it
+    /// needs no lease round. Effects outside the cluster (sends) take a [`Service::lease`].
+    pub(crate) fn leading_term(&self) -> Result<u64, ApiError> {
+        let m = self.replica.metrics();
+        let m = m.borrow();
+        if m.state == ServerState::Leader && m.current_leader == Some(self.id) {
+            return Ok(m.current_term);
+        }
+        Err(ApiError::Unavailable(format!(
+            "replica {} is not the leader (leader: {:?}); ask again",
+            self.id, m.current_leader
+        )))
     }
 
     /// A lease from the gate (G3): leadership confirmed by a quorum round.
@@ -533,7 +547,8 @@ impl Service {
         Ok(())
     }
 
-    /// Proposes `command` decided under `epoch` (and revision `expect`) and waits for its outcome.
+    /// Proposes `command` decided under `epoch` (and revision `expect`) and waits for its outcome;
+    /// a refusal is an error.
     pub(crate) async fn propose(
         &self,
         epoch: u64,
@@ -541,6 +556,20 @@ impl Service {
         actor: &str,
         command: Command,
     ) -> Result<Applied, ApiError> {
+        match self.propose_outcome(epoch, expect, actor, command).await? {
+            Outcome::Applied(applied) => Ok(applied),
+            Outcome::Refused(refusal) => Err(ApiError::Refused(refusal.to_string())),
+        }
+    }
+
+    /// Proposes `command` and answers the state machine's outcome, applied or refused.
+    pub(crate) async fn propose_outcome(
+        &self,
+        epoch: u64,
+        expect: Option<u64>,
+        actor: &str,
+        command: Command,
+    ) -> Result<Outcome, ApiError> {
         let proposal = Proposal {
             epoch,
             expect_revision: expect,
@@ -563,10 +592,7 @@ impl Service {
             .map_err(|e| ApiError::Failed(format!("cannot decode the store's answer: {e}")))?;
         self.metrics
             .commit(Ok(matches!(outcome, Outcome::Applied(_))));
-        match outcome {
-            Outcome::Applied(applied) => Ok(applied),
-            Outcome::Refused(refusal) => Err(ApiError::Refused(refusal.to_string())),
-        }
+        Ok(outcome)
     }
 
     /// Answers an operator's request on this replica (which must lead) for `actor`, counted in

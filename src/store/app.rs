@@ -3,7 +3,7 @@
 //! index. Snapshots are read from the tables (an MVCC view consistent with that index), never from
 //! memory, which may be ahead of the view.
 
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, RwLock};
 
 use mesh_migrations::records::EpochRecord;
 use mesh_migrations::tables;
@@ -29,10 +29,12 @@ pub struct DomainSnapshot {
     pub models: Vec<ModelChange>,
 }
 
-/// The domain state machine of one replica.
+/// The domain state machine of one replica. It is the one owner of the state: readers take an
+/// immutable snapshot (`Arc`) and never block an apply for longer than cloning a pointer; an apply
+/// changes the state in place (cloning it only while a reader still holds the previous snapshot).
 #[derive(Debug, Default)]
 pub struct MeshApp {
-    state: RwLock<DomainState>,
+    state: RwLock<Arc<DomainState>>,
 }
 
 impl MeshApp {
@@ -41,7 +43,7 @@ impl MeshApp {
         let txn = db.begin_read()?;
         let state = read_snapshot(&txn)?.state;
         Ok(Arc::new(MeshApp {
-            state: RwLock::new(state),
+            state: RwLock::new(Arc::new(state)),
         }))
     }
 
@@ -60,10 +62,12 @@ impl MeshApp {
         MeshApp::load(&db)
     }
 
-    /// A read view of the current state. Hold it briefly: applies wait for it.
-    pub fn state(&self) -> Result<RwLockReadGuard<'_, DomainState>, AppError> {
+    /// The current state as an immutable snapshot: it stays as it is however long it is held,
+    /// and holding it does not block applies.
+    pub fn state(&self) -> Result<Arc<DomainState>, AppError> {
         self.state
             .read()
+            .map(|s| Arc::clone(&s))
             .map_err(|_| AppError::Other("domain state lock poisoned".into()))
     }
 
@@ -103,23 +107,26 @@ impl App for MeshApp {
         at: EntryAt,
         command: Option<&[u8]>,
     ) -> Result<Vec<u8>, AppError> {
-        let mut state = self
+        // Decoded before the lock: a bad proposal costs no writer time.
+        let proposal = command.map(|bytes| mesh_codec::decode::<Proposal>("proposal", bytes));
+        let mut shared = self
             .state
             .write()
             .map_err(|_| AppError::Other("domain state lock poisoned".into()))?;
-        let Some(bytes) = command else {
+        // In place; a copy is made only while a reader still holds the previous snapshot. A
+        // storage error below leaves memory ahead of the store, and is fatal: openraft stops the
+        // replica on it, and a restart reads the state back from the store (decision 0180).
+        let state = Arc::make_mut(&mut shared);
+        let Some(proposal) = proposal else {
             if let Some(change) = state.observe_term(at.term) {
-                write_changes(txn, &state, &[change], at)?;
+                write_changes(txn, state, &[change], at)?;
             }
             return Ok(Vec::new());
         };
-        let outcome = match mesh_codec::decode::<Proposal>("proposal", bytes) {
+        let outcome = match proposal {
             Ok(proposal) => {
-                // Apply to a copy first: a storage failure below must not leave memory ahead of disk.
-                let mut next = state.clone();
-                let (outcome, changed) = next.apply(at.term, &proposal);
-                write_changes(txn, &next, &changed, at)?;
-                *state = next;
+                let (outcome, changed) = state.apply(at.term, &proposal);
+                write_changes(txn, state, &changed, at)?;
                 outcome
             }
             Err(e) => Outcome::Refused(Refusal::Invalid(format!(
@@ -141,7 +148,7 @@ impl App for MeshApp {
             .map_err(|_| AppError::Other("domain state lock poisoned".into()))?;
         clear_domain_tables(txn)?;
         write_all(txn, &snap)?;
-        *state = snap.state;
+        *state = Arc::new(snap.state);
         Ok(())
     }
 }
