@@ -77,6 +77,33 @@ impl Default for RaftSettings {
     }
 }
 
+/// The Raft timings the lease's safety rests on (decision 0150): a leader's lease is
+/// `election_timeout_min − lease_margin` by its own settings, and it is safe only while every
+/// follower, by *its* settings, refuses votes and waits at least that long after a heartbeat. So
+/// they are one cluster-wide setting: every Raft message carries the sender's, and a replica
+/// refuses a message whose timings differ from its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timings {
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    pub lease_margin_ms: u64,
+}
+
+impl std::fmt::Display for Timings {
+    /// As the `[raft]` keys an operator writes, so the two sides of a refusal can be compared.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "heartbeat_ms = {}, election_timeout_min_ms = {}, election_timeout_max_ms = {}, lease_margin_ms = {}",
+            self.heartbeat_ms,
+            self.election_timeout_min_ms,
+            self.election_timeout_max_ms,
+            self.lease_margin_ms
+        )
+    }
+}
+
 /// Why settings were refused; each names the setting and the bound it broke.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -241,6 +268,17 @@ impl RaftConfig {
     /// The settings this config was validated from.
     pub fn settings(&self) -> &RaftSettings {
         &self.settings
+    }
+
+    /// The timings every replica of the cluster must share ([`Timings`]).
+    pub fn timings(&self) -> Timings {
+        let s = &self.settings;
+        Timings {
+            heartbeat_ms: s.heartbeat_ms,
+            election_timeout_min_ms: s.election_timeout_min_ms,
+            election_timeout_max_ms: s.election_timeout_max_ms,
+            lease_margin_ms: s.lease_margin_ms,
+        }
     }
 
     /// The openraft configuration with the whole election window (for a node that knows no voters).

@@ -18,12 +18,15 @@ use std::io::Cursor;
 
 use serde::{Deserialize, Serialize};
 
-pub use config::{ConfigError, RaftConfig, RaftSettings};
+pub use config::{ConfigError, RaftConfig, RaftSettings, Timings};
 pub use gate::{
     BootClock, Clock, Gate, GateError, Lease, MonotonicClock, TestClock, VoteFence, fenced_vote,
 };
 pub use log_store::LogStore;
-pub use network::{Probed, QuicNetwork, Role, answer as answer_raft_rpc, probe as probe_replica};
+pub use network::{
+    PeerTimings, Probed, QuicNetwork, Role, TimingsDiffer, answer as answer_raft_rpc,
+    check_peer_timings, probe as probe_replica,
+};
 pub use replica::{
     ProposeError, Proposed, Replica, ReplicaSpec, RestoreError, Restored, ShutdownError,
     StartError, restore, store_file_name,

@@ -9,9 +9,15 @@
 //! A [`RaftRequest::Probe`] asks a replica what its Raft core says of itself right now ([`Probed`]):
 //! a follower checks that the leader it forwards to is alive, and `status` shows each replica's own
 //! role, term and log position ([`probe`]).
+//!
+//! Every request carries the sender's [`Timings`]; a replica whose own differ answers
+//! [`RaftReply::TimingsDiffer`] instead of handing the request to Raft (decision 0150), and
+//! [`check_peer_timings`] lets a replica ask its peers before it starts.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use mesh_transport::{Endpoint, MessageKind, Peer, Principal, TransportError};
 use openraft::error::{
@@ -25,14 +31,24 @@ use openraft::raft::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{BasicNode, NodeId, Raft, TypeConfig};
+use crate::{BasicNode, NodeId, Raft, Timings, TypeConfig};
 
 /// Largest snapshot bytes carried in one request; bigger chunks are split.
 pub const snapshot_chunk_bytes_max: usize = 1024 * 1024;
 
-/// One Raft RPC as it crosses the wire.
+/// One Raft RPC as it crosses the wire, with who sent it and the timings it runs.
 #[derive(Debug, Serialize, Deserialize)]
-pub enum RaftRequest {
+pub struct RaftRequest {
+    /// The sending replica (from its endpoint's identity; named in refusals and logs).
+    pub from: NodeId,
+    /// The sender's cluster-wide timings; the receiver refuses the call when its own differ.
+    pub timings: Timings,
+    pub call: RaftCall,
+}
+
+/// The call a [`RaftRequest`] makes.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum RaftCall {
     AppendEntries(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
@@ -101,6 +117,68 @@ pub enum RaftReply {
         Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
     ),
     Probe(Probed),
+    /// The call was not handed to Raft: the receiver `replica` runs other `timings`.
+    TimingsDiffer {
+        replica: NodeId,
+        timings: Timings,
+    },
+}
+
+/// Two replicas run different Raft timings (decision 0150). `own` is the replica that reports it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "replica {peer} runs the raft timings {{{theirs}}} but replica {own} runs {{{ours}}}: the lease is only safe when every follower's election timeout is at least the leader's lease, so Raft timings are one cluster-wide setting and the two refuse each other's Raft messages; set the same [raft] section in every replica.toml"
+)]
+pub struct TimingsDiffer {
+    pub own: NodeId,
+    pub ours: Timings,
+    pub peer: NodeId,
+    pub theirs: Timings,
+}
+
+/// How often one pair of replicas logs the same timings refusal at most (the first always).
+const loud_every: Duration = Duration::from_secs(10);
+
+/// When each (reporting replica, peer, refusing side?) last logged a timings refusal. One entry
+/// per pair of replicas, so it stays as small as the cluster.
+static loud_last: Mutex<BTreeMap<(NodeId, NodeId, bool), Instant>> = Mutex::new(BTreeMap::new());
+
+/// Logs a timings refusal as an error, once per `loud_every` per pair and side: heartbeats would
+/// repeat it ten times a second.
+fn log_loudly(differ: &TimingsDiffer, refusing: bool) {
+    let now = Instant::now();
+    {
+        let mut last = loud_last.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (differ.own, differ.peer, refusing);
+        if last
+            .get(&key)
+            .is_some_and(|at| now.duration_since(*at) < loud_every)
+        {
+            return;
+        }
+        last.insert(key, now);
+    }
+    if refusing {
+        tracing::error!(
+            replica = differ.own,
+            peer = differ.peer,
+            "RAFT TIMINGS DIFFER: refused a Raft message: {differ}"
+        );
+    } else {
+        tracing::error!(
+            replica = differ.own,
+            peer = differ.peer,
+            "RAFT TIMINGS DIFFER: the peer refused this replica's Raft message: {differ}"
+        );
+    }
+}
+
+/// This endpoint's replica id (0 when it carries another identity, which only tests do).
+fn own_id(endpoint: &Endpoint) -> NodeId {
+    match endpoint.principal() {
+        Principal::Replica(id) => *id,
+        _ => 0,
+    }
 }
 
 /// Why an RPC did not reach the other Raft node or came back unreadable.
@@ -115,42 +193,73 @@ pub enum NetworkFault {
     },
     #[error("replica {target}: {what}")]
     BadReply { target: NodeId, what: String },
+    #[error(transparent)]
+    TimingsDiffer(TimingsDiffer),
 }
 
 /// Answers one `MessageKind::Raft` body on the receiving replica: decodes the request, hands it to
 /// `raft`, encodes the reply. `Err` is a refusal the caller sees (an undecodable body).
+/// A request whose timings differ from `timings` (this replica's) is not handed to Raft: the
+/// answer is [`RaftReply::TimingsDiffer`] and the refusal is logged (decision 0150).
 /// Votes go through `fence` when given: a replica whose lease is open grants none (decision 0071).
 pub async fn answer(
     raft: &Raft,
+    timings: &Timings,
     body: &[u8],
     fence: Option<&crate::gate::VoteFence>,
 ) -> Result<Vec<u8>, String> {
     let request: RaftRequest =
         mesh_codec::decode("raft request", body).map_err(|e| e.to_string())?;
-    let reply = match request {
-        RaftRequest::AppendEntries(rpc) => RaftReply::AppendEntries(raft.append_entries(rpc).await),
-        RaftRequest::Vote(rpc) => RaftReply::Vote(match fence {
-            Some(fence) => crate::gate::fenced_vote(raft, rpc, fence).await,
-            None => raft.vote(rpc).await,
-        }),
-        RaftRequest::InstallSnapshot(rpc) => {
-            RaftReply::InstallSnapshot(raft.install_snapshot(rpc).await)
+    let reply = if request.timings != *timings {
+        let own = raft.metrics().borrow().id;
+        log_loudly(
+            &TimingsDiffer {
+                own,
+                ours: *timings,
+                peer: request.from,
+                theirs: request.timings,
+            },
+            true,
+        );
+        RaftReply::TimingsDiffer {
+            replica: own,
+            timings: *timings,
         }
-        RaftRequest::Probe => RaftReply::Probe(Probed::of(raft)),
+    } else {
+        match request.call {
+            RaftCall::AppendEntries(rpc) => {
+                RaftReply::AppendEntries(raft.append_entries(rpc).await)
+            }
+            RaftCall::Vote(rpc) => RaftReply::Vote(match fence {
+                Some(fence) => crate::gate::fenced_vote(raft, rpc, fence).await,
+                None => raft.vote(rpc).await,
+            }),
+            RaftCall::InstallSnapshot(rpc) => {
+                RaftReply::InstallSnapshot(raft.install_snapshot(rpc).await)
+            }
+            RaftCall::Probe => RaftReply::Probe(Probed::of(raft)),
+        }
     };
     mesh_codec::encode("raft reply", &reply).map_err(|e| e.to_string())
 }
 
-/// Asks replica `target` at `addr` what it is ([`RaftRequest::Probe`]), within `timeout` (dial and
-/// handshake included). `endpoint` must carry a replica's identity: only replicas send Raft.
+/// Asks replica `target` at `addr` what it is ([`RaftCall::Probe`]), within `timeout` (dial and
+/// handshake included), saying this replica runs `timings`: a target whose timings differ answers
+/// [`NetworkFault::TimingsDiffer`]. `endpoint` must carry a replica's identity: only replicas send Raft.
 pub async fn probe(
     endpoint: &Endpoint,
+    timings: &Timings,
     target: NodeId,
     addr: SocketAddr,
     timeout: Duration,
 ) -> Result<Probed, NetworkFault> {
     let fault = |what: String| NetworkFault::BadReply { target, what };
-    let body = mesh_codec::encode("raft request", &RaftRequest::Probe)
+    let request = RaftRequest {
+        from: own_id(endpoint),
+        timings: *timings,
+        call: RaftCall::Probe,
+    };
+    let body = mesh_codec::encode("raft request", &request)
         .map_err(|e| fault(format!("probe could not be encoded: {e}")))?;
     let peer = Peer::expecting(addr, Principal::Replica(target));
     let bytes = endpoint
@@ -162,21 +271,72 @@ pub async fn probe(
         Ok(RaftReply::Probe(probed)) => {
             Err(fault(format!("answered a probe as replica {}", probed.id)))
         }
+        Ok(RaftReply::TimingsDiffer {
+            replica,
+            timings: theirs,
+        }) => {
+            let differ = TimingsDiffer {
+                own: request.from,
+                ours: *timings,
+                peer: replica,
+                theirs,
+            };
+            log_loudly(&differ, false);
+            Err(NetworkFault::TimingsDiffer(differ))
+        }
         Ok(_) => Err(fault("answered a probe with another kind of reply".into())),
         Err(e) => Err(fault(format!("reply could not be decoded: {e}"))),
     }
+}
+
+/// What a replica learnt asking its peers' timings before it starts ([`check_peer_timings`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerTimings {
+    /// Peers that answered with the same timings.
+    pub same: Vec<NodeId>,
+    /// Peers that did not answer, and why (they do not block a start).
+    pub silent: Vec<(NodeId, String)>,
+}
+
+/// Probes every peer in `peers` but this replica, all at once, each within `timeout`: `Err` names
+/// the first peer that answers with other timings (the replica must not start); peers that do
+/// not answer are listed, not held against it (decision 0150).
+pub async fn check_peer_timings(
+    endpoint: &Endpoint,
+    timings: &Timings,
+    peers: &BTreeMap<NodeId, SocketAddr>,
+    timeout: Duration,
+) -> Result<PeerTimings, TimingsDiffer> {
+    let own = own_id(endpoint);
+    let asks = peers
+        .iter()
+        .filter(|(id, _)| **id != own)
+        .map(
+            |(id, addr)| async move { (*id, probe(endpoint, timings, *id, *addr, timeout).await) },
+        );
+    let mut checked = PeerTimings::default();
+    for (id, answer) in futures::future::join_all(asks).await {
+        match answer {
+            Ok(_) => checked.same.push(id),
+            Err(NetworkFault::TimingsDiffer(differ)) => return Err(differ),
+            Err(other) => checked.silent.push((id, other.to_string())),
+        }
+    }
+    Ok(checked)
 }
 
 /// The network factory of one replica: dials peers through its transport endpoint.
 #[derive(Clone, Debug)]
 pub struct QuicNetwork {
     endpoint: Endpoint,
+    timings: Timings,
 }
 
 impl QuicNetwork {
-    /// A network over `endpoint`, which must carry this replica's `replica:<id>` identity.
-    pub fn new(endpoint: Endpoint) -> Self {
-        Self { endpoint }
+    /// A network over `endpoint`, which must carry this replica's `replica:<id>` identity; every
+    /// request says this replica runs `timings` (its [`crate::RaftConfig::timings`]).
+    pub fn new(endpoint: Endpoint, timings: Timings) -> Self {
+        Self { endpoint, timings }
     }
 }
 
@@ -186,6 +346,8 @@ impl RaftNetworkFactory<TypeConfig> for QuicNetwork {
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
         QuicConnection {
             endpoint: self.endpoint.clone(),
+            from: own_id(&self.endpoint),
+            timings: self.timings,
             target,
             addr: node.addr.parse().map_err(|_| NetworkFault::BadAddress {
                 target,
@@ -198,6 +360,8 @@ impl RaftNetworkFactory<TypeConfig> for QuicNetwork {
 /// One replica's connection to another (the transport shares the QUIC connection underneath).
 pub struct QuicConnection {
     endpoint: Endpoint,
+    from: NodeId,
+    timings: Timings,
     target: NodeId,
     addr: Result<SocketAddr, NetworkFault>,
 }
@@ -206,9 +370,14 @@ type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E
 
 impl QuicConnection {
     /// Sends one request to the target replica (which must present `replica:<target>`).
-    async fn call(&self, request: &RaftRequest, option: &RPCOption) -> Result<RaftReply, Failed> {
+    async fn call(&self, call: RaftCall, option: &RPCOption) -> Result<RaftReply, Failed> {
         let addr = self.addr.clone().map_err(Failed::Unreachable)?;
-        let body = mesh_codec::encode("raft request", request).map_err(|e| {
+        let request = RaftRequest {
+            from: self.from,
+            timings: self.timings,
+            call,
+        };
+        let body = mesh_codec::encode("raft request", &request).map_err(|e| {
             Failed::Network(NetworkFault::BadReply {
                 target: self.target,
                 what: format!("request could not be encoded: {e}"),
@@ -230,12 +399,24 @@ impl QuicConnection {
                 TransportError::FrameTooLarge { .. } => Failed::TooLarge,
                 other => Failed::Network(transport(other)),
             })?;
-        mesh_codec::decode("raft reply", &bytes).map_err(|e| {
+        let reply = mesh_codec::decode("raft reply", &bytes).map_err(|e| {
             Failed::Network(NetworkFault::BadReply {
                 target: self.target,
                 what: format!("reply could not be decoded: {e}"),
             })
-        })
+        })?;
+        if let RaftReply::TimingsDiffer { replica, timings } = reply {
+            let differ = TimingsDiffer {
+                own: self.from,
+                ours: self.timings,
+                peer: replica,
+                theirs: timings,
+            };
+            log_loudly(&differ, false);
+            // Unreachable: openraft backs off, as from a peer that is not there.
+            return Err(Failed::Unreachable(NetworkFault::TimingsDiffer(differ)));
+        }
+        Ok(reply)
     }
 
     fn wrong_reply(&self, expected: &str) -> Failed {
@@ -258,7 +439,7 @@ impl QuicConnection {
         option: &RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
         match self
-            .call(&RaftRequest::InstallSnapshot(rpc), option)
+            .call(RaftCall::InstallSnapshot(rpc), option)
             .await
             .map_err(Failed::into_rpc)?
         {
@@ -302,7 +483,7 @@ impl RaftNetwork<TypeConfig> for QuicConnection {
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
         let entries = rpc.entries.len() as u64;
-        let reply = self.call(&RaftRequest::AppendEntries(rpc), &option).await;
+        let reply = self.call(RaftCall::AppendEntries(rpc), &option).await;
         match reply {
             Ok(RaftReply::AppendEntries(r)) => r.map_err(|e| self.remote(e)),
             Ok(_) => Err(self.wrong_reply("append-entries").into_rpc()),
@@ -362,7 +543,7 @@ impl RaftNetwork<TypeConfig> for QuicConnection {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
-        match self.call(&RaftRequest::Vote(rpc), &option).await {
+        match self.call(RaftCall::Vote(rpc), &option).await {
             Ok(RaftReply::Vote(r)) => r.map_err(|e| self.remote(e)),
             Ok(_) => Err(self.wrong_reply("vote").into_rpc()),
             Err(f) => Err(f.into_rpc()),

@@ -2,15 +2,24 @@
 //! `meshd restore --config replica.toml --from FILE`: a fresh store from a snapshot file (G9). Logs
 //! go to stderr (`--log-format text|json`, colours only on a terminal); SIGTERM or SIGINT stop
 //! serving, shut Raft down and exit 0.
+//!
+//! Before it starts, meshd asks every peer's Raft timings and refuses to start when one that
+//! answers runs other ones (decision 0150); a peer that does not answer within
+//! [`peer_timings_probe_ms`] does not hold the start.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 
 use mesh::controller::config::ReplicaConfig;
 use mesh::controller::restore::restore;
 use mesh::logging::LogFormat;
+
+/// How long meshd waits for each peer's answer about its Raft timings before starting.
+const peer_timings_probe_ms: u64 = 1_000;
 
 #[derive(Parser)]
 #[command(name = "meshd", about = "A mesh controller replica")]
@@ -71,7 +80,26 @@ async fn run(config: PathBuf) -> anyhow::Result<()> {
     let config = ReplicaConfig::load(&config)?;
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    let running = mesh::controller::start(config)
+    let endpoint = mesh::controller::bind(&config).context("starting the replica")?;
+    let timings = config.raft().timings();
+    let wait = Duration::from_millis(peer_timings_probe_ms);
+    match mesh_raft::check_peer_timings(&endpoint, &timings, config.peers(), wait).await {
+        Ok(checked) => tracing::info!(
+            replica = config.id(),
+            same = ?checked.same,
+            silent = ?checked.silent.iter().map(|(id, _)| id).collect::<Vec<_>>(),
+            "raft timings agree with every peer that answered"
+        ),
+        Err(differ) => {
+            endpoint.close().await;
+            anyhow::bail!(
+                "replica {} refuses to start (nothing was changed): {differ}",
+                config.id()
+            );
+        }
+    }
+    let clock = mesh_raft::BootClock::new().ok_or(mesh::controller::ServiceError::Clock)?;
+    let running = mesh::controller::start_on(config, endpoint, Arc::new(clock))
         .await
         .context("starting the replica")?;
     tokio::select! {

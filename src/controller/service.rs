@@ -275,7 +275,8 @@ pub async fn start_on(
         term_floor,
         bootstrap: Some(bootstrap),
     };
-    let replica = Replica::start(spec, QuicNetwork::new(endpoint.clone()), app.clone()).await?;
+    let network = QuicNetwork::new(endpoint.clone(), config.raft().timings());
+    let replica = Replica::start(spec, network, app.clone()).await?;
     if term_floor > file_floor {
         write_floor(&dir, term_floor)?;
     }
@@ -726,7 +727,8 @@ impl Service {
         })?;
         let timeout =
             Duration::from_millis(self.replica.config().settings().election_timeout_min_ms / 2);
-        let probe = mesh_raft::probe_replica(&self.endpoint, leader, addr, timeout);
+        let timings = self.replica.config().timings();
+        let probe = mesh_raft::probe_replica(&self.endpoint, &timings, leader, addr, timeout);
         let moved = async {
             loop {
                 if metrics.changed().await.is_err() {
@@ -931,8 +933,9 @@ impl Handler for Serving {
             };
             match (kind, from) {
                 (MessageKind::Raft, _) => {
-                    mesh_raft::answer_raft_rpc(service.replica.raft(), &body, Some(&service.fence))
-                        .await
+                    let timings = service.replica.config().timings();
+                    let raft = service.replica.raft();
+                    mesh_raft::answer_raft_rpc(raft, &timings, &body, Some(&service.fence)).await
                 }
                 (MessageKind::Command, Principal::Operator(name)) => {
                     encode_answer(&service.command(&name, &body).await)

@@ -17,6 +17,8 @@ use mesh_raft::{
     BasicNode, Metrics, NodeId, Proposed, RaftConfig, RaftSettings, Replica, ReplicaSpec,
 };
 
+pub mod quic;
+
 /// How long any condition in these tests may take before the test fails.
 pub const wait_deadline: Duration = Duration::from_secs(20);
 
