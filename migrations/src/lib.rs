@@ -9,6 +9,7 @@ mod m0002_controller_epoch;
 mod m0003_settings_history;
 mod m0004_epoch_record;
 mod m0005_model_history;
+mod m0006_requests;
 pub mod records;
 pub mod tables;
 
@@ -19,7 +20,7 @@ use redb::{Database, ReadableDatabase, TableError, WriteTransaction};
 pub use mesh_codec::CodecError;
 
 /// The schema version this binary writes: the version of its last migration.
-pub const schema_version_latest: u64 = m0005_model_history::VERSION;
+pub const schema_version_latest: u64 = m0006_requests::VERSION;
 
 /// Why a migration step failed: it names the storage or encoding fault underneath.
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +118,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: m0005_model_history::VERSION,
         name: m0005_model_history::NAME,
         step: m0005_model_history::step,
+    },
+    Migration {
+        version: m0006_requests::VERSION,
+        name: m0006_requests::NAME,
+        step: m0006_requests::step,
     },
 ];
 

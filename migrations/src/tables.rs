@@ -54,6 +54,10 @@ pub const SETTINGS_HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("
 /// Model applies (since 0005): revision → encoded domain record (why, who, when, machines changed).
 pub const MODEL_HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("model_history");
 
+/// Recent operator requests (since 0006): request id (16 bytes) → encoded domain record (the order
+/// it was remembered in and its first outcome), bounded by the domain's limit.
+pub const REQUESTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("requests");
+
 /// Table shapes that a later migration replaced. Only migrations and fixture tests use them.
 pub mod superseded {
     use redb::TableDefinition;
@@ -78,4 +82,5 @@ pub const CATALOGUE: &[(&str, u64)] = &[
     ("controller_epoch", 2),
     ("settings_history", 3),
     ("model_history", 5),
+    ("requests", 6),
 ];

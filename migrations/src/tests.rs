@@ -109,6 +109,18 @@ fn write_fixture_rows(db: &Database, version: u64) {
     if version >= 5 {
         fill_u64_table(db, tables::MODEL_HISTORY, "model_history");
     }
+    if version >= 6 {
+        let txn = db.begin_write().expect("begin write");
+        {
+            let mut t = txn.open_table(tables::REQUESTS).expect("open requests");
+            for i in 0..rows_per_table {
+                let key = [i as u8; 16];
+                t.insert(key.as_slice(), bytes("requests", i).as_slice())
+                    .expect("insert request");
+            }
+        }
+        txn.commit().expect("commit");
+    }
 }
 
 fn check_str_table(db: &Database, def: TableDefinition<&str, &[u8]>, name: &str) {
@@ -168,6 +180,11 @@ fn check_fixture_rows(db: &Database, version: u64) {
     }
     if version >= 5 {
         check_u64_table(db, tables::MODEL_HISTORY, "model_history");
+    }
+    if version >= 6 {
+        let txn = db.begin_read().expect("begin read");
+        let t = txn.open_table(tables::REQUESTS).expect("open requests");
+        assert_eq!(t.len().expect("len"), rows_per_table, "requests lost rows");
     }
 }
 
