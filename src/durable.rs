@@ -86,6 +86,7 @@ pub fn sync_parent(path: &Path) -> Result<(), StorageError> {
 /// `.<name>.mesh-tmp` beside `path`: hidden, and unlikely to be a name anyone declares.
 pub fn temp_path(path: &Path) -> PathBuf {
     let mut name = std::ffi::OsString::from(".");
+    // allow(empty-on-error): no file name (`/`, `..`): still a hidden name
     name.push(path.file_name().unwrap_or_default());
     name.push(".mesh-tmp");
     path.with_file_name(name)

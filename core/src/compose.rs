@@ -433,6 +433,7 @@ pub fn compose_with(
         let grants = issued
             .get(module.name.as_str())
             .cloned()
+            // allow(empty-on-error): a module that provides to no one is issued no grants
             .unwrap_or_default();
         modules.push(declare(world, module, provisions, grants));
     }

@@ -474,7 +474,9 @@ impl Reader<'_> {
         let command = command.and_then(|v| self.command(v, &format!("{field}.command")));
         let mut module = Module {
             name: name.to_string(),
+            // allow(empty-on-error): reported above; the parse fails
             machine: machine.unwrap_or_default(),
+            // allow(empty-on-error): reported above; the parse fails
             command: command.unwrap_or_default(),
             args: Vec::new(),
             env: BTreeMap::new(),
@@ -999,6 +1001,7 @@ impl Reader<'_> {
                 continue;
             }
             if let Some(cycle) = find_cycle(mesh, start, &mut done) {
+                // allow(empty-on-error): find_cycle returns no empty cycle
                 let first = cycle.first().cloned().unwrap_or_default();
                 let span = self
                     .spans

@@ -218,6 +218,7 @@ impl Router {
         {
             return Fate::Dropped;
         }
+        // allow(empty-on-error): a link with no delay fault set delivers at once
         let delay = faults.delay.get(&(from, to)).copied().unwrap_or_default();
         let held = faults.held.contains(&(from, to));
         Fate::Deliver { delay, held }

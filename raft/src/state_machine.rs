@@ -158,6 +158,7 @@ pub(crate) fn read_applied(
     let membership: Option<StoredMembership> =
         get(table, tables::SM_STATE_LAST_MEMBERSHIP, "last membership")?;
     // Absent keys mean nothing was applied yet: the empty position and membership.
+    // allow(empty-on-error): absent key: nothing applied yet; `get` returns errors
     Ok((applied.flatten(), membership.unwrap_or_default()))
 }
 

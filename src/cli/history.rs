@@ -186,6 +186,7 @@ fn settings_line(c: &SettingsChange) -> String {
     let keys = |l: &Option<crate::core::settings::Layer>| {
         l.as_ref()
             .map(|l| l.keys().cloned().collect::<Vec<_>>())
+            // allow(empty-on-error): a layer that did not exist has no keys
             .unwrap_or_default()
     };
     format!(

@@ -261,6 +261,7 @@ fn machine_addresses(
             .machines
             .get(&name)
             .map(|m| m.address.as_str())
+            // allow(empty-on-error): not a machine: no address, refused below
             .unwrap_or_default();
         let Some(address) = parse_address(written, port).filter(|a| a.port() == port) else {
             return Err(InitError::Usage(format!(

@@ -175,6 +175,7 @@ pub fn exit_code(view: &PushView, waited: Option<&[Waited]>) -> u8 {
         PushOutcome::Sent { .. } => !confirmed_later(&l.machine),
         PushOutcome::Applied { .. } | PushOutcome::Held { .. } => false,
     });
+    // allow(empty-on-error): no wait asked for (`None`) is no module waited on
     let waited = waited.unwrap_or_default();
     let module_failed = waited
         .iter()

@@ -169,11 +169,13 @@ impl ReplicaConfig {
         check_reachable(listen, &peers, &hosts).map_err(|(k, p)| invalid(&k, p))?;
         let raft = raw
             .raft
+            // allow(empty-on-error): no [raft] section is the default settings, validated next
             .unwrap_or_default()
             .validate()
             .map_err(|e| invalid("raft", e.to_string()))?;
         let transport = raw
             .transport
+            // allow(empty-on-error): no [transport] section is the default settings, checked next
             .unwrap_or_default()
             .check()
             .map_err(|e| invalid("transport", e.to_string()))?;

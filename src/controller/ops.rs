@@ -467,6 +467,7 @@ fn should_be_changes(
             changes.push(machine.clone());
         }
         // A mint now wanted (or no longer) changes its provider's should-be too: a grant.
+        // allow(empty-on-error): a machine with no should-be before wanted no mints
         let was = before.map(|b| b.wanted.as_slice()).unwrap_or_default();
         for w in now.wanted.iter().filter(|w| !was.contains(w)) {
             changes.push(w.provider.machine.clone());
@@ -517,6 +518,7 @@ fn placement_of(state: &DomainState, scope: &Scope) -> Option<(String, String)> 
 
 fn machine_view(state: &DomainState, machine: &str, lag: Option<&Lag>, now_ms: u64) -> MachineView {
     let behind = lag.is_some_and(Lag::is_behind);
+    // allow(empty-on-error): a machine with no lag entry is not behind, so has no reasons
     let behind_why = lag.map(Lag::reasons).unwrap_or_default();
     let account = state.accounts.get(machine);
     let report = account.and_then(|a| a.report.as_ref());
@@ -530,8 +532,10 @@ fn machine_view(state: &DomainState, machine: &str, lag: Option<&Lag>, now_ms: u
         last_report: report.map(|r| (r.epoch, r.sequence, r.report_sequence, r.applied)),
         behind,
         behind_why,
+        // allow(empty-on-error): no hold recorded for the machine is no holds
         holds: state.holds.get(machine).cloned().unwrap_or_default(),
         refused_reports: account.map_or(0, |a| a.refused_older),
+        // allow(empty-on-error): never reported: no modules (last_report says so)
         modules: report.map(|r| r.modules.clone()).unwrap_or_default(),
         health: report.map(|r| Health::of(&r.modules)),
         report_filed_ms: filed_ms,

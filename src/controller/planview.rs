@@ -85,6 +85,7 @@ pub(crate) fn plan_view(
             machine: send.machine.clone(),
             reason: send.reason.to_string(),
             changes: changes_of(last, send, &minted, reveal),
+            // allow(empty-on-error): a send with no hold has no holds
             holds: holds.remove(send.machine.as_str()).unwrap_or_default(),
         });
     }

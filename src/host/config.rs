@@ -156,6 +156,7 @@ impl HostConfig {
         let trusted = parse_trusted(&raw.trusted_keys).map_err(|(k, p)| invalid(&k, p))?;
         let transport = raw
             .transport
+            // allow(empty-on-error): no [transport] section is the default settings, checked next
             .unwrap_or_default()
             .check()
             .map_err(|e| invalid("transport", e.to_string()))?;

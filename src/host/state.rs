@@ -114,6 +114,7 @@ impl StateFiles {
     pub fn load_refusals(&self) -> Result<RefusalCounts, StateError> {
         Ok(self
             .load_encoded(&self.refusals_path(), "refusal counts")?
+            // allow(empty-on-error): no file yet is no refusals; errors go up by `?`
             .unwrap_or_default())
     }
 
