@@ -14,10 +14,12 @@ use tokio::time::Instant;
 use crate::config::CheckedConfig;
 use crate::faults::{Faults, Verdict};
 use crate::frame::{self, FrameError, Header};
+use crate::open::{OpenConns, Side};
 use crate::pki::{Identity, server_name};
 use crate::principal::Principal;
 use crate::serve::{Counters, Counts, Handler, ServeContext};
 use crate::tls::{self, ResetKey, RestartableCids, TlsError};
+use crate::trust::{CertInfo, DenyList, Live};
 use crate::writers::MessageKind;
 
 /// First wait after a failed dial, in milliseconds; doubles per failure up to the config's
@@ -65,6 +67,20 @@ pub enum BindError {
     Tls(#[from] TlsError),
 }
 
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(
+        "the reloaded certificate names {loaded}, but this process is {running}; a process keeps its principal: start it with the new config instead"
+    )]
+    Principal {
+        running: Principal,
+        loaded: Principal,
+    },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
 /// Why a request or one-way message did not get through.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransportError {
@@ -78,9 +94,7 @@ pub enum TransportError {
         "frame of {len} bytes is over the limit of {max} bytes (frame_bytes_max); send less or raise the limit on both ends"
     )]
     FrameTooLarge { len: u64, max: usize },
-    #[error(
-        "TLS handshake with {addr} refused: {reason}; check that both certificates are issued by the same mesh CA, unexpired, and name a principal"
-    )]
+    #[error("TLS handshake with {addr} refused: {reason}")]
     HandshakeRefused { addr: SocketAddr, reason: String },
     #[error("{addr} is {found}, not the expected {expected}; check the address in the config")]
     WrongPeer {
@@ -132,6 +146,8 @@ struct Inner {
     counters: Arc<Counters>,
     faults: Arc<Faults>,
     serving: Mutex<bool>,
+    live: Arc<Live>,
+    open: Arc<OpenConns>,
 }
 
 impl Drop for Inner {
@@ -171,8 +187,9 @@ impl Endpoint {
         config: CheckedConfig,
     ) -> Result<Endpoint, BindError> {
         let socket_err = |source| BindError::Socket { addr, source };
-        let server = tls::server_config(identity, &config)?;
-        let client = tls::client_config(identity, &config)?;
+        let live = Arc::new(identity.live()?);
+        let server = tls::server_config_live(live.clone(), &config)?;
+        let client = tls::client_config_live(live.clone(), &config)?;
         let mut endpoint_config = match ResetKey::from_identity(identity) {
             Some(key) => quinn::EndpointConfig::new(Arc::new(key)),
             None => quinn::EndpointConfig::default(),
@@ -194,6 +211,8 @@ impl Endpoint {
                 counters: Arc::new(Counters::default()),
                 faults: Arc::new(Faults::default()),
                 serving: Mutex::new(false),
+                live,
+                open: Arc::new(OpenConns::default()),
             }),
         })
     }
@@ -238,9 +257,70 @@ impl Endpoint {
             counters: self.inner.counters.clone(),
             faults: self.inner.faults.clone(),
             handler,
+            open: self.inner.open.clone(),
         };
         tokio::spawn(crate::serve::accept_loop(self.inner.quinn.clone(), context));
         true
+    }
+
+    /// Loads a new certificate, key and CA set (decision 0170): handshakes from now on use them,
+    /// open connections stay up unless their peer's certificate no longer chains to the new CA
+    /// set (then they are closed, as [`Endpoint::set_denied`] does). The principal cannot change.
+    /// On error nothing changed. Returns how many connections were closed.
+    pub fn reload_identity(&self, identity: &Identity) -> Result<usize, ReloadError> {
+        if identity.principal() != &self.inner.principal {
+            return Err(ReloadError::Principal {
+                running: self.inner.principal.clone(),
+                loaded: identity.principal().clone(),
+            });
+        }
+        self.inner
+            .live
+            .reload(identity.cas(), identity.chain(), identity.key())?;
+        Ok(self.recheck_open())
+    }
+
+    /// Replaces the deny list: the next handshake of a revoked certificate is refused, and open
+    /// connections of one are closed now with the refusal as the reason. Returns how many.
+    pub fn set_denied(&self, deny: DenyList) -> usize {
+        if self.inner.live.denied() == deny {
+            return 0;
+        }
+        self.inner.live.set_denied(deny);
+        self.recheck_open()
+    }
+
+    /// The deny list in force.
+    pub fn denied(&self) -> DenyList {
+        self.inner.live.denied()
+    }
+
+    /// This endpoint's own certificate, and the one each peer presented at its last handshake.
+    pub fn certificates(&self) -> (Option<CertInfo>, Vec<CertInfo>) {
+        (self.inner.live.own(), self.inner.live.seen())
+    }
+
+    /// Checks every open connection's peer certificate against the trust in force and closes
+    /// those refused, each with one line naming the certificate.
+    fn recheck_open(&self) -> usize {
+        let mut closed = 0;
+        for (conn, side) in self.inner.open.all() {
+            let Some(chain) = conn.peer_identity().and_then(|id| {
+                id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                    .ok()
+            }) else {
+                continue;
+            };
+            if let Err(reason) = tls::recheck(&self.inner.live, &chain, side == Side::Dialled) {
+                tracing::warn!(peer = %conn.remote_address(), %reason, "closed an open connection");
+                conn.close(
+                    quinn::VarInt::from_u32(crate::serve::close_untrusted),
+                    reason.as_bytes(),
+                );
+                closed += 1;
+            }
+        }
+        closed
     }
 
     /// Closes every connection and stops serving; peers see the connection closed at once.
@@ -623,6 +703,7 @@ impl Endpoint {
             }
         };
         self.inner.counters.dialled();
+        self.inner.open.track(&conn, Side::Dialled);
         let principal = crate::serve::peer_principal(&conn)
             .map_err(|reason| TransportError::HandshakeRefused { addr, reason })?;
         tracing::debug!(peer = %addr, %principal, "connected");
@@ -738,13 +819,13 @@ fn connection_error(addr: SocketAddr, e: ConnectionError) -> TransportError {
         ConnectionError::TransportError(t) if is_crypto_code(t.code) => {
             TransportError::HandshakeRefused {
                 addr,
-                reason: e.to_string(),
+                reason: crate::trust::handshake_reason(&e.to_string()),
             }
         }
         ConnectionError::ConnectionClosed(close) if is_crypto_code(close.error_code) => {
             TransportError::HandshakeRefused {
                 addr,
-                reason: e.to_string(),
+                reason: crate::trust::handshake_reason(&e.to_string()),
             }
         }
         _ => TransportError::Unreachable {

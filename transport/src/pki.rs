@@ -55,6 +55,10 @@ pub enum PkiError {
     Pem { what: String, reason: String },
     #[error("{what}: holds no certificate")]
     NoCertificate { what: String },
+    #[error(
+        "{what}: holds {count} CA certificates; it must hold one, or two while switching CAs (the old and the new)"
+    )]
+    TooManyCas { what: String, count: usize },
     #[error("{what}: the certificate names no usable principal: {source}")]
     Principal {
         what: String,
@@ -245,11 +249,12 @@ impl IssuedCert {
     }
 }
 
-/// What an endpoint needs to prove who it is and to check others: the CA it trusts, its own
-/// certificate chain and key, and the principal its certificate names.
+/// What an endpoint needs to prove who it is and to check others: the CAs it trusts (every
+/// certificate in `ca.pem`: one, or two while switching CAs, decision 0171), its own certificate
+/// chain and key, and the principal its certificate names.
 pub struct Identity {
     principal: Principal,
-    ca: CertificateDer<'static>,
+    cas: Vec<CertificateDer<'static>>,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
 }
@@ -266,7 +271,7 @@ impl Clone for Identity {
     fn clone(&self) -> Self {
         Identity {
             principal: self.principal.clone(),
-            ca: self.ca.clone(),
+            cas: self.cas.clone(),
             chain: self.chain.clone(),
             key: self.key.clone_key(),
         }
@@ -308,7 +313,21 @@ impl Identity {
         key_pem: &str,
     ) -> Result<Identity, PkiError> {
         let [ca_name, cert_name, key_name] = names;
-        let ca = first_cert(ca_name, ca_pem)?;
+        let mut cas = Vec::new();
+        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            cas.push(cert.map_err(|e| pem_err(ca_name, e))?);
+        }
+        if cas.is_empty() {
+            return Err(PkiError::NoCertificate {
+                what: ca_name.to_string(),
+            });
+        }
+        if cas.len() > crate::trust::cas_max {
+            return Err(PkiError::TooManyCas {
+                what: ca_name.to_string(),
+                count: cas.len(),
+            });
+        }
         let mut chain = Vec::new();
         for cert in CertificateDer::pem_slice_iter(cert_pem.as_bytes()) {
             chain.push(cert.map_err(|e| pem_err(cert_name, e))?);
@@ -325,7 +344,7 @@ impl Identity {
             PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| pem_err(key_name, e))?;
         Ok(Identity {
             principal,
-            ca,
+            cas,
             chain,
             key,
         })
@@ -336,8 +355,20 @@ impl Identity {
         &self.principal
     }
 
-    pub(crate) fn ca(&self) -> &CertificateDer<'static> {
-        &self.ca
+    /// The CA certificates this identity trusts.
+    pub fn cas(&self) -> &[CertificateDer<'static>] {
+        &self.cas
+    }
+
+    /// This identity's certificate: principal, serial, expiry.
+    pub fn cert_info(&self) -> Option<crate::trust::CertInfo> {
+        let leaf = self.chain.first()?;
+        crate::trust::CertInfo::from_der(leaf).ok()
+    }
+
+    /// The live trust and credentials an endpoint serves and dials with.
+    pub(crate) fn live(&self) -> Result<crate::trust::Live, crate::tls::TlsError> {
+        crate::trust::Live::from_parts(&self.cas, self.chain(), self.key())
     }
 
     pub(crate) fn chain(&self) -> Vec<CertificateDer<'static>> {
@@ -353,15 +384,6 @@ fn pem_err(what: &str, e: rustls_pki_types::pem::Error) -> PkiError {
     PkiError::Pem {
         what: what.to_string(),
         reason: e.to_string(),
-    }
-}
-
-fn first_cert(what: &str, pem: &str) -> Result<CertificateDer<'static>, PkiError> {
-    match CertificateDer::pem_slice_iter(pem.as_bytes()).next() {
-        Some(cert) => cert.map_err(|e| pem_err(what, e)),
-        None => Err(PkiError::NoCertificate {
-            what: what.to_string(),
-        }),
     }
 }
 

@@ -40,6 +40,9 @@ pub const stop_frame_too_large: u32 = 1;
 pub const stop_bad_frame: u32 = 2;
 /// Stream stop code: the writers table refused the message.
 pub const stop_denied: u32 = 3;
+/// Connection close code: the peer's certificate is no longer trusted (revoked, or its CA left
+/// the trusted set); the close reason says which certificate and what to do.
+pub const close_untrusted: u32 = 4;
 
 /// Says what a stop code from a peer means.
 pub fn stop_reason(code: VarInt) -> String {
@@ -104,6 +107,7 @@ pub(crate) struct ServeContext {
     pub(crate) counters: Arc<Counters>,
     pub(crate) faults: Arc<Faults>,
     pub(crate) handler: Arc<dyn Handler>,
+    pub(crate) open: Arc<crate::open::OpenConns>,
 }
 
 /// The principal named by the certificate a connected peer presented.
@@ -149,7 +153,10 @@ async fn handshake(incoming: quinn::Incoming, addr: SocketAddr, context: ServeCo
     let timeout = context.config.request_timeout();
     let conn = match tokio::time::timeout(timeout, incoming).await {
         Ok(Ok(conn)) => conn,
-        Ok(Err(e)) => return handshake_refused(&context, addr, &e.to_string()),
+        Ok(Err(e)) => {
+            let reason = crate::trust::handshake_reason(&e.to_string());
+            return handshake_refused(&context, addr, &reason);
+        }
         Err(_) => return handshake_refused(&context, addr, "no handshake before the deadline"),
     };
     let principal = match peer_principal(&conn) {
@@ -160,6 +167,7 @@ async fn handshake(incoming: quinn::Incoming, addr: SocketAddr, context: ServeCo
         }
     };
     tracing::debug!(peer = %addr, %principal, "accepted connection");
+    context.open.track(&conn, crate::open::Side::Accepted);
     serve_connection(conn, addr, principal, context).await;
 }
 

@@ -1,23 +1,26 @@
 //! TLS for the mesh: rustls on the ring provider (always passed explicitly), mutual
-//! authentication against the mesh CA only, and the principal check inside the handshake so a
-//! certificate that names nobody never gets a connection.
+//! authentication against the mesh CA set only, and the principal and deny-list checks inside the
+//! handshake so a certificate that names nobody, or is revoked, never gets a connection. The
+//! certificate, key and trust are read from a [`Live`] at every handshake (decision 0170).
 
 use std::fmt;
 use std::sync::Arc;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
-use rustls::client::WebPkiServerVerifier;
+use rustls::client::ResolvesClientCert;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::crypto::tls13::OkmBlock;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
 use crate::config::CheckedConfig;
 use crate::pki::Identity;
 use crate::principal::Principal;
+use crate::trust::{CertInfo, DenyList, Live, Refusal};
 
 /// ALPN protocol id; a peer speaking another protocol (or another version) fails the handshake.
 pub const alpn_protocol: &[u8] = b"mesh/1";
@@ -35,14 +38,6 @@ pub enum TlsError {
 /// installing a different default must not change what mesh accepts.
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn roots(ca: &CertificateDer<'static>) -> Result<Arc<RootCertStore>, TlsError> {
-    let mut roots = RootCertStore::empty();
-    roots.add(ca.clone()).map_err(|e| TlsError::BadRoot {
-        reason: e.to_string(),
-    })?;
-    Ok(Arc::new(roots))
 }
 
 /// Rejects, inside the handshake, a chain-valid certificate that names no principal.
@@ -74,9 +69,59 @@ impl fmt::Display for NoPrincipal {
 
 impl std::error::Error for NoPrincipal {}
 
-/// webpki client verification against the mesh CA, plus the principal check.
+/// After webpki accepted the chain: a principal, and not on the deny list. Remembers the
+/// certificate for expiry warnings.
+fn mesh_checks(
+    live: &Live,
+    deny: &DenyList,
+    end_entity: &CertificateDer<'_>,
+) -> Result<(), rustls::Error> {
+    principal_check(end_entity)?;
+    let info = CertInfo::from_der(end_entity)
+        .map_err(|reason| Refusal::Other { cert: None, reason }.into_rustls())?;
+    if let Some(refusal) = deny.refusal(&info) {
+        return Err(refusal.into_rustls());
+    }
+    live.remember(info);
+    Ok(())
+}
+
+/// Checks a peer's chain now against the current trust, as the handshake would: used to close
+/// open connections of a peer revoked (or no longer trusted) after it connected. `dialled` says
+/// this side dialled, so the peer served.
+pub(crate) fn recheck(
+    live: &Live,
+    chain: &[CertificateDer<'static>],
+    dialled: bool,
+) -> Result<(), String> {
+    let Some((end_entity, intermediates)) = chain.split_first() else {
+        return Err("peer presented an empty chain".into());
+    };
+    let trust = live.trust();
+    let now = UnixTime::now();
+    let verified = if dialled {
+        let name = ServerName::try_from(crate::pki::server_name).map_err(|e| e.to_string())?;
+        trust
+            .server
+            .verify_server_cert(end_entity, intermediates, &name, &[], now)
+            .map(|_| ())
+    } else {
+        trust
+            .client
+            .verify_client_cert(end_entity, intermediates, now)
+            .map(|_| ())
+    };
+    verified.map_err(|e| Refusal::from_webpki(end_entity, &e).to_string())?;
+    let info = CertInfo::from_der(end_entity)?;
+    match trust.deny.refusal(&info) {
+        Some(refusal) => Err(refusal.to_string()),
+        None => Ok(()),
+    }
+}
+
+/// webpki client verification against the current CA set, plus the principal and deny checks.
 struct MeshClientVerifier {
-    inner: Arc<dyn ClientCertVerifier>,
+    live: Arc<Live>,
 }
 
 impl fmt::Debug for MeshClientVerifier {
@@ -87,7 +132,9 @@ impl fmt::Debug for MeshClientVerifier {
 
 impl ClientCertVerifier for MeshClientVerifier {
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
+        // No hints: the CA set can change while this verifier lives, and every mesh client has
+        // exactly one certificate to offer anyway.
+        &[]
     }
 
     fn verify_client_cert(
@@ -96,10 +143,12 @@ impl ClientCertVerifier for MeshClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self
-            .inner
-            .verify_client_cert(end_entity, intermediates, now)?;
-        principal_check(end_entity)?;
+        let trust = self.live.trust();
+        let verified = trust
+            .client
+            .verify_client_cert(end_entity, intermediates, now)
+            .map_err(|e| Refusal::from_webpki(end_entity, &e).into_rustls())?;
+        mesh_checks(&self.live, &trust.deny, end_entity)?;
         Ok(verified)
     }
 
@@ -109,7 +158,10 @@ impl ClientCertVerifier for MeshClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        self.live
+            .trust()
+            .client
+            .verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -118,18 +170,21 @@ impl ClientCertVerifier for MeshClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        self.live
+            .trust()
+            .client
+            .verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        self.live.trust().client.supported_verify_schemes()
     }
 }
 
-/// webpki server verification against the mesh CA for the fixed name [`crate::pki::server_name`],
-/// plus the principal check.
+/// webpki server verification against the current CA set for the fixed name
+/// [`crate::pki::server_name`], plus the principal and deny checks.
 struct MeshServerVerifier {
-    inner: Arc<WebPkiServerVerifier>,
+    live: Arc<Live>,
 }
 
 impl fmt::Debug for MeshServerVerifier {
@@ -147,14 +202,12 @@ impl ServerCertVerifier for MeshServerVerifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let verified = self.inner.verify_server_cert(
-            end_entity,
-            intermediates,
-            server_name,
-            ocsp_response,
-            now,
-        )?;
-        principal_check(end_entity)?;
+        let trust = self.live.trust();
+        let verified = trust
+            .server
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+            .map_err(|e| Refusal::from_webpki(end_entity, &e).into_rustls())?;
+        mesh_checks(&self.live, &trust.deny, end_entity)?;
         Ok(verified)
     }
 
@@ -164,7 +217,10 @@ impl ServerCertVerifier for MeshServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        self.live
+            .trust()
+            .server
+            .verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -173,11 +229,45 @@ impl ServerCertVerifier for MeshServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        self.live
+            .trust()
+            .server
+            .verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        self.live.trust().server.supported_verify_schemes()
+    }
+}
+
+/// Hands every handshake the certificate and key loaded last, on both sides.
+struct LiveCert {
+    live: Arc<Live>,
+}
+
+impl fmt::Debug for LiveCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LiveCert")
+    }
+}
+
+impl ResolvesServerCert for LiveCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.live.key())
+    }
+}
+
+impl ResolvesClientCert for LiveCert {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(self.live.key())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
     }
 }
 
@@ -194,25 +284,35 @@ pub(crate) fn transport_config(config: &CheckedConfig) -> Arc<quinn::TransportCo
     Arc::new(t)
 }
 
-/// The server side: requires a client certificate chaining to the mesh CA and naming a principal.
+/// The server side of an identity, fixed at the values given: requires a client certificate
+/// chaining to its CA and naming a principal.
 pub fn server_config(
     identity: &Identity,
+    config: &CheckedConfig,
+) -> Result<quinn::ServerConfig, TlsError> {
+    server_config_live(Arc::new(identity.live()?), config)
+}
+
+/// The server side reading `live` at every handshake: a reload or a new deny list takes effect
+/// on the next connection.
+pub fn server_config_live(
+    live: Arc<Live>,
     config: &CheckedConfig,
 ) -> Result<quinn::ServerConfig, TlsError> {
     let err = |reason: String| TlsError::Config {
         side: "server",
         reason,
     };
-    let inner = WebPkiClientVerifier::builder_with_provider(roots(identity.ca())?, provider())
-        .build()
-        .map_err(|e| err(e.to_string()))?;
-    let verifier = Arc::new(MeshClientVerifier { inner });
+    let verifier = Arc::new(MeshClientVerifier { live: live.clone() });
     let mut tls = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| err(e.to_string()))?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(identity.chain(), identity.key())
-        .map_err(|e| err(e.to_string()))?;
+        .with_cert_resolver(Arc::new(LiveCert { live }));
+    // No resumption: a resumed session skips certificate verification, so a peer revoked (or
+    // whose CA left the trusted set) after its first handshake would get back in on a ticket.
+    tls.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    tls.send_tls13_tickets = 0;
     tls.alpn_protocols = vec![alpn_protocol.to_vec()];
     let quic = QuicServerConfig::try_from(tls).map_err(|e| err(e.to_string()))?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
@@ -220,12 +320,12 @@ pub fn server_config(
     Ok(server)
 }
 
-/// The dialling side of an identity.
+/// The dialling side of an identity, fixed at the values given.
 pub fn client_config(
     identity: &Identity,
     config: &CheckedConfig,
 ) -> Result<quinn::ClientConfig, TlsError> {
-    client_config_from_parts(identity.ca(), identity.chain(), identity.key(), config)
+    client_config_live(Arc::new(identity.live()?), config)
 }
 
 /// The dialling side from raw parts, whatever the certificate names. Tools and tests use it to
@@ -236,21 +336,28 @@ pub fn client_config_from_parts(
     key: PrivateKeyDer<'static>,
     config: &CheckedConfig,
 ) -> Result<quinn::ClientConfig, TlsError> {
+    let live = Live::from_parts(std::slice::from_ref(ca), chain, key)?;
+    client_config_live(Arc::new(live), config)
+}
+
+/// The dialling side reading `live` at every handshake.
+pub fn client_config_live(
+    live: Arc<Live>,
+    config: &CheckedConfig,
+) -> Result<quinn::ClientConfig, TlsError> {
     let err = |reason: String| TlsError::Config {
         side: "client",
         reason,
     };
-    let inner = WebPkiServerVerifier::builder_with_provider(roots(ca)?, provider())
-        .build()
-        .map_err(|e| err(e.to_string()))?;
-    let verifier = Arc::new(MeshServerVerifier { inner });
+    let verifier = Arc::new(MeshServerVerifier { live: live.clone() });
     let mut tls = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| err(e.to_string()))?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
-        .with_client_auth_cert(chain, key)
-        .map_err(|e| err(e.to_string()))?;
+        .with_client_cert_resolver(Arc::new(LiveCert { live }));
+    // Every dial verifies the server in full (see server_config_live).
+    tls.resumption = rustls::client::Resumption::disabled();
     tls.alpn_protocols = vec![alpn_protocol.to_vec()];
     let quic = QuicClientConfig::try_from(tls).map_err(|e| err(e.to_string()))?;
     let mut client = quinn::ClientConfig::new(Arc::new(quic));
