@@ -2,32 +2,22 @@
 //! group (grandchildren too), so no process outlives its owner; free ports are distinct.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mesh::cli::procs::{Guarded, free_ports};
+use mesh_testkit::alive;
+use mesh_testkit::wait::{poll_blocking, poll_interval, wait_deadline};
 
-/// Whether a process with this pid is still running (a zombie counts as gone).
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
-fn wait_for_pid(file: &Path) -> i32 {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(pid) = std::fs::read_to_string(file)
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-        {
-            return pid;
-        }
-        assert!(Instant::now() < deadline, "the child never wrote its pid");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// The pid the child wrote to `file`, once it has.
+fn written_pid(file: &Path) -> u32 {
+    let read = || {
+        Ok::<_, String>(
+            std::fs::read_to_string(file)
+                .ok()
+                .and_then(|t| t.trim().parse().ok()),
+        )
+    };
+    poll_blocking(wait_deadline, poll_interval, read).expect("the child never wrote its pid")
 }
 
 #[test]
@@ -46,15 +36,13 @@ fn dropping_a_guard_stops_the_child_and_its_grandchildren() {
             grace,
         )
         .expect("spawn");
-        let child = i32::try_from(guard.pid()).expect("pid");
-        let grandchild = wait_for_pid(&pid_file);
+        let child = guard.pid();
+        let grandchild = written_pid(&pid_file);
         assert!(alive(child) && alive(grandchild));
         drop(guard);
         assert!(!alive(child), "child {child} outlived its guard");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while alive(grandchild) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let gone = || Ok::<_, String>((!alive(grandchild)).then_some(()));
+        let _ = poll_blocking(wait_deadline, poll_interval, gone);
         assert!(
             !alive(grandchild),
             "grandchild {grandchild} outlived the guard"

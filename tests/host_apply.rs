@@ -111,13 +111,13 @@ async fn g12_a_dependent_starts_only_after_its_dependency_passes_its_file_probe(
         .receive(&fx.seal(1, 1, vec![db, web]))
         .await
         .expect("applied");
-    wait_for("web to wait on db", || async {
+    wait_until("web to wait on db", || async {
         let status = agent.status().await;
         matches!(find(&status, "web").map(|s| &s.state),
             Some(ModuleState::Waiting { on }) if on.contains("db"))
     })
     .await;
-    wait_for("db to run", || async {
+    wait_until("db to run", || async {
         let status = agent.status().await;
         find(&status, "db").is_some_and(|s| s.state == ModuleState::Running)
     })
@@ -127,7 +127,7 @@ async fn g12_a_dependent_starts_only_after_its_dependency_passes_its_file_probe(
     let web_pid = ready_pid(&agent, "web").await;
     let _guard = GroupGuard(vec![web_pid]);
     let saw = fx.module_dir("web").join("saw");
-    wait_for("web to look", || async { !read(&saw).is_empty() }).await;
+    wait_until("web to look", || async { !read(&saw).is_empty() }).await;
     assert_eq!(read(&saw).trim(), "ready");
     agent.shutdown().await;
 }
@@ -146,7 +146,7 @@ async fn a_command_that_does_not_exist_is_reported_failed_while_others_run() {
         .expect("applied");
     let pid = ready_pid(&agent, "fine").await;
     let _guard = GroupGuard(vec![pid]);
-    wait_for("broken to be failed", || async {
+    wait_until("broken to be failed", || async {
         let status = agent.status().await;
         matches!(find(&status, "broken").map(|s| &s.state),
             Some(ModuleState::Failed { error }) if error.contains("mesh-no-such-command"))
@@ -175,7 +175,7 @@ async fn a_removed_module_is_stopped_with_its_whole_process_group() {
         .expect("applied");
     let leader = ready_pid(&agent, "forks").await;
     let child_file = fx.module_dir("forks").join("child");
-    wait_for("the background child", || async {
+    wait_until("the background child", || async {
         read(&child_file).trim().parse::<u32>().is_ok()
     })
     .await;
@@ -186,7 +186,7 @@ async fn a_removed_module_is_stopped_with_its_whole_process_group() {
         .receive(&fx.seal(1, 2, vec![]))
         .await
         .expect("applied");
-    wait_for("the whole group to stop", || async {
+    wait_until("the whole group to stop", || async {
         !alive(leader) && !alive(child)
     })
     .await;
@@ -203,7 +203,7 @@ async fn a_module_that_exits_is_restarted_with_backoff() {
         .await
         .expect("applied");
     let runs = fx.module_dir("flaky").join("runs");
-    wait_for("three runs", || async { read(&runs).lines().count() >= 3 }).await;
+    wait_until("three runs", || async { read(&runs).lines().count() >= 3 }).await;
     let status = agent.status().await;
     let flaky = find(&status, "flaky").expect("flaky on the board");
     assert!(flaky.restarts >= 2, "{flaky:?}");
@@ -233,7 +233,7 @@ async fn mounts_settings_and_identity_reach_the_module() {
     let pid = ready_pid(&agent, "db").await;
     let _guard = GroupGuard(vec![pid]);
     let mount = fx.mounts().join("srv/db");
-    wait_for("the module to write into its mount", || async {
+    wait_until("the module to write into its mount", || async {
         read(&mount.join("hello")).trim() == "hi"
     })
     .await;
@@ -280,7 +280,7 @@ async fn g12_a_consumer_waits_for_its_providers_endpoint() {
         .receive(&fx.seal(1, 1, vec![web]))
         .await
         .expect("applied");
-    wait_for("web to wait on the endpoint", || async {
+    wait_until("web to wait on the endpoint", || async {
         let status = agent.status().await;
         matches!(find(&status, "web").map(|s| &s.state),
             Some(ModuleState::Waiting { on }) if on.contains(&endpoint))

@@ -5,7 +5,6 @@
 mod host_common;
 
 use host_common::*;
-use std::time::{Duration, Instant};
 
 /// Applies one module that writes its pid, through the library, and writes host.toml; returns
 /// the config path and the pid file (removed, so the next start is seen).
@@ -33,7 +32,7 @@ fn spawn_host(fx: &Fixture, config: &std::path::Path) -> HostProcess {
 }
 
 async fn module_pid(pid_file: &std::path::Path) -> u32 {
-    wait_for("the module to start", || async {
+    wait_until("the module to start", || async {
         read(pid_file).trim().parse::<u32>().is_ok()
     })
     .await;
@@ -62,7 +61,7 @@ async fn a_module_left_by_a_killed_mesh_host_is_stopped_before_the_next_start() 
     let fresh = module_pid(&pid_file).await;
     let _guard2 = GroupGuard(vec![fresh]);
     assert_ne!(fresh, leftover);
-    wait_for("the leftover to be stopped", || async { !alive(leftover) }).await;
+    wait_until("the leftover to be stopped", || async { !alive(leftover) }).await;
     agent.shutdown().await;
 }
 
@@ -78,17 +77,7 @@ async fn mesh_host_resumes_its_declaration_and_stops_every_module_on_sigterm() {
 
     let agent_pid = nix::unistd::Pid::from_raw(agent.0.id() as i32);
     nix::sys::signal::kill(agent_pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    let deadline = Instant::now() + Duration::from_secs(wait_s);
-    let status = loop {
-        if let Some(status) = agent.0.try_wait().expect("try_wait") {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "mesh-host did not exit on SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = agent.exited().await;
     assert!(status.success(), "mesh-host exited with {status}");
     assert!(!alive(module), "module {module} outlived mesh-host");
 }

@@ -158,7 +158,7 @@ async fn g2_envelope_from_a_replica_certificate_is_applied_by_mesh_host_and_answ
     };
     assert_eq!(reply, EnvelopeReply::Applied { position, digest });
     let pid_file = fx.module_dir("web").join("pid");
-    wait_for("the module to run", || async {
+    wait_until("the module to run", || async {
         read(&pid_file).trim().parse::<u32>().is_ok()
     })
     .await;
@@ -171,7 +171,7 @@ async fn g2_envelope_from_a_replica_certificate_is_applied_by_mesh_host_and_answ
         matches!(again, EnvelopeReply::Refused { older: true, .. }),
         "{again:?}"
     );
-    wait_for("the apply report at the leader", || async {
+    wait_until("the apply report at the leader", || async {
         let reports = leader_log.reports();
         reports.iter().any(|(_, r)| r.applied == Some(digest))
     })
@@ -237,7 +237,7 @@ async fn reports_from_mesh_host_follow_a_not_leader_redirect_and_then_go_to_the_
     let mut host = HostProcess::spawn(&config, &log_of(&fx));
     host.listening(&fx.root()).await;
 
-    wait_for("three reports at the leader", || async {
+    wait_until("three reports at the leader", || async {
         leader_log.reports().len() >= 3
     })
     .await;
@@ -304,12 +304,12 @@ async fn g5_reports_queued_while_no_replica_answers_are_delivered_in_order_when_
 
     let queue = fx.root().join("reports");
     let queued = || std::fs::read_dir(&queue).map(|d| d.count()).unwrap_or(0);
-    wait_for("three reports queued", || async { queued() >= 3 }).await;
+    wait_until("three reports queued", || async { queued() >= 3 }).await;
     let waiting = queued() as u64;
     assert!(replica_log.reports().is_empty());
 
     assert!(replica.serve(replica_log.clone()));
-    wait_for("the queued reports at the replica", || async {
+    wait_until("the queued reports at the replica", || async {
         replica_log.reports().len() as u64 >= waiting
     })
     .await;

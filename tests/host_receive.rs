@@ -122,7 +122,7 @@ async fn g2_mark_is_on_disk_before_the_module_starts() {
         .await
         .expect("applied");
     let seen = fx.module_dir("web").join("seen");
-    wait_for("the module to record the mark", || async {
+    wait_until("the module to record the mark", || async {
         read(&seen).contains("sequence")
     })
     .await;

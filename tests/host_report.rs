@@ -110,7 +110,7 @@ async fn g5_the_report_after_an_apply_names_the_envelope_and_its_digest() {
         .receive(&fx.seal(4, 2, vec![sleeper("web")]))
         .await
         .expect("applied");
-    wait_for("the apply report", || async {
+    wait_until("the apply report", || async {
         !fx.sink.reports().is_empty()
     })
     .await;
@@ -137,7 +137,7 @@ async fn g5_the_reconcile_loop_reports_on_its_interval() {
         let agent = Arc::clone(&agent);
         tokio::spawn(async move { agent.reconcile(stop_rx).await })
     };
-    wait_for("three periodic reports", || async {
+    wait_until("three periodic reports", || async {
         fx.sink.reports().len() >= 3
     })
     .await;
@@ -171,7 +171,7 @@ async fn a_module_that_fails_is_reported_with_its_exit_before_the_next_reconcile
         .await
         .expect("applied");
     let crash = |r: &Report| r.modules.iter().find(|m| m.name == "crash").cloned();
-    wait_for("a report of crash failed with exit 3", || async {
+    wait_until("a report of crash failed with exit 3", || async {
         fx.sink.reports().iter().filter_map(crash).any(|m| {
             matches!(m.state, ModuleState::Failed { .. }) && m.last_exit == Some(Exit::Code(3))
         })

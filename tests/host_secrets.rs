@@ -68,7 +68,7 @@ async fn secrets_are_0600_and_never_appear_in_logs_or_reports() {
     let pid = ready_pid(&agent, "web").await;
     let _guard = GroupGuard(vec![pid]);
     let dir = fx.module_dir("web");
-    wait_for("the module to read its secret", || async {
+    wait_until("the module to read its secret", || async {
         dir.join("read-ok").exists()
     })
     .await;

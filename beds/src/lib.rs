@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mesh::cli::context::{ContextFile, ContextTls};
 use mesh::cli::init::{InitArgs, Layout, host_port_default, layout, write};
@@ -344,23 +344,17 @@ impl Bed {
         &self,
         what: &str,
         wait_ms: u64,
-        mut probe: impl FnMut() -> anyhow::Result<Option<T>>,
+        probe: impl FnMut() -> anyhow::Result<Option<T>>,
     ) -> anyhow::Result<T> {
-        let deadline = Instant::now() + Duration::from_millis(wait_ms);
-        loop {
-            let last = match probe() {
-                Ok(Some(v)) => return Ok(v),
-                Ok(None) => "not yet".to_string(),
-                Err(e) => format!("{e:#}"),
-            };
-            if Instant::now() >= deadline {
-                bail!(
+        let within = Duration::from_millis(wait_ms);
+        mesh_testkit::wait::poll_blocking(within, Duration::from_millis(poll_ms), probe).map_err(
+            |last| {
+                anyhow!(
                     "{what}: not within {wait_ms} ms (last: {last}); logs in {}",
                     self.dir.join("logs").display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(poll_ms));
-        }
+                )
+            },
+        )
     }
 
     /// Waits until a replica other than `not` says it leads, and returns its id.

@@ -41,8 +41,6 @@ pub const settle_wait_ms: u64 = 5_000;
 pub const tasks_stop_wait_ms: u64 = 10_000;
 /// Interval of the hosts' reconcile reports.
 pub const reconcile_every_ms: u64 = 50;
-/// Polling interval while looking for a leader to converge on.
-pub const leader_poll_ms: u64 = 20;
 /// Violations shown in full (with the events around them) in a failure message.
 pub const violations_shown_max: usize = 12;
 /// Events printed from the end of the history in a failure message.
@@ -486,17 +484,13 @@ async fn stop_tasks(tasks: &mut JoinSet<()>, history: &Recorder) {
 
 /// Waits until a leader confirms its commit point and every replica applied up to it.
 async fn converge(replicas: &BTreeMap<NodeId, SharedReplica>) -> Result<(), RunError> {
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(converge_wait_ms);
-    let index = loop {
-        if let Some(index) = commit_point(replicas, deadline).await {
-            break index;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(RunError::Stuck(format!(
-                "no leader confirmed its commit point within {converge_wait_ms} ms"
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(leader_poll_ms)).await;
+    let within = Duration::from_millis(converge_wait_ms);
+    let deadline = tokio::time::Instant::now() + within;
+    let found = mesh_testkit::wait::poll_within(within, || commit_point(replicas, deadline)).await;
+    let Some(index) = found else {
+        return Err(RunError::Stuck(format!(
+            "no leader confirmed its commit point within {converge_wait_ms} ms"
+        )));
     };
     for (id, replica) in replicas {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());

@@ -21,7 +21,7 @@ pub mod raft;
 pub mod wait;
 
 pub use net::loopback;
-pub use pki::{Pki, host, operator, replica};
+pub use pki::{Pki, TlsFiles, host, operator, replica};
 pub use process::{ChildGuard, GroupGuard, alive};
 pub use raft::fast_raft;
 pub use wait::{wait_deadline, wait_for, wait_until, wait_value};

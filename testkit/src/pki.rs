@@ -69,14 +69,34 @@ impl Pki {
     /// Writes a certificate and key for `principal` as `<dir>/<sub>/cert.pem` and `key.pem`;
     /// returns (cert, key) paths.
     pub fn write(&self, sub: &str, principal: &Principal) -> (PathBuf, PathBuf) {
-        let dir = self.dir.join(sub);
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
-        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-        self.issue(principal)
-            .write(&cert, &key)
-            .unwrap_or_else(|e| panic!("write {}: {e}", cert.display()));
-        (cert, key)
+        let files = self.write_to(&self.dir.join(sub), principal);
+        (files.cert, files.key)
     }
+
+    /// Writes the CA certificate and a certificate and key for `principal` under `dir` (made if
+    /// missing), for a process whose files must outlive this PKI.
+    pub fn write_to(&self, dir: &Path, principal: &Principal) -> TlsFiles {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        let files = TlsFiles {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("cert.pem"),
+            key: dir.join("key.pem"),
+        };
+        std::fs::write(&files.ca, self.ca.cert_pem())
+            .unwrap_or_else(|e| panic!("write {}: {e}", files.ca.display()));
+        self.issue(principal)
+            .write(&files.cert, &files.key)
+            .unwrap_or_else(|e| panic!("write {}: {e}", files.cert.display()));
+        files
+    }
+}
+
+/// Where [`Pki::write_to`] put a CA certificate and one identity.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// Replica `id`'s principal.
