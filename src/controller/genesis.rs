@@ -4,14 +4,12 @@
 //! machine's agent is not running yet. `mesh-host` applies it at its first start through the same
 //! fencing as any envelope.
 
-use mesh_raft::Lease;
+use std::time::Instant;
 
 use super::api::{ApiError, Body, PushTarget};
-use super::push::{PushJob, envelope_of};
+use super::engine::PushJob;
 use super::service::Service;
-use crate::core::envelope::seal;
-use crate::core::plan::PlannedSend;
-use crate::store::command::SendRecord;
+use crate::core::envelope::{Envelope, seal};
 
 impl Service {
     /// `Request::Genesis`: refused for a machine not in the model or already sent to.
@@ -61,15 +59,22 @@ impl Service {
         }
     }
 
-    /// Seals the kept send's envelope, only while this replica may still act (G3).
+    /// Seals the kept envelope, only while this replica leads in its epoch and before `deadline`,
+    /// the lease's end (G3).
     pub(crate) fn seal_kept(
         &self,
-        lease: &Lease,
-        send: &PlannedSend,
-        record: &SendRecord,
+        envelope: &Envelope,
+        deadline: Instant,
     ) -> Result<Vec<u8>, String> {
-        self.acting(lease)?;
-        let envelope = envelope_of(send, record, self.id);
-        seal(&envelope, &self.key).map_err(|e| format!("could not seal the genesis: {e}"))
+        self.leads_in(envelope.epoch)?;
+        let now = self.clock.now();
+        if now >= deadline {
+            return Err(format!(
+                "lease closed: the lease of term {} ended {} ms before the genesis was sealed",
+                envelope.epoch,
+                now.duration_since(deadline).as_millis()
+            ));
+        }
+        seal(envelope, &self.key).map_err(|e| format!("could not seal the genesis: {e}"))
     }
 }

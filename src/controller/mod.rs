@@ -1,6 +1,7 @@
 //! The replica service: leader loop, lease gate use, push orchestration, forwarding and API handlers.
 pub mod api;
 pub mod config;
+mod engine;
 pub mod floor;
 mod genesis;
 pub mod http;

@@ -43,16 +43,16 @@ impl Service {
         drain: bool,
     ) -> Result<Body, ApiError> {
         validate(&mesh).map_err(|e| ApiError::Invalid(format!("{e}\nnothing was stored")))?;
-        let mut work = self.work.lock().await;
         let mut attempt = 0;
-        let (state, revision, settings_ignored, draining) = loop {
+        let (revision, settings_ignored, draining) = loop {
             attempt += 1;
             let term = self.leading_term()?;
             let state = self.state()?;
-            work.refresh(&state)?;
             let mut mesh = mesh.clone();
             let draining = keep_draining(&state, &mut mesh, drain)?;
-            let changes = should_be_changes(&state, &work.cache, &mesh)?;
+            let changes = self.work.with(&state, |work| {
+                should_be_changes(&state, work.cache(), &mesh)
+            })??;
             let command = Command::ApplyModel {
                 mesh,
                 why: why.clone(),
@@ -65,7 +65,7 @@ impl Service {
                 Outcome::Applied(Applied::Model {
                     revision,
                     settings_ignored,
-                }) => break (state, revision, settings_ignored, draining),
+                }) => break (revision, settings_ignored, draining),
                 Outcome::Applied(other) => {
                     return Err(ApiError::Failed(format!(
                         "the store answered apply with {other:?}"
@@ -78,10 +78,11 @@ impl Service {
             }
         };
         let new_state = self.state()?;
-        work.advance(&state, &new_state)?;
         // Compared with what was last sent, not with the previous revision: a machine already
         // behind stays named, and a machine this revision brings back to its last send is not.
-        let changes: BTreeSet<String> = behind_of(&new_state, &work.cache);
+        let changes: BTreeSet<String> = self
+            .work
+            .with(&new_state, |work| behind_of(&new_state, work.cache()))?;
         Ok(Body::Applied {
             revision,
             changes: changes.into_iter().collect(),
@@ -190,20 +191,10 @@ impl Service {
     /// `Request::Status`: replicas, machines, revision, floor and any store reset.
     pub(crate) async fn status(&self) -> Result<Body, ApiError> {
         let state = self.state()?;
-        // A running push holds the cache; status then composes its own rather than wait.
-        let lags = match self.work.try_lock() {
-            Ok(mut work) => {
-                work.refresh(&state)?;
-                lags(&work.cache, &known_of(&state))
-            }
-            Err(_) => {
-                let world = World::new(state.mesh.clone(), state.provisions.values().cloned());
-                let cache = DigestCache::build(&world).map_err(|e| {
-                    ApiError::Failed(format!("the stored model does not compose: {e}"))
-                })?;
-                lags(&cache, &known_of(&state))
-            }
-        };
+        // The cache is locked only while computing: status never waits for a push.
+        let lags = self
+            .work
+            .with(&state, |work| lags(work.cache(), &known_of(&state)))?;
         let now = now_ms();
         let machines = state
             .mesh

@@ -2,7 +2,7 @@
 //! operator commands with follower forwarding (G13), host reports), the epoch-floor file (G9), and
 //! the shared helpers every operation uses: the lease gate (G3), proposals (G4) and the compose cache.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -21,11 +21,8 @@ use super::api::{Answer, ApiError, Body, Forwarded, Request};
 use super::config::{ConfigError, ReplicaConfig};
 use super::floor::{FloorError, read_floor, write_floor};
 use super::metrics::{Metrics, request_kind};
-use crate::core::compose::World;
 use crate::core::envelope::{Position, ProofError};
-use crate::core::plan::DigestCache;
 use crate::core::report::Report;
-use crate::core::settings::Scope;
 use crate::core::wire::{ReportReply, check_report_machine, report_reply_what, report_what};
 use crate::store::app::{MeshApp, decode_outcome};
 use crate::store::command::{Applied, Command, Outcome, Proposal};
@@ -87,92 +84,6 @@ pub enum ServiceError {
     Http(#[from] super::http::HttpError),
 }
 
-/// The compose cache of the leader: the world and every machine's should-be digest at `revision`.
-/// The mutex around it also serialises this replica's writes, so one push's CAS is not raced by its
-/// own replica.
-pub(crate) struct Work {
-    pub(crate) revision: Option<u64>,
-    pub(crate) world: World,
-    pub(crate) cache: DigestCache,
-}
-
-impl Work {
-    /// Makes the world and digests current for `state`, rebuilding only when the revision moved.
-    pub(crate) fn refresh(&mut self, state: &DomainState) -> Result<(), ApiError> {
-        if self.revision == Some(state.revision) {
-            return Ok(());
-        }
-        let world = World::new(state.mesh.clone(), state.provisions.values().cloned());
-        let cache = DigestCache::build(&world).map_err(|e| {
-            ApiError::Failed(format!(
-                "the stored model does not compose at revision {}: {e}",
-                state.revision
-            ))
-        })?;
-        self.world = world;
-        self.cache = cache;
-        self.revision = Some(state.revision);
-        Ok(())
-    }
-}
-
-impl Work {
-    /// Moves the cache from `old` to `new` after one model or settings write by this leader,
-    /// recomposing only the machines the change touches; anything else rebuilds the whole cache.
-    pub(crate) fn advance(&mut self, old: &DomainState, new: &DomainState) -> Result<(), ApiError> {
-        let moved_module = new.mesh.modules.iter().any(|(name, m)| {
-            old.mesh
-                .modules
-                .get(name)
-                .is_some_and(|o| o.machine != m.machine)
-        });
-        let incremental = self.revision == Some(old.revision)
-            && new.revision == old.revision + 1
-            && new.provisions.len() == old.provisions.len()
-            && old
-                .mesh
-                .machines
-                .keys()
-                .all(|m| new.mesh.machines.contains_key(m))
-            && !moved_module;
-        if !incremental {
-            return self.refresh(new);
-        }
-        let mut touched = BTreeSet::new();
-        for (name, machine) in &new.mesh.machines {
-            if old.mesh.machines.get(name) != Some(machine) {
-                touched.extend(self.world.put_machine(machine.clone()));
-            }
-        }
-        for name in old.mesh.modules.keys() {
-            if !new.mesh.modules.contains_key(name) {
-                touched.extend(self.world.remove_module(name));
-            }
-        }
-        for (name, module) in &new.mesh.modules {
-            if old.mesh.modules.get(name) != Some(module) {
-                touched.extend(self.world.put_module(module.clone()));
-            }
-        }
-        let (old_layers, new_layers) = (&old.mesh.settings.layers, &new.mesh.settings.layers);
-        let scopes: BTreeSet<&Scope> = old_layers.keys().chain(new_layers.keys()).collect();
-        for scope in scopes {
-            if old_layers.get(scope) != new_layers.get(scope) {
-                let layer = new_layers.get(scope).cloned();
-                touched.extend(self.world.put_layer(scope.clone(), layer));
-            }
-        }
-        self.cache.refresh(&self.world, &touched).map_err(|e| {
-            ApiError::Failed(format!(
-                "the stored model does not compose at revision {}: {e}",
-                new.revision
-            ))
-        })?;
-        self.revision = Some(new.revision);
-        Ok(())
-    }
-}
-
 /// A running replica service.
 pub struct Service {
     pub(crate) id: u64,
@@ -185,7 +96,10 @@ pub struct Service {
     /// Refuses votes while a lease of this replica is open (decision 0071).
     pub(crate) fence: VoteFence,
     pub(crate) store_reset: Option<String>,
-    pub(crate) work: tokio::sync::Mutex<Work>,
+    /// The compose cache (G1), locked only while computing.
+    pub(crate) work: super::engine::Cache,
+    /// One push at a time on this leader; taken by pushes and genesis alone.
+    pub(crate) pushing: tokio::sync::Mutex<()>,
     /// Counters for `/metrics`.
     pub(crate) metrics: Metrics,
     /// The backup `snapshot save` is reading chunk by chunk (one at a time).
@@ -291,11 +205,8 @@ pub async fn start_on(
         fence: VoteFence::new(clock.clone()),
         clock,
         store_reset,
-        work: tokio::sync::Mutex::new(Work {
-            revision: None,
-            world: World::default(),
-            cache: DigestCache::default(),
-        }),
+        work: super::engine::Cache::default(),
+        pushing: tokio::sync::Mutex::new(()),
         metrics: Metrics::new(),
         backup: std::sync::Mutex::new(None),
     });
@@ -519,33 +430,6 @@ impl Service {
             )),
             other => ApiError::Unavailable(other.to_string()),
         })
-    }
-
-    /// `Ok` while this replica may still act under `lease`: the lease is open and the metrics show
-    /// it still leads in the lease's term. `Err(reason)` otherwise.
-    pub(crate) fn acting(&self, lease: &Lease) -> Result<(), String> {
-        let acting = self.acting_now(lease);
-        if acting.is_err() {
-            self.metrics.lease_lost();
-        }
-        acting
-    }
-
-    fn acting_now(&self, lease: &Lease) -> Result<(), String> {
-        lease
-            .check(self.clock.now())
-            .map_err(|e| format!("lease closed: {e}"))?;
-        let m = self.replica.metrics();
-        let m = m.borrow();
-        if m.current_term != lease.term() || m.state != ServerState::Leader {
-            return Err(format!(
-                "leadership lost: term {} is now {} and this replica is {:?}",
-                lease.term(),
-                m.current_term,
-                m.state
-            ));
-        }
-        Ok(())
     }
 
     /// Proposes `command` decided under `epoch` (and revision `expect`) and waits for its outcome;
@@ -961,95 +845,4 @@ impl Handler for Serving {
 
 fn encode_answer(answer: &Answer) -> Result<Vec<u8>, String> {
     mesh_codec::encode(answer_what, answer).map_err(|e| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::model::{Machine, Mesh, Module, Need, Provide};
-
-    fn module(name: &str, machine: &str) -> Module {
-        Module {
-            name: name.into(),
-            machine: machine.into(),
-            command: "sleep".into(),
-            args: vec!["600".into()],
-            env: BTreeMap::new(),
-            files: BTreeMap::new(),
-            mounts: vec![],
-            ready: None,
-            after: vec![],
-            provides: vec![],
-            consumes: vec![],
-        }
-    }
-
-    fn state(revision: u64, mesh: Mesh) -> DomainState {
-        DomainState {
-            revision,
-            mesh,
-            ..DomainState::default()
-        }
-    }
-
-    fn mesh() -> Mesh {
-        let mut mesh = Mesh::default();
-        for m in ["a", "b", "c"] {
-            mesh.machines.insert(
-                m.into(),
-                Machine {
-                    name: m.into(),
-                    address: "127.0.0.1".into(),
-                },
-            );
-        }
-        let mut db = module("db", "a");
-        db.provides.push(Provide {
-            kind: "pg".into(),
-            port: Some(5432),
-        });
-        let mut app = module("app", "b");
-        app.consumes.push(Need {
-            kind: "pg".into(),
-            from: "db".into(),
-        });
-        mesh.modules.insert("db".into(), db);
-        mesh.modules.insert("app".into(), app);
-        mesh.modules.insert("cron".into(), module("cron", "c"));
-        mesh
-    }
-
-    #[test]
-    fn g1_cache_advanced_after_a_write_equals_a_full_rebuild() {
-        // G1: the should-be digests the leader keeps after its own write are exactly what a full
-        // compose gives, so a push cascades from the right baseline.
-        let old = state(1, mesh());
-        let mut changed = mesh();
-        if let Some(db) = changed.modules.get_mut("db") {
-            db.env.insert("LOG".into(), "debug".into());
-        }
-        changed.modules.remove("cron");
-        changed.modules.insert("web".into(), module("web", "c"));
-        changed.settings.layers.insert(
-            Scope::Module("app".into()),
-            BTreeMap::from([("k".to_string(), "v".to_string())]),
-        );
-        if let Some(b) = changed.machines.get_mut("b") {
-            b.address = "10.0.0.2".into();
-        }
-        let new = state(2, changed);
-        let mut work = Work {
-            revision: None,
-            world: World::default(),
-            cache: DigestCache::default(),
-        };
-        work.refresh(&old).expect("old composes");
-        let before = work.cache.clone();
-        work.advance(&old, &new).expect("advances");
-        let world = World::new(new.mesh.clone(), new.provisions.values().cloned());
-        let rebuilt = DigestCache::build(&world).expect("new composes");
-        assert_eq!(work.cache, rebuilt);
-        assert_ne!(work.cache, before);
-        assert_eq!(work.revision, Some(2));
-    }
 }

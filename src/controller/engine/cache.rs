@@ -1,0 +1,327 @@
+//! The compose cache (G1): the world and every machine's should-be digest, built from one shared
+//! snapshot of the domain state and brought to any later snapshot by diffing the two, so a write
+//! nobody told the cache about (a settings write, another leader's mints) costs only the machines
+//! it touches. Pure: the caller hands in the snapshots.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use crate::controller::api::ApiError;
+use crate::core::compose::World;
+use crate::core::plan::DigestCache;
+use crate::core::settings::Scope;
+use crate::store::state::DomainState;
+
+/// The world and should-be digests of the snapshot they were built from.
+#[derive(Default)]
+pub(crate) struct Work {
+    built_from: Option<Arc<DomainState>>,
+    world: World,
+    cache: DigestCache,
+}
+
+impl Work {
+    /// The revision the cache is current for; `None` before the first refresh.
+    #[cfg(test)]
+    pub(crate) fn revision(&self) -> Option<u64> {
+        self.built_from.as_ref().map(|s| s.revision)
+    }
+
+    pub(crate) fn world(&self) -> &World {
+        &self.world
+    }
+
+    pub(crate) fn cache(&self) -> &DigestCache {
+        &self.cache
+    }
+
+    /// Makes the world and digests current for `state`: nothing when the revision is the same
+    /// (the revision bumps with every change that can alter a declaration), else the machines the
+    /// change between the two snapshots touches are recomposed. A change the diff cannot place
+    /// (a machine removed, a module moved to another machine) rebuilds everything.
+    pub(crate) fn refresh(&mut self, state: &Arc<DomainState>) -> Result<(), ApiError> {
+        let Some(old) = self.built_from.clone() else {
+            return self.rebuild(state);
+        };
+        if Arc::ptr_eq(&old, state) || old.revision == state.revision {
+            return Ok(());
+        }
+        match self.diff(&old, state) {
+            Some(touched) => {
+                let refreshed = self.cache.refresh(&self.world, &touched);
+                if let Err(e) = refreshed {
+                    self.built_from = None;
+                    return Err(not_composing(state.revision, &e));
+                }
+                self.built_from = Some(state.clone());
+                Ok(())
+            }
+            None => self.rebuild(state),
+        }
+    }
+
+    fn rebuild(&mut self, state: &Arc<DomainState>) -> Result<(), ApiError> {
+        self.built_from = None;
+        let world = World::new(state.mesh.clone(), state.provisions.values().cloned());
+        let cache = DigestCache::build(&world).map_err(|e| not_composing(state.revision, &e))?;
+        self.world = world;
+        self.cache = cache;
+        self.built_from = Some(state.clone());
+        Ok(())
+    }
+
+    /// Applies `old` → `new` to the world and returns the machines to recompose; `None` (world
+    /// untouched) when only a rebuild is right.
+    fn diff(&mut self, old: &DomainState, new: &DomainState) -> Option<BTreeSet<String>> {
+        let machine_gone = old
+            .mesh
+            .machines
+            .keys()
+            .any(|m| !new.mesh.machines.contains_key(m));
+        let module_moved = new.mesh.modules.iter().any(|(name, m)| {
+            old.mesh
+                .modules
+                .get(name)
+                .is_some_and(|o| o.machine != m.machine)
+        });
+        if machine_gone || module_moved {
+            return None;
+        }
+        let mut touched = BTreeSet::new();
+        for (name, machine) in &new.mesh.machines {
+            if old.mesh.machines.get(name) != Some(machine) {
+                touched.extend(self.world.put_machine(machine.clone()));
+            }
+        }
+        for name in old.mesh.modules.keys() {
+            if !new.mesh.modules.contains_key(name) {
+                touched.extend(self.world.remove_module(name));
+            }
+        }
+        for (name, module) in &new.mesh.modules {
+            if old.mesh.modules.get(name) != Some(module) {
+                touched.extend(self.world.put_module(module.clone()));
+            }
+        }
+        let (old_layers, new_layers) = (&old.mesh.settings.layers, &new.mesh.settings.layers);
+        let scopes: BTreeSet<&Scope> = old_layers.keys().chain(new_layers.keys()).collect();
+        for scope in scopes {
+            if old_layers.get(scope) != new_layers.get(scope) {
+                let layer = new_layers.get(scope).cloned();
+                touched.extend(self.world.put_layer(scope.clone(), layer));
+            }
+        }
+        // A provision changes the compose of exactly its two sides: the consumer's machine (its
+        // provision and endpoint, or a want once it is gone) and the provider's (its grant).
+        for (id, p) in &old.provisions {
+            if new.provisions.get(id) != Some(p) {
+                self.world.remove_provision(id);
+                touched.insert(p.consumer.machine.clone());
+                touched.insert(p.provider.machine.clone());
+            }
+        }
+        for (id, p) in &new.provisions {
+            if old.provisions.get(id) != Some(p) {
+                self.world.insert_provision(p.clone());
+                touched.insert(p.consumer.machine.clone());
+                touched.insert(p.provider.machine.clone());
+            }
+        }
+        Some(touched)
+    }
+}
+
+fn not_composing(revision: u64, e: &dyn std::fmt::Display) -> ApiError {
+    ApiError::Failed(format!(
+        "the stored model does not compose at revision {revision}: {e}"
+    ))
+}
+
+/// The leader's one compose cache, shared by push, plan, status and apply. Its lock is held only
+/// while computing — never across a network wait — so no reader waits for a push.
+#[derive(Default)]
+pub(crate) struct Cache {
+    work: Mutex<Work>,
+}
+
+impl Cache {
+    /// Runs `f` on the cache made current for `state`.
+    pub(crate) fn with<R>(
+        &self,
+        state: &Arc<DomainState>,
+        f: impl FnOnce(&Work) -> R,
+    ) -> Result<R, ApiError> {
+        let mut work = self.work.lock().unwrap_or_else(|poisoned| {
+            // A panic mid-refresh may have left the world half-changed: start over.
+            let mut work = poisoned.into_inner();
+            work.built_from = None;
+            work
+        });
+        work.refresh(state)?;
+        Ok(f(&work))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::core::compose::{Pending, compose_with, mint};
+    use crate::core::model::{Machine, Mesh, Module, Need, Provide};
+
+    pub(crate) fn module(name: &str, machine: &str) -> Module {
+        Module {
+            name: name.into(),
+            machine: machine.into(),
+            command: "sleep".into(),
+            args: vec!["600".into()],
+            env: BTreeMap::new(),
+            files: BTreeMap::new(),
+            mounts: vec![],
+            ready: None,
+            after: vec![],
+            provides: vec![],
+            consumes: vec![],
+        }
+    }
+
+    fn state(revision: u64, mesh: Mesh) -> DomainState {
+        DomainState {
+            revision,
+            mesh,
+            ..DomainState::default()
+        }
+    }
+
+    fn mesh() -> Mesh {
+        let mut mesh = Mesh::default();
+        for m in ["a", "b", "c"] {
+            mesh.machines.insert(
+                m.into(),
+                Machine {
+                    name: m.into(),
+                    address: "127.0.0.1".into(),
+                },
+            );
+        }
+        let mut db = module("db", "a");
+        db.provides.push(Provide {
+            kind: "pg".into(),
+            port: Some(5432),
+        });
+        let mut app = module("app", "b");
+        app.consumes.push(Need {
+            kind: "pg".into(),
+            from: "db".into(),
+        });
+        mesh.modules.insert("db".into(), db);
+        mesh.modules.insert("app".into(), app);
+        mesh.modules.insert("cron".into(), module("cron", "c"));
+        mesh
+    }
+
+    fn rebuilt(state: &DomainState) -> DigestCache {
+        let world = World::new(state.mesh.clone(), state.provisions.values().cloned());
+        DigestCache::build(&world).expect("composes")
+    }
+
+    /// The provisions `state`'s wants would mint, each with secret `secret`.
+    fn minted(
+        state: &DomainState,
+        secret: &str,
+    ) -> BTreeMap<String, crate::core::model::Provision> {
+        let world = World::new(state.mesh.clone(), state.provisions.values().cloned());
+        let mut out = BTreeMap::new();
+        for m in world.machine_names() {
+            let composed = compose_with(&world, &Pending::default(), m).expect("composes");
+            for w in composed.wanted {
+                let p = mint(&w, secret.to_string());
+                out.insert(p.id.clone(), p);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn g1_cache_advanced_after_a_write_equals_a_full_rebuild() {
+        // G1: the should-be digests the leader keeps after a write are exactly what a full compose
+        // gives, so a push cascades from the right baseline.
+        let old = Arc::new(state(1, mesh()));
+        let mut changed = mesh();
+        if let Some(db) = changed.modules.get_mut("db") {
+            db.env.insert("LOG".into(), "debug".into());
+        }
+        changed.modules.remove("cron");
+        changed.modules.insert("web".into(), module("web", "c"));
+        changed.settings.layers.insert(
+            Scope::Module("app".into()),
+            BTreeMap::from([("k".to_string(), "v".to_string())]),
+        );
+        if let Some(b) = changed.machines.get_mut("b") {
+            b.address = "10.0.0.2".into();
+        }
+        let new = Arc::new(state(2, changed));
+        let mut work = Work::default();
+        work.refresh(&old).expect("old composes");
+        let before = work.cache.clone();
+        work.refresh(&new).expect("advances");
+        assert_eq!(work.cache, rebuilt(&new));
+        assert_ne!(work.cache, before);
+        assert_eq!(work.revision(), Some(2));
+    }
+
+    #[test]
+    fn g1_cache_caught_up_over_several_revisions_of_mints_and_revocations_equals_a_rebuild() {
+        // G1: the cache is not told about writes any more; it diffs its snapshot against the new
+        // one, whatever the jump: mints committed (revisions 1 → 5), then a consumer dropped and a
+        // provision revoked with a settings write in between (5 → 9), must equal a full compose.
+        let first = Arc::new(state(1, mesh()));
+        let mut work = Work::default();
+        work.refresh(&first).expect("composes");
+        let mut with_mints = state(5, mesh());
+        with_mints.provisions = minted(&with_mints, "s1");
+        assert!(
+            !with_mints.provisions.is_empty(),
+            "app wants a pg provision"
+        );
+        let with_mints = Arc::new(with_mints);
+        work.refresh(&with_mints).expect("advances");
+        assert_eq!(work.cache, rebuilt(&with_mints));
+        let mut dropped = (*with_mints).clone();
+        dropped.revision = 9;
+        dropped.mesh.modules.remove("app");
+        dropped.provisions.clear();
+        dropped.mesh.settings.layers.insert(
+            Scope::Mesh,
+            BTreeMap::from([("k".to_string(), "v".to_string())]),
+        );
+        let dropped = Arc::new(dropped);
+        work.refresh(&dropped).expect("advances");
+        assert_eq!(work.cache, rebuilt(&dropped));
+        // A re-mint with another secret changes both sides' digests, in place.
+        let mut reminted = (*with_mints).clone();
+        reminted.revision = 10;
+        reminted.provisions = minted(&reminted, "s2");
+        let reminted = Arc::new(reminted);
+        work.refresh(&with_mints)
+            .expect("a lower revision is a jump too");
+        work.refresh(&reminted).expect("advances");
+        assert_eq!(work.cache, rebuilt(&reminted));
+    }
+
+    #[test]
+    fn cache_rebuilds_when_a_machine_leaves_or_a_module_moves() {
+        let old = Arc::new(state(1, mesh()));
+        let mut moved = mesh();
+        if let Some(cron) = moved.modules.get_mut("cron") {
+            cron.machine = "a".into();
+        }
+        moved.machines.remove("c");
+        let new = Arc::new(state(2, moved));
+        let cache = Cache::default();
+        cache.with(&old, |_| ()).expect("composes");
+        let got = cache.with(&new, |w| w.cache().clone()).expect("composes");
+        assert_eq!(got, rebuilt(&new));
+    }
+}

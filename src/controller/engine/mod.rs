@@ -1,0 +1,822 @@
+//! The leader's push as a pure state machine (G1, G3, G4, G8), in the manner of openraft's `Engine`
+//! and quinn-proto: events go in with the time they happened (`now`), actions come out, and the
+//! driver in `push.rs` only carries actions out (proposals, lease rounds, envelopes on the wire)
+//! and feeds back what came of them. No tokio, no clock, no randomness, no I/O here: secrets are
+//! handed in, time is an argument. The engine owns the steps of a push (plan → `Mint` → holds →
+//! `RecordSends` → envelopes, each with the lease's end as its deadline), when it stops (lease
+//! closed or lost, leadership lost, a refused compare-and-set, a host holding a newer envelope, a
+//! send stopped at the write), when it asks for the lease again, the sequence of every send, and
+//! the compose cache it plans from ([`cache`]).
+
+pub(crate) mod cache;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Instant;
+
+pub(crate) use cache::{Cache, Work};
+
+use super::api::{ApiError, PlanView, PushLine, PushOutcome, PushTarget, PushView};
+use super::planview::{Reveal, plan_view, what_moved};
+use crate::core::compose::MintRequest;
+use crate::core::envelope::Envelope;
+use crate::core::plan::{Hold, Known, PlanError, PlanInput, PushPlan, Target, plan};
+use crate::core::report::ModuleState;
+use crate::core::summary::summarize;
+use crate::store::command::{Applied, Command, HeldMount, SendRecord};
+use crate::store::state::DomainState;
+
+/// Envelopes in flight at once during one push.
+pub const sends_in_flight_max: usize = 64;
+/// What `plan` shows instead of a secret: nothing is minted by a dry run.
+pub const placeholder_secret: &str = "<minted at push>";
+
+/// A lease as the engine sees it: the term it was confirmed in, when its quorum round started and
+/// the first instant it is closed, all on the driver's lease clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Lease {
+    pub(crate) epoch: u64,
+    pub(crate) started: Instant,
+    pub(crate) until: Instant,
+}
+
+impl Lease {
+    /// From half its window on, the engine acts only once a fresh round renewed it, so no step
+    /// starts on a lease about to close (where its write would be stopped at the gate).
+    fn renew_at(&self) -> Instant {
+        let window = self.until.saturating_duration_since(self.started);
+        self.until - window / 2
+    }
+
+    fn closed(&self, now: Instant) -> Option<String> {
+        (now >= self.until).then(|| {
+            format!(
+                "lease closed: the lease of term {} closed {} ms ago",
+                self.epoch,
+                now.duration_since(self.until).as_millis()
+            )
+        })
+    }
+}
+
+/// What one push is asked to do.
+pub(crate) struct PushJob {
+    pub(crate) target: PushTarget,
+    pub(crate) why: String,
+    pub(crate) moves: Vec<String>,
+    pub(crate) saved: Option<Box<PlanView>>,
+    /// A machine whose envelope is sealed and handed back instead of sent (a genesis).
+    pub(crate) keep: Option<String>,
+}
+
+/// Everything a push starts from: the job, the lease it was planned under, and the state and
+/// cache of that moment.
+pub(crate) struct Begin<'a> {
+    pub(crate) job: PushJob,
+    pub(crate) actor: &'a str,
+    /// The replica that signs the envelopes.
+    pub(crate) signer: u64,
+    pub(crate) lease: Lease,
+    /// Wall-clock milliseconds, kept in the send records (history only).
+    pub(crate) wall_ms: u64,
+    pub(crate) state: &'a DomainState,
+    /// Current for `state`.
+    pub(crate) work: &'a Work,
+    /// Values revealed as `plan` reveals them, to compare a saved plan like with like.
+    pub(crate) reveal: &'a Reveal,
+    /// A fresh secret per mint; `None` when the random source failed.
+    pub(crate) secret: &'a mut dyn FnMut(&MintRequest) -> Option<String>,
+}
+
+/// What happened, fed to [`PushEngine::handle`] with the time it happened.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Event {
+    /// The lease round the engine asked for: a lease, or why there is none.
+    Lease(Result<Lease, String>),
+    /// The proposal in flight committed.
+    Committed(Applied),
+    /// The store refused the proposal in flight (a moved revision, a stale epoch).
+    Refused(String),
+    /// The proposal in flight did not commit (leadership lost, no answer in time).
+    Failed(String),
+    /// The kept envelope was sealed, or why not.
+    Kept(Result<(), String>),
+    /// What came of one envelope.
+    Answered { machine: String, answer: HostAnswer },
+    /// The replica no longer leads in the push's term.
+    Deposed(String),
+    /// Time passed (the driver wakes the engine at [`PushEngine::wake_at`]).
+    Tick,
+}
+
+/// What came of one envelope, as the driver saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum HostAnswer {
+    Applied,
+    /// The host refused it; `older` when it already holds a newer envelope (G2).
+    Refused {
+        refusal: String,
+        older: bool,
+    },
+    /// Perhaps written, never confirmed (no answer in time, unreadable answer).
+    Unconfirmed(String),
+    /// Never written: no address, the envelope could not be sealed.
+    NotSent(String),
+    /// Never written: the gate at the write was closed (G3).
+    Gated(String),
+}
+
+/// What the driver must do.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Action {
+    /// Run a quorum round and feed [`Event::Lease`].
+    ConfirmLease,
+    /// Propose `command` and feed [`Event::Committed`], [`Event::Refused`] or [`Event::Failed`].
+    Propose {
+        epoch: u64,
+        expect: Option<u64>,
+        command: Command,
+    },
+    /// Seal `envelope` and send it to its machine; no byte may be written at or after
+    /// `deadline`. Feed [`Event::Answered`].
+    Send {
+        envelope: Envelope,
+        deadline: Instant,
+    },
+    /// Seal `envelope` and keep it for the answer (a genesis), only before `deadline`. Feed
+    /// [`Event::Kept`].
+    Keep {
+        envelope: Envelope,
+        deadline: Instant,
+    },
+    /// One machine's line is final (for a push that streams them).
+    Line(PushLine),
+    /// The push stopped acting; log it.
+    Stopped { epoch: u64, reason: String },
+    /// The push's answer. Nothing is in flight any more; the engine is done.
+    Answer(Result<PushView, ApiError>),
+}
+
+/// The step a push is at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    Mints,
+    Holds,
+    Records,
+    Keep,
+    Sending,
+    Done,
+}
+
+/// One push, from its plan to its answer.
+pub(crate) struct PushEngine {
+    lease: Lease,
+    renewing: bool,
+    /// The revision the send records are compared with: the plan's, then the mints'.
+    revision: u64,
+    step: Step,
+    /// A proposal or a seal is in flight.
+    awaiting: bool,
+    plan: PushPlan,
+    /// One per send of the plan, in plan order.
+    records: Vec<SendRecord>,
+    holds: VecDeque<Command>,
+    signer: u64,
+    keep: Option<usize>,
+    /// Indexes of sends not yet handed out, in plan order.
+    queue: VecDeque<usize>,
+    in_flight: BTreeMap<String, usize>,
+    lines: Vec<Option<PushLine>>,
+    stopped: Option<String>,
+}
+
+impl PushEngine {
+    /// Plans the push and returns the engine with its first actions.
+    pub(crate) fn begin(now: Instant, b: Begin<'_>) -> (PushEngine, Vec<Action>) {
+        let lease = b.lease;
+        match prepare(b) {
+            Ok(mut engine) => {
+                let actions = engine.pump(now);
+                (engine, actions)
+            }
+            Err(e) => (PushEngine::failed(lease), vec![Action::Answer(Err(e))]),
+        }
+    }
+
+    /// An engine that answered at once (bad input, a plan that does not hold).
+    fn failed(lease: Lease) -> PushEngine {
+        PushEngine {
+            lease,
+            renewing: false,
+            revision: 0,
+            step: Step::Done,
+            awaiting: false,
+            plan: PushPlan {
+                sends: vec![],
+                held: vec![],
+                mints: vec![],
+                holds: vec![],
+                rounds: 0,
+                digests: BTreeMap::new(),
+            },
+            records: vec![],
+            holds: VecDeque::new(),
+            signer: 0,
+            keep: None,
+            queue: VecDeque::new(),
+            in_flight: BTreeMap::new(),
+            lines: vec![],
+            stopped: None,
+        }
+    }
+
+    /// Whether the push answered.
+    #[cfg(test)]
+    pub(crate) fn is_done(&self) -> bool {
+        self.step == Step::Done
+    }
+
+    /// When the engine wants a [`Event::Tick`]: the instant it will ask for the lease again.
+    pub(crate) fn wake_at(&self) -> Option<Instant> {
+        (self.work_remains() && !self.renewing && self.stopped.is_none())
+            .then(|| self.lease.renew_at())
+    }
+
+    /// Feeds one event that happened at `now`; returns what to do next.
+    pub(crate) fn handle(&mut self, now: Instant, event: Event) -> Vec<Action> {
+        if self.step == Step::Done {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        match event {
+            Event::Lease(result) => self.on_lease(result, &mut out),
+            Event::Committed(applied) => self.on_committed(applied, &mut out),
+            Event::Refused(reason) => self.on_refused(reason, &mut out),
+            Event::Failed(error) => {
+                self.awaiting = false;
+                self.stop(error, &mut out);
+            }
+            Event::Kept(result) => {
+                self.awaiting = false;
+                match result {
+                    Ok(()) => self.step = Step::Sending,
+                    Err(e) => self.stop(e, &mut out),
+                }
+            }
+            Event::Answered { machine, answer } => self.on_answered(machine, answer, &mut out),
+            Event::Deposed(reason) => self.stop(reason, &mut out),
+            Event::Tick => {}
+        }
+        if self.step != Step::Done {
+            out.extend(self.pump(now));
+        }
+        out
+    }
+
+    fn on_lease(&mut self, result: Result<Lease, String>, out: &mut Vec<Action>) {
+        self.renewing = false;
+        match result {
+            Ok(lease) if lease.epoch != self.lease.epoch => {
+                let reason = format!(
+                    "leadership moved from term {} to term {}",
+                    self.lease.epoch, lease.epoch
+                );
+                self.stop(reason, out);
+            }
+            Ok(lease) => {
+                if lease.until > self.lease.until {
+                    self.lease = lease;
+                }
+            }
+            Err(e) => self.stop(format!("lease could not be renewed: {e}"), out),
+        }
+    }
+
+    fn on_committed(&mut self, applied: Applied, out: &mut Vec<Action>) {
+        self.awaiting = false;
+        match (self.step, applied) {
+            (Step::Mints, Applied::Minted { revision, .. }) => {
+                self.revision = revision;
+                self.step = Step::Holds;
+            }
+            (Step::Mints, other) => self.fail(
+                ApiError::Failed(format!("the store answered the mints with {other:?}")),
+                out,
+            ),
+            (Step::Holds, _) => {}
+            (Step::Records, _) => {
+                self.step = if self.keep.is_some() {
+                    Step::Keep
+                } else {
+                    Step::Sending
+                };
+            }
+            (step, other) => self.fail(
+                ApiError::Failed(format!(
+                    "the store answered {other:?} while the push was at {step:?}, with no proposal in flight"
+                )),
+                out,
+            ),
+        }
+    }
+
+    fn on_refused(&mut self, reason: String, out: &mut Vec<Action>) {
+        self.awaiting = false;
+        let what = match self.step {
+            Step::Mints => "mints",
+            Step::Records => "send records",
+            _ => return self.stop(format!("the store refused a hold: {reason}"), out),
+        };
+        self.fail(
+            ApiError::Refused(format!(
+                "the store refused this push's {what}: {reason}; nothing was sent"
+            )),
+            out,
+        );
+    }
+
+    fn on_answered(&mut self, machine: String, answer: HostAnswer, out: &mut Vec<Action>) {
+        let Some(index) = self.in_flight.remove(&machine) else {
+            return;
+        };
+        let (send, record) = (&self.plan.sends[index], &self.records[index]);
+        let reason = send.reason.to_string();
+        let mut stop = None;
+        let outcome = match answer {
+            HostAnswer::Applied => PushOutcome::Applied {
+                reason,
+                sequence: record.sequence,
+                digest: record.digest,
+            },
+            HostAnswer::Refused { refusal, older } => {
+                if older {
+                    stop = Some(format!(
+                        "{machine} already holds a newer envelope ({refusal}): another leader sent after this one"
+                    ));
+                }
+                PushOutcome::Refused { reason, refusal }
+            }
+            HostAnswer::Unconfirmed(error) => PushOutcome::Sent {
+                reason,
+                sequence: record.sequence,
+                digest: record.digest,
+                error,
+            },
+            HostAnswer::NotSent(error) => PushOutcome::Failed { reason, error },
+            HostAnswer::Gated(error) => {
+                stop = Some(error.clone());
+                PushOutcome::Failed {
+                    reason,
+                    error: format!("stopped at the write: {error}"),
+                }
+            }
+        };
+        self.settle(index, outcome, out);
+        if let Some(reason) = stop {
+            self.stop(reason, out);
+        }
+    }
+
+    fn settle(&mut self, index: usize, outcome: PushOutcome, out: &mut Vec<Action>) {
+        let line = PushLine {
+            machine: self.plan.sends[index].machine.clone(),
+            outcome,
+        };
+        out.push(Action::Line(line.clone()));
+        self.lines[index] = Some(line);
+    }
+
+    /// Stops acting: nothing more is proposed, kept or sent. Sends already handed out finish
+    /// (their deadline and the gate bound them); the answer waits for them.
+    fn stop(&mut self, reason: String, out: &mut Vec<Action>) {
+        if self.stopped.is_some() {
+            return;
+        }
+        out.push(Action::Stopped {
+            epoch: self.lease.epoch,
+            reason: reason.clone(),
+        });
+        self.stopped = Some(reason);
+    }
+
+    fn fail(&mut self, error: ApiError, out: &mut Vec<Action>) {
+        self.step = Step::Done;
+        out.push(Action::Answer(Err(error)));
+    }
+
+    fn work_remains(&self) -> bool {
+        match self.step {
+            Step::Mints | Step::Holds | Step::Records | Step::Keep => true,
+            Step::Sending => !self.queue.is_empty(),
+            Step::Done => false,
+        }
+    }
+
+    /// Takes every step that can be taken at `now`.
+    fn pump(&mut self, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        if self.stopped.is_none() && self.work_remains() && !self.renewing {
+            // A lease already closed is never renewed (the replica may have been paused past
+            // it, and another leader elected): the push stops. One in its second half is.
+            if let Some(closed) = self.lease.closed(now) {
+                self.stop(closed, &mut out);
+            } else if now >= self.lease.renew_at() {
+                self.renewing = true;
+                out.push(Action::ConfirmLease);
+            }
+        }
+        loop {
+            if self.awaiting {
+                return out;
+            }
+            if let Some(reason) = self.stopped.clone() {
+                self.finish_stopped(&reason, &mut out);
+                return out;
+            }
+            // While a renewal is out nothing new starts, even on a lease still open.
+            let may_act = !self.renewing && self.lease.closed(now).is_none();
+            match self.step {
+                Step::Mints if self.plan.mints.is_empty() => self.step = Step::Holds,
+                Step::Holds if self.holds.is_empty() => self.step = Step::Records,
+                Step::Records if self.records.is_empty() => self.step = Step::Sending,
+                Step::Mints | Step::Holds | Step::Records if !may_act => return out,
+                Step::Mints => {
+                    out.push(self.propose(
+                        Some(self.revision),
+                        Command::Mint {
+                            provisions: self.plan.mints.clone(),
+                        },
+                    ));
+                }
+                Step::Holds => {
+                    if let Some(command) = self.holds.pop_front() {
+                        out.push(self.propose(None, command));
+                    }
+                }
+                Step::Records => {
+                    out.push(self.propose(
+                        Some(self.revision),
+                        Command::RecordSends {
+                            sends: self.records.clone(),
+                        },
+                    ));
+                }
+                Step::Keep => {
+                    if !may_act {
+                        return out;
+                    }
+                    let Some(index) = self.keep else {
+                        self.step = Step::Sending;
+                        continue;
+                    };
+                    self.awaiting = true;
+                    out.push(Action::Keep {
+                        envelope: self.envelope(index),
+                        deadline: self.lease.until,
+                    });
+                }
+                Step::Sending => {
+                    self.send_more(may_act, &mut out);
+                    if self.queue.is_empty() && self.in_flight.is_empty() {
+                        self.finish(&mut out);
+                    }
+                    return out;
+                }
+                Step::Done => return out,
+            }
+        }
+    }
+
+    fn propose(&mut self, expect: Option<u64>, command: Command) -> Action {
+        self.awaiting = true;
+        Action::Propose {
+            epoch: self.lease.epoch,
+            expect,
+            command,
+        }
+    }
+
+    fn send_more(&mut self, may_act: bool, out: &mut Vec<Action>) {
+        while may_act && self.in_flight.len() < sends_in_flight_max {
+            let Some(index) = self.queue.pop_front() else {
+                return;
+            };
+            let machine = self.plan.sends[index].machine.clone();
+            self.in_flight.insert(machine, index);
+            out.push(Action::Send {
+                envelope: self.envelope(index),
+                deadline: self.lease.until,
+            });
+        }
+    }
+
+    fn envelope(&self, index: usize) -> Envelope {
+        let (send, record) = (&self.plan.sends[index], &self.records[index]);
+        Envelope {
+            machine: send.machine.clone(),
+            epoch: record.epoch,
+            sequence: record.sequence,
+            signer: self.signer,
+            moves: record.moves.clone(),
+            declaration: send.declaration.clone(),
+        }
+    }
+
+    /// A stopped push answers once nothing is in flight: before its records were committed (or
+    /// its genesis kept) every machine fails with the reason; after, every line stands.
+    fn finish_stopped(&mut self, reason: &str, out: &mut Vec<Action>) {
+        if self.step == Step::Sending {
+            // Named now, not when the sends in flight come back: nothing more leaves.
+            while let Some(index) = self.queue.pop_front() {
+                let outcome = PushOutcome::Failed {
+                    reason: self.plan.sends[index].reason.to_string(),
+                    error: format!("stopped: {reason}"),
+                };
+                self.settle(index, outcome, out);
+            }
+        }
+        if !self.in_flight.is_empty() {
+            return;
+        }
+        if self.step == Step::Sending {
+            return self.finish(out);
+        }
+        let mut machines: Vec<String> = self.plan.sends.iter().map(|s| s.machine.clone()).collect();
+        machines.extend(holds_by_machine(&self.plan.holds).into_keys());
+        let lines = machines
+            .into_iter()
+            .map(|machine| PushLine {
+                machine,
+                outcome: PushOutcome::Failed {
+                    reason: "stopped".into(),
+                    error: format!("stopped: {reason}"),
+                },
+            })
+            .collect();
+        self.step = Step::Done;
+        out.push(Action::Answer(Ok(PushView {
+            epoch: self.lease.epoch,
+            lines,
+        })));
+    }
+
+    fn finish(&mut self, out: &mut Vec<Action>) {
+        let mut lines: Vec<PushLine> = self.lines.iter_mut().filter_map(Option::take).collect();
+        for (machine, holds) in holds_by_machine(&self.plan.holds) {
+            let line = PushLine {
+                machine,
+                outcome: PushOutcome::Held {
+                    reason: "held".into(),
+                    holds,
+                },
+            };
+            out.push(Action::Line(line.clone()));
+            lines.push(line);
+        }
+        self.step = Step::Done;
+        out.push(Action::Answer(Ok(PushView {
+            epoch: self.lease.epoch,
+            lines,
+        })));
+    }
+}
+
+/// Refuses a push without a reason before anything else happens.
+pub(crate) fn check_why(why: &str) -> Result<(), ApiError> {
+    if why.trim().is_empty() {
+        return Err(ApiError::Invalid(
+            "a push needs a reason: add `--why \"...\"`; it is kept with the send record".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Plans the push, checks a saved plan still holds, and lays out its records and holds.
+fn prepare(b: Begin<'_>) -> Result<PushEngine, ApiError> {
+    let Begin {
+        job,
+        actor,
+        signer,
+        lease,
+        wall_ms,
+        state,
+        work,
+        reveal,
+        secret,
+    } = b;
+    check_why(&job.why)?;
+    let target = target_of(state, job.target.clone())?;
+    let known = known_of(state);
+    let moves: BTreeSet<String> = job.moves.iter().cloned().collect();
+    let mut random_failed = false;
+    let mut draw = |r: &MintRequest| {
+        secret(r).unwrap_or_else(|| {
+            random_failed = true;
+            String::new()
+        })
+    };
+    let planned = plan(PlanInput {
+        world: work.world(),
+        cache: work.cache(),
+        known: &known,
+        target: &target,
+        moves: &moves,
+        secret: &mut draw,
+    })
+    .map_err(plan_error)?;
+    if let Some(saved) = &job.saved {
+        // Revealed as `plan` revealed them, so what moved compares like with like; the token
+        // itself never covers revealed values.
+        let now = plan_view(state, job.target, job.moves.clone(), &planned, reveal);
+        if now.token != saved.token {
+            return Err(ApiError::Refused(format!(
+                "the saved plan {} no longer holds: {}; nothing was sent; review it again with `meshctl plan`",
+                saved.token,
+                what_moved(saved, &now)
+            )));
+        }
+    }
+    if random_failed {
+        return Err(ApiError::Failed(
+            "the OS random source failed while minting secrets; nothing was written".into(),
+        ));
+    }
+    let records = send_records(
+        lease.epoch,
+        actor,
+        &job.why,
+        &job.moves,
+        wall_ms,
+        state,
+        &planned,
+    );
+    let mut holds = VecDeque::new();
+    for (machine, held) in holds_by_machine(&planned.holds) {
+        holds.push_back(Command::SetHolds {
+            machine,
+            holds: held,
+        });
+    }
+    for send in &planned.sends {
+        if state.holds.contains_key(&send.machine) {
+            holds.push_back(Command::ReleaseHolds {
+                machine: send.machine.clone(),
+            });
+        }
+    }
+    let keep = job
+        .keep
+        .as_deref()
+        .and_then(|k| planned.sends.iter().position(|s| s.machine == k));
+    let queue = (0..planned.sends.len())
+        .filter(|i| Some(*i) != keep)
+        .collect();
+    let lines = vec![None; planned.sends.len()];
+    Ok(PushEngine {
+        lease,
+        renewing: false,
+        revision: state.revision,
+        step: Step::Mints,
+        awaiting: false,
+        plan: planned,
+        records,
+        holds,
+        signer,
+        keep,
+        queue,
+        in_flight: BTreeMap::new(),
+        lines,
+        stopped: None,
+    })
+}
+
+/// One record per send, each at the machine's next sequence (G4: the store refuses any other).
+fn send_records(
+    epoch: u64,
+    actor: &str,
+    why: &str,
+    moves: &[String],
+    time_ms: u64,
+    state: &DomainState,
+    planned: &PushPlan,
+) -> Vec<SendRecord> {
+    let mut out = Vec::new();
+    for s in &planned.sends {
+        let on_machine: Vec<String> = moves
+            .iter()
+            .filter(|m| s.declaration.modules.iter().any(|d| d.name == **m))
+            .cloned()
+            .collect();
+        out.push(SendRecord {
+            machine: s.machine.clone(),
+            epoch,
+            sequence: state.next_sequence(&s.machine),
+            digest: s.digest,
+            summary: summarize(&s.declaration),
+            why: why.to_string(),
+            actor: actor.to_string(),
+            time_ms,
+            moves: on_machine,
+        });
+    }
+    out
+}
+
+/// `plan`: everything a push of `target` would do, planned exactly as the push plans, with
+/// placeholder secrets; writes nothing (G7).
+pub(crate) fn plan_dry(
+    state: &DomainState,
+    work: &Work,
+    target: PushTarget,
+    moves: Vec<String>,
+    reveal: &Reveal,
+) -> Result<PlanView, ApiError> {
+    let planned_target = target_of(state, target.clone())?;
+    let known = known_of(state);
+    let moves_set: BTreeSet<String> = moves.iter().cloned().collect();
+    let mut secret = |_: &MintRequest| placeholder_secret.to_string();
+    let planned = plan(PlanInput {
+        world: work.world(),
+        cache: work.cache(),
+        known: &known,
+        target: &planned_target,
+        moves: &moves_set,
+        secret: &mut secret,
+    })
+    .map_err(plan_error)?;
+    Ok(plan_view(state, target, moves, &planned, reveal))
+}
+
+/// What the controller knows of each machine, for planning (G1, G8).
+pub(crate) fn known_of(state: &DomainState) -> BTreeMap<String, Known> {
+    let mut known = BTreeMap::new();
+    for (machine, send) in &state.last_sends {
+        let report = state.accounts.get(machine).and_then(|a| a.report.as_ref());
+        let confirmed = state.confirmed(machine);
+        let mut running_mounts = BTreeMap::new();
+        for (module, summary) in &send.summary.modules {
+            let stopped = report.is_some_and(|r| {
+                r.modules.iter().any(|m| {
+                    m.name == *module
+                        && matches!(m.state, ModuleState::Failed { .. } | ModuleState::Stopped)
+                })
+            });
+            if stopped {
+                continue;
+            }
+            let mounts: BTreeMap<String, String> = summary
+                .mounts
+                .iter()
+                .map(|(name, (host_dir, _))| (name.clone(), host_dir.clone()))
+                .collect();
+            running_mounts.insert(module.clone(), mounts);
+        }
+        known.insert(
+            machine.clone(),
+            Known {
+                last_sent: Some(send.digest),
+                confirmed,
+                running_mounts,
+                last_summary: Some(send.summary.clone()),
+            },
+        );
+    }
+    known
+}
+
+/// The planning target of a push or plan request; an unknown machine is bad input.
+fn target_of(state: &DomainState, target: PushTarget) -> Result<Target, ApiError> {
+    Ok(match target {
+        PushTarget::Machine(m) if !state.mesh.machines.contains_key(&m) => {
+            return Err(ApiError::Invalid(format!(
+                "there is no machine {m} in the mesh; `meshctl status` lists them"
+            )));
+        }
+        PushTarget::Machine(m) => Target::Machine(m),
+        PushTarget::Behind => Target::Behind,
+        PushTarget::All => Target::All,
+    })
+}
+
+fn plan_error(e: PlanError) -> ApiError {
+    match e {
+        PlanError::Compose(c) => ApiError::Invalid(c.to_string()),
+        PlanError::MoveNotApplicable { .. } => ApiError::Invalid(e.to_string()),
+        other => ApiError::Failed(other.to_string()),
+    }
+}
+
+/// Holds grouped by machine.
+fn holds_by_machine(holds: &[Hold]) -> BTreeMap<String, Vec<HeldMount>> {
+    let mut out: BTreeMap<String, Vec<HeldMount>> = BTreeMap::new();
+    for h in holds {
+        out.entry(h.machine.clone()).or_default().push(HeldMount {
+            module: h.module.clone(),
+            mount: h.mount.clone(),
+            old_dir: h.old_dir.clone(),
+            new_dir: h.new_dir.clone(),
+        });
+    }
+    out
+}

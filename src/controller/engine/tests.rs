@@ -1,0 +1,665 @@
+//! The push engine's guarantees as unit tests on the actions it emits (G3, G4, G8, the stop rules,
+//! sequence order): no socket, no clock; every `now` is handed in.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mesh_testkit::model::{machine, mount_mesh, provider_consumer_mesh, sleeper};
+
+use super::*;
+use crate::core::compose::World;
+use crate::core::model::{Mesh, Mount};
+use crate::store::command::{Applied, Command};
+
+const window: Duration = Duration::from_millis(300);
+
+fn lease_at(epoch: u64, started: Instant) -> Lease {
+    Lease {
+        epoch,
+        started,
+        until: started + window,
+    }
+}
+
+fn state_of(mesh: Mesh) -> DomainState {
+    DomainState {
+        revision: 3,
+        mesh,
+        ..DomainState::default()
+    }
+}
+
+/// `count` machines `m000`… each running one module: a `push --all` of them.
+fn many(count: usize) -> Mesh {
+    let mut mesh = Mesh::default();
+    for i in 0..count {
+        let name = format!("m{i:03}");
+        mesh.machines.insert(name.clone(), machine(&name));
+        let module = format!("w{i:03}");
+        mesh.modules.insert(module.clone(), sleeper(&module, &name));
+    }
+    mesh
+}
+
+fn job(target: PushTarget) -> PushJob {
+    PushJob {
+        target,
+        why: "test".into(),
+        moves: vec![],
+        saved: None,
+        keep: None,
+    }
+}
+
+fn named(m: &str) -> PushTarget {
+    PushTarget::Machine(m.into())
+}
+
+/// Starts a push of `job` on `state` at `now` under `lease`.
+fn begin(
+    state: &DomainState,
+    job: PushJob,
+    lease: Lease,
+    now: Instant,
+) -> (PushEngine, Vec<Action>) {
+    let state = Arc::new(state.clone());
+    let mut work = Work::default();
+    work.refresh(&state).expect("the fixture composes");
+    let mut n = 0;
+    let mut secret = |_: &MintRequest| {
+        n += 1;
+        Some(format!("secret-{n}"))
+    };
+    let begin = Begin {
+        job,
+        actor: "operator:test",
+        signer: 1,
+        lease,
+        wall_ms: 1_000,
+        state: &state,
+        work: &work,
+        reveal: &Reveal::none(),
+        secret: &mut secret,
+    };
+    PushEngine::begin(now, begin)
+}
+
+fn proposals(actions: &[Action]) -> Vec<(u64, Option<u64>, &Command)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Propose {
+                epoch,
+                expect,
+                command,
+            } => Some((*epoch, *expect, command)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn sends(actions: &[Action]) -> Vec<(&Envelope, Instant)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send { envelope, deadline } => Some((envelope, *deadline)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn answer(actions: &[Action]) -> Option<&Result<PushView, ApiError>> {
+    actions.iter().find_map(|a| match a {
+        Action::Answer(answer) => Some(answer),
+        _ => None,
+    })
+}
+
+fn lines(view: &PushView) -> BTreeMap<String, PushOutcome> {
+    view.lines
+        .iter()
+        .map(|l| (l.machine.clone(), l.outcome.clone()))
+        .collect()
+}
+
+fn committed(revision: u64) -> Event {
+    Event::Committed(Applied::Minted {
+        revision,
+        ids: vec![],
+    })
+}
+
+fn records_committed() -> Event {
+    Event::Committed(Applied::Sent { sequences: vec![] })
+}
+
+fn applied(machine: &str) -> Event {
+    Event::Answered {
+        machine: machine.into(),
+        answer: HostAnswer::Applied,
+    }
+}
+
+/// Drives a push with no mints and no holds through its send records: the actions of the commit.
+fn through_records(engine: &mut PushEngine, first: &[Action], now: Instant) -> Vec<Action> {
+    let p = proposals(first);
+    assert!(
+        matches!(p.as_slice(), [(_, _, Command::RecordSends { .. })]),
+        "{first:?}"
+    );
+    engine.handle(now, records_committed())
+}
+
+#[test]
+fn g4_every_proposal_carries_the_leases_epoch_and_records_come_before_any_send() {
+    // G4: mints, then send records, each proposed in the lease's epoch with the plan's revision
+    // (then the mints') as the compare-and-set; no envelope is handed out before the records
+    // commit.
+    let t0 = Instant::now();
+    let state = state_of(provider_consumer_mesh());
+    let (mut engine, first) = begin(&state, job(named("g14")), lease_at(7, t0), t0);
+    let p = proposals(&first);
+    assert!(
+        matches!(p.as_slice(), [(7, Some(3), Command::Mint { provisions })] if provisions.len() == 1),
+        "{first:?}"
+    );
+    assert!(sends(&first).is_empty());
+    let after_mints = engine.handle(t0, committed(4));
+    let p = proposals(&after_mints);
+    let [(7, Some(4), Command::RecordSends { sends: records })] = p.as_slice() else {
+        panic!("expected the send records at revision 4: {after_mints:?}");
+    };
+    let machines: BTreeSet<&str> = records.iter().map(|r| r.machine.as_str()).collect();
+    assert_eq!(
+        machines,
+        BTreeSet::from(["ace", "g14"]),
+        "the grant cascades"
+    );
+    assert!(records.iter().all(|r| r.epoch == 7));
+    assert!(sends(&after_mints).is_empty(), "nothing leaves unrecorded");
+    let out = engine.handle(t0, records_committed());
+    let sent = sends(&out);
+    assert_eq!(sent.len(), 2);
+    for (envelope, deadline) in sent {
+        assert_eq!(envelope.epoch, 7);
+        assert_eq!(deadline, t0 + window, "the deadline is the lease's end");
+        let record = records.iter().find(|r| r.machine == envelope.machine);
+        assert_eq!(record.map(|r| r.sequence), Some(envelope.sequence));
+    }
+    engine.handle(t0, applied("ace"));
+    let done = engine.handle(t0, applied("g14"));
+    let view = answer(&done).expect("answers").as_ref().expect("ok");
+    assert_eq!(view.epoch, 7);
+    assert!(
+        lines(view)
+            .values()
+            .all(|o| matches!(o, PushOutcome::Applied { .. }))
+    );
+    assert!(engine.is_done());
+}
+
+#[test]
+fn g4_records_that_do_not_commit_send_nothing() {
+    // G4: a record proposal that fails (leadership lost under it) or is refused leaves no
+    // envelope: every machine of the push is named as not sent.
+    let t0 = Instant::now();
+    let state = state_of(many(3));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(2, t0), t0);
+    assert_eq!(proposals(&first).len(), 1);
+    let out = engine.handle(t0, Event::Failed("not the leader any more".into()));
+    assert!(sends(&out).is_empty());
+    let view = answer(&out)
+        .expect("answers")
+        .as_ref()
+        .expect("a stopped view");
+    assert_eq!(view.lines.len(), 3);
+    for line in &view.lines {
+        let PushOutcome::Failed { error, .. } = &line.outcome else {
+            panic!("{line:?}");
+        };
+        assert!(error.contains("not the leader any more"), "{error}");
+    }
+}
+
+#[test]
+fn a_refused_compare_and_set_sends_nothing() {
+    // A moved revision refuses the mints or the records: the push fails with the store's reason
+    // and says nothing was sent; no send action is ever emitted.
+    let t0 = Instant::now();
+    let state = state_of(provider_consumer_mesh());
+    let (mut engine, _) = begin(&state, job(named("g14")), lease_at(1, t0), t0);
+    let out = engine.handle(t0, Event::Refused("revision moved from 3 to 4".into()));
+    let Some(Err(ApiError::Refused(e))) = answer(&out) else {
+        panic!("{out:?}");
+    };
+    assert!(e.contains("mints") && e.contains("nothing was sent"), "{e}");
+    assert!(sends(&out).is_empty());
+    assert!(engine.handle(t0, Event::Tick).is_empty(), "done means done");
+
+    let state = state_of(many(2));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(1, t0), t0);
+    assert_eq!(proposals(&first).len(), 1);
+    let out = engine.handle(t0, Event::Refused("revision moved from 3 to 5".into()));
+    let Some(Err(ApiError::Refused(e))) = answer(&out) else {
+        panic!("{out:?}");
+    };
+    assert!(e.contains("send records"), "{e}");
+    assert!(sends(&out).is_empty());
+}
+
+#[test]
+fn g3_no_step_starts_after_the_lease_and_renewal_is_asked_before_its_end() {
+    // G3: the engine asks for a new quorum round from the lease's half-way point on, before its
+    // end; while the round is out nothing new is proposed or sent, and every send's deadline is
+    // the end of the lease it was handed out under.
+    let t0 = Instant::now();
+    let state = state_of(many(sends_in_flight_max + 6));
+    let lease = lease_at(4, t0);
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease, t0);
+    assert_eq!(engine.wake_at(), Some(t0 + window / 2));
+    assert!(
+        engine.wake_at() < Some(lease.until),
+        "renewal is asked before the end"
+    );
+    let out = through_records(&mut engine, &first, t0);
+    assert_eq!(sends(&out).len(), sends_in_flight_max, "bounded in flight");
+    // Half the window gone with sends still queued: a round is asked, nothing new leaves.
+    let half = t0 + window / 2;
+    let out = engine.handle(half, Event::Tick);
+    assert_eq!(out, vec![Action::ConfirmLease]);
+    assert_eq!(engine.wake_at(), None, "one round at a time");
+    let out = engine.handle(half, applied("m000"));
+    assert!(sends(&out).is_empty(), "no send while the renewal is out");
+    // Renewed in the same term: the queued sends go, under the new lease's end.
+    let renewed = lease_at(4, half);
+    let out = engine.handle(half, Event::Lease(Ok(renewed)));
+    let sent = sends(&out);
+    assert_eq!(sent.len(), 1, "one slot freed");
+    assert_eq!(sent[0].1, renewed.until);
+    assert_eq!(engine.wake_at(), Some(half + window / 2));
+}
+
+#[test]
+fn g3_lease_refused_stops_the_push_naming_every_machine_not_sent() {
+    // G3: when the renewal is refused, the sends not yet handed out are not sent and each is
+    // named with the reason; the sends already out finish; the answer waits for them.
+    let t0 = Instant::now();
+    let state = state_of(many(sends_in_flight_max + 6));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    let out = through_records(&mut engine, &first, t0);
+    let in_flight: Vec<String> = sends(&out).iter().map(|(e, _)| e.machine.clone()).collect();
+    let half = t0 + window / 2;
+    assert_eq!(engine.handle(half, Event::Tick), vec![Action::ConfirmLease]);
+    let out = engine.handle(half, Event::Lease(Err("no quorum answered".into())));
+    assert!(sends(&out).is_empty());
+    assert!(
+        out.iter().any(
+            |a| matches!(a, Action::Stopped { epoch: 4, reason } if reason.contains("renewed"))
+        )
+    );
+    assert!(answer(&out).is_none(), "sends in flight still answer");
+    let mut last = Vec::new();
+    for m in &in_flight {
+        last = engine.handle(half, applied(m));
+        assert!(sends(&last).is_empty());
+    }
+    let view = answer(&last).expect("answers").as_ref().expect("ok");
+    let lines = lines(view);
+    assert_eq!(lines.len(), sends_in_flight_max + 6);
+    let stopped: Vec<&String> = lines
+        .iter()
+        .filter(|(_, o)| {
+            matches!(o, PushOutcome::Failed { error, .. }
+                if error.contains("stopped: lease could not be renewed: no quorum answered"))
+        })
+        .map(|(m, _)| m)
+        .collect();
+    assert_eq!(stopped.len(), 6, "{lines:?}");
+    assert!(stopped.iter().all(|m| !in_flight.contains(m)));
+}
+
+#[test]
+fn g3_a_leader_paused_past_its_lease_stops_and_does_not_renew_it() {
+    // G3: a lease found closed (the replica was paused past it; another leader may exist) is
+    // never renewed: the push stops at once, before its mints, and names every machine.
+    let t0 = Instant::now();
+    let state = state_of(provider_consumer_mesh());
+    let late = t0 + window * 3;
+    let (_, out) = begin(&state, job(named("g14")), lease_at(5, t0), late);
+    assert!(!out.contains(&Action::ConfirmLease));
+    assert!(proposals(&out).is_empty());
+    let view = answer(&out)
+        .expect("answers")
+        .as_ref()
+        .expect("a stopped view");
+    assert_eq!(view.lines.len(), 2);
+    for line in &view.lines {
+        assert!(
+            matches!(&line.outcome, PushOutcome::Failed { error, .. } if error.contains("lease closed")),
+            "{line:?}"
+        );
+    }
+}
+
+#[test]
+fn g3_paused_past_the_lease_between_records_and_sends_sends_nothing() {
+    // G3: records committed, then the replica was paused past its lease: no send action.
+    let t0 = Instant::now();
+    let state = state_of(many(2));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(5, t0), t0);
+    let p = proposals(&first);
+    assert_eq!(p.len(), 1);
+    let out = engine.handle(t0 + window * 2, records_committed());
+    assert!(sends(&out).is_empty());
+    let view = answer(&out).expect("answers").as_ref().expect("ok");
+    assert!(view.lines.iter().all(
+        |l| matches!(&l.outcome, PushOutcome::Failed { error, .. } if error.starts_with("stopped: lease closed"))
+    ));
+}
+
+#[test]
+fn g3_renewed_in_another_term_or_deposed_stops_the_rest() {
+    // G3: a renewal that comes back in a newer term, or leadership lost (the driver's metrics),
+    // stops every send not yet handed out.
+    let t0 = Instant::now();
+    let state = state_of(many(sends_in_flight_max + 1));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    through_records(&mut engine, &first, t0);
+    let half = t0 + window / 2;
+    engine.handle(half, Event::Tick);
+    let out = engine.handle(half, Event::Lease(Ok(lease_at(5, half))));
+    assert!(sends(&out).is_empty());
+    assert!(out.iter().any(|a| matches!(a, Action::Line(l)
+        if matches!(&l.outcome, PushOutcome::Failed { error, .. } if error.contains("from term 4 to term 5")))));
+
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    through_records(&mut engine, &first, t0);
+    let out = engine.handle(
+        t0,
+        Event::Deposed("leadership lost: term 4 is now 5".into()),
+    );
+    assert!(sends(&out).is_empty());
+    let stopped = out
+        .iter()
+        .filter(
+            |a| matches!(a, Action::Line(l) if matches!(&l.outcome, PushOutcome::Failed { .. })),
+        )
+        .count();
+    assert_eq!(stopped, 1, "the one send not handed out is named at once");
+}
+
+#[test]
+fn g3_a_send_stopped_at_the_write_stops_the_rest() {
+    // G3: the gate at the write closed for one envelope (the lease ran out on its way out): its
+    // line says so, and nothing more is handed out.
+    let t0 = Instant::now();
+    let state = state_of(many(sends_in_flight_max + 2));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    through_records(&mut engine, &first, t0);
+    let out = engine.handle(
+        t0,
+        Event::Answered {
+            machine: "m000".into(),
+            answer: HostAnswer::Gated("not sent to 10.0.0.1:7444: lease closed".into()),
+        },
+    );
+    assert!(sends(&out).is_empty(), "the freed slot is not used");
+    let failed: Vec<&PushLine> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::Line(l) => Some(l),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed.len(), 3);
+    assert!(matches!(&failed[0].outcome,
+        PushOutcome::Failed { error, .. } if error.starts_with("stopped at the write:") && error.contains("lease")));
+}
+
+#[test]
+fn g2_a_host_holding_a_newer_envelope_stops_the_rest() {
+    // G2/G3: a host refusing an envelope as older than one it accepted has seen a newer leader:
+    // that line is a refusal and the rest of the push stops; any other refusal is that
+    // machine's alone.
+    let t0 = Instant::now();
+    let state = state_of(many(sends_in_flight_max + 2));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    through_records(&mut engine, &first, t0);
+    let bad_key = Event::Answered {
+        machine: "m001".into(),
+        answer: HostAnswer::Refused {
+            refusal: "envelope signed by replica 1, which this host does not trust".into(),
+            older: false,
+        },
+    };
+    let out = engine.handle(t0, bad_key);
+    assert_eq!(sends(&out).len(), 1, "the push goes on");
+    let older = Event::Answered {
+        machine: "m002".into(),
+        answer: HostAnswer::Refused {
+            refusal: "envelope at (4, 1) is not newer than (5, 1)".into(),
+            older: true,
+        },
+    };
+    let out = engine.handle(t0, older);
+    assert!(sends(&out).is_empty());
+    assert!(
+        out.iter().any(
+            |a| matches!(a, Action::Stopped { reason, .. } if reason.contains("newer envelope"))
+        )
+    );
+}
+
+#[test]
+fn sequences_follow_each_machines_last_send() {
+    // G2/G4: every record takes its machine's next sequence from the committed state, and the
+    // envelope carries exactly its record's epoch and sequence; the next push goes on from there.
+    let t0 = Instant::now();
+    let mut state = state_of(many(2));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(3, t0), t0);
+    let p = proposals(&first);
+    let [(3, Some(3), Command::RecordSends { sends: records })] = p.as_slice() else {
+        panic!("{first:?}");
+    };
+    assert!(
+        records.iter().all(|r| r.sequence == 1),
+        "never sent: sequence 1"
+    );
+    let mut record = records[0].clone();
+    record.sequence = 7;
+    state
+        .last_sends
+        .insert(record.machine.clone(), record.clone());
+    let out = engine.handle(t0, records_committed());
+    assert!(
+        sends(&out)
+            .iter()
+            .all(|(e, _)| e.sequence == 1 && e.epoch == 3)
+    );
+
+    let (_, first) = begin(&state, job(PushTarget::All), lease_at(9, t0), t0);
+    let p = proposals(&first);
+    let [(9, _, Command::RecordSends { sends: records })] = p.as_slice() else {
+        panic!("{first:?}");
+    };
+    let by: BTreeMap<&str, u64> = records
+        .iter()
+        .map(|r| (r.machine.as_str(), r.sequence))
+        .collect();
+    assert_eq!(by.get(record.machine.as_str()), Some(&8));
+    assert_eq!(by.len(), 2);
+}
+
+/// `broker` on ace was last sent with its mount at `/srv/a` (and is running); the model now says
+/// `new_dir`. A second module `cache` with a mount moves the same way when `two`.
+fn moved_mount(new_dir: &str, two: bool) -> DomainState {
+    let mut before = mount_mesh("/srv/a");
+    let mut now = mount_mesh(new_dir);
+    if two {
+        for (mesh, dir) in [(&mut before, "/srv/a"), (&mut now, new_dir)] {
+            let mut cache = sleeper("cache", "ace");
+            cache.mounts.push(Mount {
+                name: "spool".into(),
+                host_dir: format!("{dir}/spool"),
+                target: "spool".into(),
+            });
+            mesh.modules.insert("cache".into(), cache);
+        }
+    }
+    let world = World::new(before, []);
+    let composed = crate::core::compose::compose(&world, "ace").expect("composes");
+    let mut state = state_of(now);
+    state.last_sends.insert(
+        "ace".into(),
+        SendRecord {
+            machine: "ace".into(),
+            epoch: 1,
+            sequence: 1,
+            digest: crate::core::compose::digest(&composed.declaration),
+            summary: summarize(&composed.declaration),
+            why: "first".into(),
+            actor: "operator:test".into(),
+            time_ms: 0,
+            moves: vec![],
+        },
+    );
+    state
+}
+
+#[test]
+fn g8_a_held_mount_move_emits_no_send_for_that_machine() {
+    // G8: a running module's mount would move: the machine is held (recorded with SetHolds,
+    // naming module, mount and both directories) and no record or envelope is made for it.
+    let t0 = Instant::now();
+    let state = moved_mount("/srv/b", false);
+    let (mut engine, first) = begin(&state, job(named("ace")), lease_at(2, t0), t0);
+    let p = proposals(&first);
+    let [(2, None, Command::SetHolds { machine, holds })] = p.as_slice() else {
+        panic!("{first:?}");
+    };
+    assert_eq!(machine, "ace");
+    assert_eq!(holds.len(), 1);
+    assert_eq!(
+        (
+            holds[0].module.as_str(),
+            holds[0].mount.as_str(),
+            holds[0].old_dir.as_str(),
+            holds[0].new_dir.as_str()
+        ),
+        ("broker", "data", "/srv/a", "/srv/b")
+    );
+    let out = engine.handle(
+        t0,
+        Event::Committed(Applied::Holds {
+            machine: "ace".into(),
+        }),
+    );
+    assert!(proposals(&out).is_empty(), "no record for a held machine");
+    assert!(sends(&out).is_empty());
+    let view = answer(&out).expect("answers").as_ref().expect("ok");
+    assert!(matches!(
+        lines(view).get("ace"),
+        Some(PushOutcome::Held { holds, .. }) if holds.len() == 1
+    ));
+}
+
+#[test]
+fn g8_move_releases_only_the_named_module() {
+    // G8: `--move broker` accepts broker's move alone: with cache's mount moving too the machine
+    // stays held, now for cache only; with broker the only one moving, it is sent.
+    let t0 = Instant::now();
+    let mut moving = job(named("ace"));
+    moving.moves = vec!["broker".into()];
+    let state = moved_mount("/srv/b", true);
+    let (_, first) = begin(&state, moving, lease_at(2, t0), t0);
+    let p = proposals(&first);
+    let [(2, None, Command::SetHolds { holds, .. })] = p.as_slice() else {
+        panic!("{first:?}");
+    };
+    let modules: Vec<&str> = holds.iter().map(|h| h.module.as_str()).collect();
+    assert_eq!(modules, vec!["cache"]);
+
+    let mut moving = job(named("ace"));
+    moving.moves = vec!["broker".into()];
+    let mut state = moved_mount("/srv/b", false);
+    state.holds.insert("ace".into(), vec![]);
+    let (mut engine, first) = begin(&state, moving, lease_at(2, t0), t0);
+    let p = proposals(&first);
+    assert!(
+        matches!(p.as_slice(), [(2, None, Command::ReleaseHolds { machine })] if machine == "ace"),
+        "{first:?}"
+    );
+    let out = engine.handle(
+        t0,
+        Event::Committed(Applied::Holds {
+            machine: "ace".into(),
+        }),
+    );
+    let p = proposals(&out);
+    let [(2, Some(3), Command::RecordSends { sends: records })] = p.as_slice() else {
+        panic!("{out:?}");
+    };
+    assert_eq!(records[0].moves, vec!["broker".to_string()]);
+    let out = engine.handle(t0, records_committed());
+    let sent = sends(&out);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].0.moves, vec!["broker".to_string()]);
+}
+
+#[test]
+fn genesis_keeps_its_machines_envelope_and_sends_the_cascade() {
+    // G11: the kept machine's envelope is sealed for the answer (after the records, under the
+    // lease) and never sent; its cascade is sent after it.
+    let t0 = Instant::now();
+    let state = state_of(provider_consumer_mesh());
+    let mut kept = job(named("g14"));
+    kept.keep = Some("g14".into());
+    let (mut engine, _) = begin(&state, kept, lease_at(6, t0), t0);
+    engine.handle(t0, committed(4));
+    let out = engine.handle(t0, records_committed());
+    assert!(sends(&out).is_empty(), "the genesis is sealed first");
+    let [Action::Keep { envelope, deadline }] = out.as_slice() else {
+        panic!("{out:?}");
+    };
+    assert_eq!((envelope.machine.as_str(), envelope.epoch), ("g14", 6));
+    assert_eq!(*deadline, t0 + window);
+    let out = engine.handle(t0, Event::Kept(Ok(())));
+    let sent = sends(&out);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].0.machine, "ace");
+    let done = engine.handle(t0, applied("ace"));
+    let view = answer(&done).expect("answers").as_ref().expect("ok");
+    assert_eq!(view.lines.len(), 1, "the kept machine has no line");
+}
+
+#[test]
+fn bad_input_and_a_failed_random_source_propose_nothing() {
+    let t0 = Instant::now();
+    let state = state_of(provider_consumer_mesh());
+    let mut no_why = job(named("g14"));
+    no_why.why = "  ".into();
+    let (_, out) = begin(&state, no_why, lease_at(1, t0), t0);
+    assert!(matches!(answer(&out), Some(Err(ApiError::Invalid(_)))));
+    let (_, out) = begin(&state, job(named("nope")), lease_at(1, t0), t0);
+    assert!(matches!(answer(&out), Some(Err(ApiError::Invalid(e))) if e.contains("nope")));
+    assert!(proposals(&out).is_empty());
+
+    let state = Arc::new(state);
+    let mut work = Work::default();
+    work.refresh(&state).expect("composes");
+    let mut broken = |_: &MintRequest| None;
+    let begin = Begin {
+        job: job(named("g14")),
+        actor: "operator:test",
+        signer: 1,
+        lease: lease_at(1, t0),
+        wall_ms: 0,
+        state: &state,
+        work: &work,
+        reveal: &Reveal::none(),
+        secret: &mut broken,
+    };
+    let (_, out) = PushEngine::begin(t0, begin);
+    assert!(matches!(answer(&out), Some(Err(ApiError::Failed(e))) if e.contains("random")));
+    assert!(proposals(&out).is_empty());
+}
