@@ -509,3 +509,101 @@ fn the_empty_on_error_lint_sees_each_shape_and_passes_what_is_not_one() {
         None
     ));
 }
+
+/// Test files that define a function with a testkit helper's name on purpose, and why.
+const testkit_names_allowed: [(&str, &str, &str); 1] = [(
+    "tests/core_compose_plan.rs",
+    "machine",
+    "its machines get distinct addresses, which compose's provisions show",
+)];
+
+/// The names of testkit's top-level public functions, structs, traits and types.
+fn testkit_helper_names() -> Vec<String> {
+    let mut names = Vec::new();
+    for path in rust_files(&workspace_root().join("testkit/src")) {
+        let text = fs::read_to_string(&path).expect("read testkit source");
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("pub ") else {
+                continue;
+            };
+            let rest = rest.strip_prefix("async ").unwrap_or(rest);
+            for item in ["fn ", "struct ", "trait ", "type "] {
+                if let Some(after) = rest.strip_prefix(item) {
+                    let name: String = after
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    names.push(name);
+                }
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The item a top-level line of a test file defines, if it is a function, struct, trait or type.
+fn defined_item(line: &str) -> Option<String> {
+    let mut rest = line;
+    for prefix in ["pub(crate) ", "pub ", "async "] {
+        rest = rest.strip_prefix(prefix).unwrap_or(rest);
+    }
+    let after = ["fn ", "struct ", "trait ", "type "]
+        .iter()
+        .find_map(|item| rest.strip_prefix(item))?;
+    Some(
+        after
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect(),
+    )
+}
+
+#[test]
+fn test_setup_has_one_copy_in_testkit() {
+    // Issue 10 item 9, decision 0140: the PKI, waits, Raft settings, fixtures and process guards
+    // live once in mesh-testkit; a test file defining one of its helpers again is a new copy.
+    let names = testkit_helper_names();
+    for expected in ["Pki", "wait_until", "fast_raft", "GroupGuard"] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "testkit no longer has {expected}: update this check with what replaced it"
+        );
+    }
+    let root = workspace_root();
+    let mut copies = Vec::new();
+    for dir in [
+        "tests",
+        "transport/tests",
+        "raft/tests",
+        "beds/src",
+        "chaos/src",
+    ] {
+        for path in rust_files(&root.join(dir)) {
+            let rel = path
+                .strip_prefix(&root)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            let text = fs::read_to_string(&path).expect("read test file");
+            for (n, line) in text.lines().enumerate() {
+                let Some(name) = defined_item(line) else {
+                    continue;
+                };
+                let allowed = testkit_names_allowed
+                    .iter()
+                    .any(|(file, item, _)| *file == rel && *item == name);
+                if names.contains(&name) && !allowed {
+                    copies.push(format!("{rel}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        copies.is_empty(),
+        "test setup defined again instead of taken from mesh-testkit (use mesh_testkit::…, or \
+         name it for what it does differently):\n{}",
+        copies.join("\n")
+    );
+}
