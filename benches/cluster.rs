@@ -354,7 +354,9 @@ impl Bed {
     }
 
     async fn ask_via(&self, operator: usize, id: u64, request: &Request) -> Result<Answer> {
-        let body = mesh_codec::encode("request", request)?;
+        let call = mesh::controller::api::Call::new(request.clone())
+            .ok_or_else(|| anyhow::anyhow!("the OS random source failed"))?;
+        let body = mesh_codec::encode("request", &call)?;
         let peer = Peer::expecting(self.addrs[&id], Principal::Replica(id));
         let endpoint = &self.operators[operator % self.operators.len()];
         let bytes = endpoint

@@ -49,7 +49,8 @@ fn write_config(dir: &Path, pki: &Pki, addr: SocketAddr, data_dir: &str) -> Path
 }
 
 async fn ask(operator: &Endpoint, addr: SocketAddr, request: &Request) -> Option<Body> {
-    let body = mesh_codec::encode("request", request).expect("encode");
+    let call = mesh::controller::api::Call::new(request.clone()).expect("a request id");
+    let body = mesh_codec::encode("request", &call).expect("encode");
     let peer = Peer::expecting(addr, Principal::Replica(1));
     let bytes = operator
         .request(peer, MessageKind::Command, body, Duration::from_secs(5))

@@ -10,7 +10,7 @@ use mesh::core::meshfile::parse_mesh;
 use mesh::core::model::Provide;
 use mesh::core::settings::{Scope, setting_value_bytes_max};
 use mesh::store::app::{MeshApp, decode_outcome};
-use mesh::store::command::{Applied, Command, Outcome, Proposal, Refusal};
+use mesh::store::command::{Applied, Command, Outcome, Proposal, Refusal, RequestId};
 use mesh_raft::router::Router;
 use mesh_raft::{BasicNode, RaftSettings, Replica, ReplicaSpec};
 
@@ -368,4 +368,99 @@ async fn models_and_settings_that_break_the_rules_are_refused_at_apply_and_chang
         history
     );
     one.replica.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn a_request_id_runs_once_and_a_retry_gets_its_first_outcome_even_after_a_restart() {
+    // Nothing runs twice (issue 10 item 4): the same operator request proposed again (its answer
+    // was lost, meshctl asked another replica) is answered with its first outcome, writes nothing,
+    // and this still holds after the replica restarts (the ids live in the store).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = start(dir.path()).await;
+    let model = Command::ApplyModel {
+        mesh: example(),
+        why: "first".into(),
+        changes: vec![],
+    };
+    one.propose(one.term, None, model).await;
+    let id = RequestId([7; 16]);
+    let set = |value: &str| Command::Once {
+        request: id,
+        command: Box::new(Command::SetSettings {
+            scope: Scope::Mesh,
+            set: BTreeMap::from([("region".to_string(), value.to_string())]),
+            remove: BTreeSet::new(),
+            replace: false,
+            why: "retried".into(),
+        }),
+    };
+    let first = one.propose(one.term, None, set("eu")).await;
+    assert!(matches!(first, Outcome::Applied(Applied::Settings { .. })), "{first:?}");
+    let after_first = one.app.state().expect("state").as_ref().clone();
+    let history = MeshApp::settings_history(one.replica.database()).expect("history");
+
+    // Even a retry that differs (it cannot, but a bug could) does not run: the id decides.
+    let again = one.propose(one.term, None, set("us")).await;
+    assert_eq!(again, first, "a retried request is answered with its first outcome");
+    assert_eq!(
+        *one.app.state().expect("state"),
+        after_first,
+        "a retried request changed the state"
+    );
+    assert_eq!(
+        MeshApp::settings_history(one.replica.database())
+            .expect("history")
+            .len(),
+        history.len(),
+        "a retried request left a second history row"
+    );
+
+    let term = one.term;
+    one.replica.shutdown().await.expect("shutdown");
+    let restarted = start(dir.path()).await;
+    assert!(restarted.term >= term);
+    let later = restarted.propose(restarted.term, None, set("ap")).await;
+    assert_eq!(later, first, "the request's outcome survives a restart");
+    let state = restarted.app.state().expect("state");
+    assert_eq!(
+        state.mesh.settings.layers.get(&Scope::Mesh).and_then(|l| l.get("region")),
+        Some(&"eu".to_string())
+    );
+}
+
+#[test]
+fn remembered_requests_are_bounded_and_the_oldest_is_forgotten_first() {
+    // Limits on everything: the state keeps at most `requests_remembered_max` request outcomes.
+    use mesh::store::command::requests_remembered_max;
+    use mesh::store::state::DomainState;
+    let mut state = DomainState::default();
+    let proposal = |i: usize| Proposal {
+        epoch: 1,
+        expect_revision: None,
+        actor: "operator:test".into(),
+        time_ms: 1,
+        command: Command::Once {
+            request: RequestId(id_of(i)),
+            command: Box::new(Command::RaiseEpochFloor { epoch: 1 }),
+        },
+    };
+    fn id_of(i: usize) -> [u8; 16] {
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&(i as u64).to_be_bytes());
+        id
+    }
+    for i in 0..requests_remembered_max + 5 {
+        let (outcome, _) = state.apply(1, &proposal(i));
+        assert!(matches!(outcome, Outcome::Applied(_)), "{outcome:?}");
+    }
+    assert_eq!(state.requests.len(), requests_remembered_max);
+    assert_eq!(state.request_order.len(), requests_remembered_max);
+    assert!(state.remembered(&RequestId(id_of(0))).is_none(), "the oldest is forgotten");
+    assert!(state.remembered(&RequestId(id_of(4))).is_none());
+    assert!(state.remembered(&RequestId(id_of(5))).is_some(), "the newest are kept");
+    assert!(
+        state
+            .remembered(&RequestId(id_of(requests_remembered_max + 4)))
+            .is_some()
+    );
 }

@@ -22,7 +22,7 @@ use super::client::{self, ClientError, answer_what, request_what};
 use super::context::{self, Context};
 use super::render;
 use super::{CliError, Output, exit_done, exit_failed};
-use crate::controller::api::{Answer, Body, Request};
+use crate::controller::api::{Answer, Body, Call, Request};
 use crate::core::settings::{Layer, Scope};
 
 /// Every key the bench writes starts with this; a layer holding one when a run starts is a run
@@ -675,7 +675,8 @@ async fn write_once(
     request: &Request,
     timeout: Duration,
 ) -> Result<(), String> {
-    let body = mesh_codec::encode(request_what, request).map_err(|e| e.to_string())?;
+    let call = Call::new(request.clone()).ok_or("the OS random source failed")?;
+    let body = mesh_codec::encode(request_what, &call).map_err(|e| e.to_string())?;
     let peer = Peer::expecting(addr, Principal::Replica(id));
     let bytes = ep
         .request(peer, MessageKind::Command, body, timeout)

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::context::Context;
-use crate::controller::api::{Answer, Request};
+use crate::controller::api::{Answer, Call, Request};
 
 /// How long to wait for a replica to complete a handshake before trying the next one.
 pub const dial_timeout_ms: u64 = 3_000;
@@ -93,8 +93,11 @@ pub fn ask(context: &Context, request: &Request) -> Result<Answer, ClientError> 
 pub async fn ask_async(context: &Context, request: &Request) -> Result<Answer, ClientError> {
     let ctx_name = context.path.display().to_string();
     let identity = load_identity(context)?;
-    let body = mesh_codec::encode(request_what, request)
-        .map_err(|e| ClientError::Encode(e.to_string()))?;
+    let call = Call::new(request.clone()).ok_or_else(|| {
+        ClientError::Encode("the OS random source failed while picking a request id".into())
+    })?;
+    let body =
+        mesh_codec::encode(request_what, &call).map_err(|e| ClientError::Encode(e.to_string()))?;
     let config = TransportConfig::default()
         .check()
         .map_err(|e| ClientError::Bind(e.to_string()))?;
@@ -110,7 +113,7 @@ pub async fn ask_async(context: &Context, request: &Request) -> Result<Answer, C
                 ep
             }
         };
-        match ask_one(&ep, id, addr, body.clone(), is_read(request)).await {
+        match ask_one(&ep, id, addr, body.clone(), may_ask_again(request)).await {
             Ok(answer) => {
                 ep.close().await;
                 return Ok(answer);
@@ -137,9 +140,11 @@ enum Attempt {
     Final(ClientError),
 }
 
-/// Whether a request only reads, so it may be asked again of another replica after one took it
-/// and gave no answer.
-fn is_read(request: &Request) -> bool {
+/// Whether a request may be asked again of another replica after one took it and gave no
+/// answer: reads, and writes of one proposal, which the leader runs once per request id (a
+/// retried id is answered with its first outcome). A push or a genesis is not asked again: it
+/// sends to hosts, and its answer is what it sent.
+fn may_ask_again(request: &Request) -> bool {
     matches!(
         request,
         Request::Status
@@ -147,6 +152,12 @@ fn is_read(request: &Request) -> bool {
             | Request::SettingsShow { .. }
             | Request::History { .. }
             | Request::SnapshotChunk { .. }
+            | Request::SettingsSet { .. }
+            | Request::SettingsClear { .. }
+            | Request::Apply { .. }
+            | Request::CertsReload
+            | Request::CertsList
+            | Request::CertsRevoke { .. }
     )
 }
 
@@ -155,7 +166,7 @@ async fn ask_one(
     id: u64,
     addr: SocketAddr,
     body: Vec<u8>,
-    read: bool,
+    again: bool,
 ) -> Result<Answer, Attempt> {
     // A short handshake first, so a dead replica costs seconds, not the whole request timeout.
     let dial = Duration::from_millis(dial_timeout_ms);
@@ -169,7 +180,7 @@ async fn ask_one(
         Err(TransportError::Refused { reason, .. }) => {
             return Err(Attempt::Final(ClientError::Refused { id, addr, reason }));
         }
-        Err(e) if read => return Err(Attempt::Next(e.to_string())),
+        Err(e) if again => return Err(Attempt::Next(e.to_string())),
         // A change that reached a replica must not be repeated on another one unseen.
         Err(e) => {
             return Err(Attempt::Final(ClientError::NoAnswer {

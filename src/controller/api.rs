@@ -9,7 +9,28 @@ use crate::core::declaration::Digest;
 use crate::core::model::Mesh;
 use crate::core::report::{Health, ModuleStatus};
 use crate::core::settings::{Layer, Scope};
+pub use crate::store::command::RequestId;
 use crate::store::command::{HeldMount, ModelChange, SendRecord, SettingsChange};
+
+/// What `meshctl` sends: a request with the id it keeps across retries, so a request asked again
+/// (of another replica, after a lost answer) is answered with its first outcome, not run twice.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Call {
+    pub id: RequestId,
+    pub request: Request,
+}
+
+impl Call {
+    /// `request` with a fresh random id. `None` only when the OS random source fails.
+    pub fn new(request: Request) -> Option<Call> {
+        let mut id = [0u8; 16];
+        getrandom::getrandom(&mut id).ok()?;
+        Some(Call {
+            id: RequestId(id),
+            request,
+        })
+    }
+}
 
 /// A request from an operator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -68,6 +89,17 @@ pub enum Request {
         machine: String,
         why: String,
     },
+    /// Reload this replica's certificate, key and CA set from its files (decision 0170). Answered
+    /// by the replica asked, never forwarded: meshctl asks each one.
+    CertsReload,
+    /// This replica's own certificate, its peers' (from their last handshakes), the CA count and
+    /// the deny list. Answered by the replica asked.
+    CertsList,
+    /// Add a certificate serial or a principal to the deny list (decision 0172).
+    CertsRevoke {
+        target: String,
+        why: String,
+    },
 }
 
 /// What a push is aimed at. A bare push (no machine, no flag) never reaches the wire: meshctl refuses it.
@@ -83,6 +115,7 @@ pub enum PushTarget {
 pub struct Forwarded {
     pub actor: String,
     pub via: u64,
+    pub id: RequestId,
     pub request: Request,
 }
 
@@ -132,6 +165,13 @@ pub enum Body {
         envelope: Vec<u8>,
         cascade: PushView,
     },
+    CertsReloaded(super::certs::ReloadView),
+    Certs(super::certs::CertsView),
+    /// The deny list holds `target` now, among `entries`.
+    CertsRevoked {
+        target: String,
+        entries: usize,
+    },
 }
 
 /// Why a request failed. Each maps to an exit code in meshctl (see `exit_code`).
@@ -170,6 +210,9 @@ pub struct StatusView {
     pub epoch_floor: u64,
     /// Set when this replica found its store reset below the floor it knew (G9).
     pub store_reset: Option<String>,
+    /// Certificates this replica knows of (its own, its peers' from their handshakes) that
+    /// expire within 30 days, soonest first.
+    pub certs_expiring: Vec<super::certs::CertView>,
 }
 
 /// One replica as it answered a probe just now (`status_ping_ms`), or did not.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use mesh_raft::{Probed, probe_replica};
 
 use super::api::{
-    ApiError, Body, HistoryItem, HistoryPage, HistoryQuery, MachineView, ReplicaSaid, ReplicaView,
+    ApiError, Body, Request, RequestId, HistoryItem, HistoryPage, HistoryQuery, MachineView, ReplicaSaid, ReplicaView,
     SettingsView, StatusView, history_page_bytes_max, history_page_items_max, snapshot_chunk_bytes,
 };
 use super::push::known_of;
@@ -38,6 +38,7 @@ impl Service {
     pub(crate) async fn apply(
         &self,
         actor: &str,
+        id: RequestId,
         mesh: Mesh,
         why: String,
         drain: bool,
@@ -50,13 +51,16 @@ impl Service {
             let state = self.state()?;
             let mut mesh = mesh.clone();
             let draining = keep_draining(&state, &mut mesh, drain)?;
-            let changes = self.work.with(&state, |work| {
-                should_be_changes(&state, work.cache(), &mesh)
-            })??;
-            let command = Command::ApplyModel {
-                mesh,
-                why: why.clone(),
-                changes,
+            let changes = self
+                .work
+                .with(&state, |work| should_be_changes(&state, work.cache(), &mesh))??;
+            let command = Command::Once {
+                request: id,
+                command: Box::new(Command::ApplyModel {
+                    mesh,
+                    why: why.clone(),
+                    changes,
+                }),
             };
             match self
                 .propose_outcome(term, Some(state.revision), actor, command)
@@ -89,6 +93,51 @@ impl Service {
             settings_ignored,
             draining,
         })
+    }
+
+    /// The answer to a request asked again after its first outcome was committed: built from that
+    /// outcome, with nothing run again.
+    pub(crate) async fn answer_remembered(
+        &self,
+        id: RequestId,
+        request: Request,
+        first: Applied,
+    ) -> Result<Body, ApiError> {
+        match (request, first) {
+            (Request::SettingsSet { scope, .. } | Request::SettingsClear { scope, .. }, first) => {
+                settings_answer(scope, first)
+            }
+            (
+                Request::Apply { .. },
+                Applied::Model {
+                    revision,
+                    settings_ignored,
+                },
+            ) => {
+                let state = self.state()?;
+                let changes = self
+                    .work
+                    .with(&state, |work| behind_of(&state, work.cache()))?;
+                Ok(Body::Applied {
+                    revision,
+                    changes: changes.into_iter().collect(),
+                    settings_ignored,
+                    draining: Vec::new(),
+                })
+            }
+            (Request::Push { .. } | Request::Genesis { .. }, Applied::Sent { sequences }) => {
+                let machines: Vec<String> = sequences.into_iter().map(|(m, _)| m).collect();
+                Err(ApiError::Refused(format!(
+                    "request {id} already ran: it recorded sends to {}; nothing was sent again (`meshctl history` shows them)",
+                    machines.join(", ")
+                )))
+            }
+            (Request::CertsRevoke { .. }, first) => super::certs::revoked_answer(first),
+            (request, first) => Err(ApiError::Failed(format!(
+                "request {id} was remembered with {first:?}, which does not answer a {} request",
+                super::metrics::request_kind(&request)
+            ))),
+        }
     }
 
     pub(crate) fn settings_show(
@@ -136,6 +185,7 @@ impl Service {
     pub(crate) async fn settings_set(
         &self,
         actor: &str,
+        id: RequestId,
         scope: Scope,
         layer: Layer,
         remove: BTreeSet<String>,
@@ -152,12 +202,15 @@ impl Service {
         edit_layer(state.mesh.settings.layers.get(&scope), edit, replace)
             .map_err(|e| ApiError::Invalid(format!("settings {scope}: {e}")))?;
         drop(state);
-        let command = Command::SetSettings {
-            scope: scope.clone(),
-            set: layer,
-            remove,
-            replace,
-            why,
+        let command = Command::Once {
+            request: id,
+            command: Box::new(Command::SetSettings {
+                scope: scope.clone(),
+                set: layer,
+                remove,
+                replace,
+                why,
+            }),
         };
         let applied = self.propose(term, None, actor, command).await?;
         settings_answer(scope, applied)
@@ -168,6 +221,7 @@ impl Service {
     pub(crate) async fn settings_clear(
         &self,
         actor: &str,
+        id: RequestId,
         scope: Scope,
         why: String,
     ) -> Result<Body, ApiError> {
@@ -180,9 +234,12 @@ impl Service {
         clear_layer(state.mesh.settings.layers.get(&scope))
             .map_err(|e| ApiError::Invalid(format!("settings {scope}: {e}")))?;
         drop(state);
-        let command = Command::ClearSettings {
-            scope: scope.clone(),
-            why,
+        let command = Command::Once {
+            request: id,
+            command: Box::new(Command::ClearSettings {
+                scope: scope.clone(),
+                why,
+            }),
         };
         let applied = self.propose(term, None, actor, command).await?;
         settings_answer(scope, applied)
@@ -208,6 +265,7 @@ impl Service {
             revision: state.revision,
             epoch_floor: state.epoch_floor,
             store_reset: self.store_reset.clone(),
+            certs_expiring: self.certs_expiring(),
         }))
     }
 

@@ -17,7 +17,7 @@ use mesh_transport::{
 use openraft::ServerState;
 use tokio::task::JoinHandle;
 
-use super::api::{Answer, ApiError, Body, Forwarded, Request};
+use super::api::{Answer, ApiError, Body, Call, Forwarded, Request, RequestId};
 use super::config::{ConfigError, ReplicaConfig};
 use super::floor::{FloorError, read_floor, write_floor};
 use super::metrics::{Metrics, request_kind};
@@ -111,6 +111,8 @@ pub struct Running {
     service: Arc<Service>,
     floor_task: JoinHandle<()>,
     leadership_task: JoinHandle<()>,
+    /// Hands the committed deny list to the endpoint (decision 0172).
+    denied_task: JoinHandle<()>,
     /// The status page and `/metrics`, when `http` is set in the config.
     http: Option<super::http::HttpServer>,
 }
@@ -217,10 +219,12 @@ pub async fn start_on(
     endpoint.serve(Arc::new(Serving(Arc::downgrade(&service))));
     let floor_task = tokio::spawn(keep_floor(Arc::downgrade(&service), dir, term_floor));
     let leadership_task = tokio::spawn(announce_leadership(Arc::downgrade(&service)));
+    let denied_task = tokio::spawn(super::certs::keep_denied(Arc::downgrade(&service)));
     Ok(Running {
         service,
         floor_task,
         leadership_task,
+        denied_task,
         http,
     })
 }
@@ -256,6 +260,14 @@ async fn keep_floor(service: Weak<Service>, dir: std::path::PathBuf, mut written
                 Ok(()) => written = floor,
                 Err(e) => tracing::error!(error = %e, floor, "cannot write the epoch floor file"),
             }
+        }
+        // A leader below the floor cannot push: move above it now (G9, decision 0151).
+        let below = {
+            let m = metrics.borrow();
+            m.state == ServerState::Leader && m.current_term < floor
+        };
+        if below && let Err(e) = s.replica.raise_term_above(floor).await {
+            tracing::warn!(replica = s.id, floor, error = %e, "leader below the epoch floor");
         }
     }
 }
@@ -321,6 +333,7 @@ impl Running {
         self.service.endpoint.close().await;
         self.floor_task.abort();
         self.leadership_task.abort();
+        self.denied_task.abort();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(shutdown_drain_ms);
         let mut service = self.service;
         loop {
@@ -482,18 +495,33 @@ impl Service {
 
     /// Answers an operator's request on this replica (which must lead) for `actor`, counted in
     /// the metrics by kind and latency.
-    pub async fn handle(&self, actor: &str, request: Request) -> Result<Body, ApiError> {
+    pub async fn handle(
+        &self,
+        actor: &str,
+        id: RequestId,
+        request: Request,
+    ) -> Result<Body, ApiError> {
         let kind = request_kind(&request);
         let started = std::time::Instant::now();
-        let answer = self.handle_uncounted(actor, request).await;
+        let answer = self.handle_uncounted(actor, id, request).await;
         self.metrics.request(kind, started.elapsed(), &answer);
         answer
     }
 
-    async fn handle_uncounted(&self, actor: &str, request: Request) -> Result<Body, ApiError> {
+    async fn handle_uncounted(
+        &self,
+        actor: &str,
+        id: RequestId,
+        request: Request,
+    ) -> Result<Body, ApiError> {
+        // Asked again (its answer was lost): the first outcome, and nothing runs twice.
+        let first = self.state()?.remembered(&id).cloned();
+        if let Some(first) = first {
+            return self.answer_remembered(id, request, first).await;
+        }
         match request {
             Request::Status => self.status().await,
-            Request::Apply { mesh, why, drain } => self.apply(actor, mesh, why, drain).await,
+            Request::Apply { mesh, why, drain } => self.apply(actor, id, mesh, why, drain).await,
             Request::Plan { target, moves } => self.plan(target, moves).await,
             Request::Push {
                 target,
@@ -509,26 +537,35 @@ impl Service {
                 replace,
                 why,
             } => {
-                self.settings_set(actor, scope, layer, remove, replace, why)
+                self.settings_set(actor, id, scope, layer, remove, replace, why)
                     .await
             }
-            Request::SettingsClear { scope, why } => self.settings_clear(actor, scope, why).await,
+            Request::SettingsClear { scope, why } => {
+                self.settings_clear(actor, id, scope, why).await
+            }
             Request::History { query } => self.history(&query),
             Request::SnapshotChunk { snapshot, offset } => self.snapshot(snapshot, offset).await,
             Request::Genesis { machine, why } => self.genesis(actor, machine, why).await,
+            Request::CertsReload => self.reload_certs().map(Body::CertsReloaded),
+            Request::CertsList => self.certs_view().map(Body::Certs),
+            Request::CertsRevoke { target, why } => self.revoke(actor, id, target, why).await,
         }
     }
 
     /// An operator's command: handled here when leading, else forwarded to a leader that answers
     /// (G13, decision 0110).
     async fn command(&self, operator: &str, body: &[u8]) -> Answer {
-        let request: Request = match mesh_codec::decode(request_what, body) {
+        let Call { id, request } = match mesh_codec::decode(request_what, body) {
             Ok(r) => r,
             Err(e) => return self.answer(Err(ApiError::Invalid(format!("bad request: {e}")))),
         };
         let actor = format!("operator:{operator}");
+        // About this replica itself: answered here, leader or not (decision 0170).
+        if matches!(request, Request::CertsReload | Request::CertsList) {
+            return self.answer(self.handle(&actor, id, request).await);
+        }
         if self.is_leader() {
-            return self.answer(self.handle(&actor, request).await);
+            return self.answer(self.handle(&actor, id, request).await);
         }
         // Status is a read every replica can answer: it does not wait out an election.
         let find = if request == Request::Status {
@@ -539,6 +576,7 @@ impl Service {
         let forwarded = Forwarded {
             actor,
             via: self.id,
+            id,
             request,
         };
         match self.forward_to_leader(&forwarded, find).await {
@@ -547,7 +585,12 @@ impl Service {
                 answer
             }
             // This replica was elected while looking.
-            Ok(None) => self.answer(self.handle(&forwarded.actor, forwarded.request).await),
+            Ok(None) => {
+                let Forwarded {
+                    actor, id, request, ..
+                } = forwarded;
+                self.answer(self.handle(&actor, id, request).await)
+            }
             Err(_) if forwarded.request == Request::Status => self.answer(self.status().await),
             Err(e) => self.answer(Err(e)),
         }
@@ -675,7 +718,10 @@ impl Service {
                 self.id
             ))));
         }
-        self.answer(self.handle(&forwarded.actor, forwarded.request).await)
+        let Forwarded {
+            actor, id, request, ..
+        } = forwarded;
+        self.answer(self.handle(&actor, id, request).await)
     }
 
     fn answer(&self, body: Result<Body, ApiError>) -> Answer {
@@ -760,7 +806,8 @@ impl Service {
     }
 
     /// A host that reports an epoch above the floor has seen a leader this store does not remember
-    /// (a store restored from an old backup): keep the floor above it (G9).
+    /// (a store restored from an old backup): keep the floor above it (G9). Once it is applied,
+    /// `keep_floor` finds this leader's term below the floor and moves it above (decision 0151).
     async fn raise_floor_to(&self, term: u64, actor: &str, epoch: u64) {
         let floor = match self.app.state() {
             Ok(state) => state.epoch_floor,

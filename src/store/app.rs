@@ -11,7 +11,9 @@ use mesh_raft::{App, AppError, EntryAt};
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
-use super::command::{ModelChange, Outcome, Proposal, Refusal, SendRecord, SettingsChange};
+use super::command::{
+    ModelChange, Outcome, Proposal, Refusal, Remembered, RequestId, SendRecord, SettingsChange,
+};
 use super::state::{Changed, DomainState};
 use crate::core::model::Mesh;
 use crate::core::settings::Scope;
@@ -245,6 +247,31 @@ fn write_changes(
                     }
                 }
             }
+            Changed::Request(id) => {
+                let mut t = txn.open_table(tables::REQUESTS)?;
+                match state.requests.get(id) {
+                    Some(r) => {
+                        t.insert(
+                            id.0.as_slice(),
+                            mesh_codec::encode("remembered request", r)?.as_slice(),
+                        )?;
+                    }
+                    None => {
+                        t.remove(id.0.as_slice())?;
+                    }
+                }
+            }
+            Changed::Revoked(key) => {
+                let mut t = txn.open_table(tables::REVOKED)?;
+                match state.revoked.get(key) {
+                    Some(e) => {
+                        t.insert(key.as_str(), mesh_codec::encode("deny entry", e)?.as_slice())?;
+                    }
+                    None => {
+                        t.remove(key.as_str())?;
+                    }
+                }
+            }
             Changed::EpochFloor => {
                 let mut t = txn.open_table(tables::CONTROLLER_EPOCH)?;
                 let record = EpochRecord {
@@ -319,6 +346,25 @@ fn read_snapshot(txn: &ReadTransaction) -> Result<DomainSnapshot, AppError> {
     {
         state.epoch_floor = EpochRecord::decode(v.value())?.epoch;
     }
+    for row in txn.open_table(tables::REQUESTS)?.iter()? {
+        let (k, v) = row?;
+        let id: [u8; 16] = k.value().try_into().map_err(|_| {
+            AppError::Other(format!(
+                "a stored request id is {} bytes, not 16",
+                k.value().len()
+            ))
+        })?;
+        let remembered: Remembered = mesh_codec::decode("remembered request", v.value())?;
+        state.request_order.insert(remembered.order, RequestId(id));
+        state.requests.insert(RequestId(id), remembered);
+    }
+    for row in txn.open_table(tables::REVOKED)?.iter()? {
+        let (k, v) = row?;
+        state.revoked.insert(
+            k.value().to_string(),
+            mesh_codec::decode("deny entry", v.value())?,
+        );
+    }
     let history = read_history(txn)?;
     let models = read_models(txn)?;
     Ok(DomainSnapshot {
@@ -364,6 +410,8 @@ fn clear_domain_tables(txn: &WriteTransaction) -> Result<(), AppError> {
     clear(txn, tables::HOLDS)?;
     clear(txn, tables::SETTINGS_HISTORY)?;
     clear(txn, tables::MODEL_HISTORY)?;
+    clear(txn, tables::REQUESTS)?;
+    clear(txn, tables::REVOKED)?;
     Ok(())
 }
 
@@ -387,6 +435,8 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
     changed.extend(state.provisions.keys().cloned().map(Changed::Provision));
     changed.extend(state.accounts.keys().cloned().map(Changed::Account));
     changed.extend(state.holds.keys().cloned().map(Changed::Holds));
+    changed.extend(state.requests.keys().copied().map(Changed::Request));
+    changed.extend(state.revoked.keys().cloned().map(Changed::Revoked));
     write_changes(txn, state, &changed, at)?;
     let mut sends = txn.open_table(tables::SENDS)?;
     for s in &snap.sends {

@@ -65,6 +65,40 @@ pub enum Command {
     ReleaseHolds { machine: String },
     /// Raise the epoch floor (G9); never lowers it.
     RaiseEpochFloor { epoch: u64 },
+    /// Add a certificate (serial) or a principal to the deny list (decision 0172).
+    Revoke {
+        target: super::revoked::RevokedTarget,
+        why: String,
+    },
+    /// `command` on behalf of the operator request `request`: applied once; the same request again
+    /// (retried after a lost answer, through any replica, under any leader) is answered with the
+    /// first outcome and changes nothing. Kept for the last [`requests_remembered_max`] requests.
+    Once {
+        request: RequestId,
+        command: Box<Command>,
+    },
+}
+
+/// How many operator requests' outcomes the state keeps (oldest forgotten first): far more than
+/// can be in flight or retried at once.
+pub const requests_remembered_max: usize = 10_000;
+
+/// An operator request's id: 16 random bytes `meshctl` picks once per command and keeps across
+/// retries to other replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RequestId(pub [u8; 16]);
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::hex::encode_hex(&self.0))
+    }
+}
+
+/// The first outcome of a remembered request, and when (in apply order) it was remembered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Remembered {
+    pub order: u64,
+    pub applied: Applied,
 }
 
 /// What was sent to a machine, committed before it left.
@@ -156,6 +190,11 @@ pub enum Applied {
     },
     EpochFloor {
         floor: u64,
+    },
+    /// The deny list holds `target` (newly, or already: revoking twice changes nothing).
+    Revoked {
+        target: super::revoked::RevokedTarget,
+        entries: usize,
     },
 }
 

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 use super::command::{
-    Applied, Command, HeldMount, ModelChange, Outcome, Proposal, Refusal, SendRecord,
-    SettingsChange,
+    Applied, Command, HeldMount, ModelChange, Outcome, Proposal, Refusal, Remembered, RequestId,
+    SendRecord, SettingsChange, requests_remembered_max,
 };
 use crate::core::model::{Mesh, Provision};
 use crate::core::report::{Account, Filed};
@@ -31,6 +31,12 @@ pub struct DomainState {
     pub epoch_floor: u64,
     /// The next id for a settings history entry.
     pub next_history_id: u64,
+    /// The first outcome of recent operator requests, by id (`Command::Once`).
+    pub requests: BTreeMap<RequestId, Remembered>,
+    /// The same requests by the order they were remembered in, to forget the oldest.
+    pub request_order: BTreeMap<u64, RequestId>,
+    /// The deny list: revoked certificates and principals (decision 0172).
+    pub revoked: super::revoked::DenyMap,
 }
 
 /// A row the redb layer must write after an apply, in the same transaction.
@@ -46,6 +52,10 @@ pub enum Changed {
     Holds(String),
     EpochFloor,
     Revision,
+    /// A request remembered (`Some`) or forgotten (`None`).
+    Request(RequestId),
+    /// A deny-list row added or removed, by its key.
+    Revoked(String),
 }
 
 impl DomainState {
@@ -105,7 +115,55 @@ impl DomainState {
         p: &Proposal,
         changed: &mut Vec<Changed>,
     ) -> Result<Applied, Refusal> {
-        match &p.command {
+        self.apply_command(p, &p.command, changed)
+    }
+
+    /// The first outcome of operator request `id`, if it ran recently.
+    pub fn remembered(&self, id: &RequestId) -> Option<&Applied> {
+        self.requests.get(id).map(|r| &r.applied)
+    }
+
+    /// Keeps `applied` as request `id`'s outcome, forgetting the oldest beyond the limit.
+    fn remember_request(&mut self, id: RequestId, applied: &Applied, changed: &mut Vec<Changed>) {
+        let order = self.request_order.last_key_value().map_or(0, |(o, _)| o + 1);
+        self.requests.insert(
+            id,
+            Remembered {
+                order,
+                applied: applied.clone(),
+            },
+        );
+        self.request_order.insert(order, id);
+        changed.push(Changed::Request(id));
+        while self.requests.len() > requests_remembered_max {
+            let Some((_, oldest)) = self.request_order.pop_first() else {
+                break;
+            };
+            self.requests.remove(&oldest);
+            changed.push(Changed::Request(oldest));
+        }
+    }
+
+    fn apply_command(
+        &mut self,
+        p: &Proposal,
+        command: &Command,
+        changed: &mut Vec<Changed>,
+    ) -> Result<Applied, Refusal> {
+        match command {
+            Command::Once { request, command } => {
+                if let Some(first) = self.remembered(request) {
+                    return Ok(first.clone());
+                }
+                if matches!(**command, Command::Once { .. }) {
+                    return Err(Refusal::Invalid(format!(
+                        "request {request} wraps another request; propose each once"
+                    )));
+                }
+                let applied = self.apply_command(p, command, changed)?;
+                self.remember_request(*request, &applied, changed);
+                Ok(applied)
+            }
             Command::ApplyModel { mesh, why, changes } => {
                 // The controller validates before proposing; this holds for any proposer.
                 validate(mesh).map_err(|e| Refusal::Invalid(e.to_string()))?;
@@ -117,6 +175,7 @@ impl DomainState {
                         return Err(Refusal::Invalid(leave_refused(machine, &why)));
                     }
                 }
+                super::revoked::revoke_dropped_machines(self, p, mesh, changed)?;
                 let applied = self.apply_model(p, mesh, why, changed);
                 changed.push(Changed::ModelHistory(ModelChange {
                     revision: self.revision,
@@ -199,6 +258,7 @@ impl DomainState {
                     machine: machine.clone(),
                 })
             }
+            Command::Revoke { target, why } => super::revoked::revoke(self, p, target, why, changed),
             Command::RaiseEpochFloor { epoch } => {
                 if *epoch > self.epoch_floor {
                     self.epoch_floor = *epoch;

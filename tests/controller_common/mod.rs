@@ -197,7 +197,8 @@ impl Bed {
 
     /// Sends `request` to replica `id` as operator alice.
     pub async fn ask(&self, id: u64, request: &Request) -> Answer {
-        let body = mesh_codec::encode("request", request).expect("encode");
+        let call = mesh::controller::api::Call::new(request.clone()).expect("a request id");
+        let body = mesh_codec::encode("request", &call).expect("encode");
         let peer = Peer::expecting(self.addrs[&id], Principal::Replica(id));
         let bytes = self
             .operator
