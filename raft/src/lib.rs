@@ -28,8 +28,8 @@ pub use network::{
     check_peer_timings, probe as probe_replica,
 };
 pub use replica::{
-    ProposeError, Proposed, Replica, ReplicaSpec, RestoreError, Restored, ShutdownError,
-    StartError, restore, store_file_name,
+    ProposeError, Proposed, RaiseTermError, Replica, ReplicaSpec, RestoreError, Restored,
+    ShutdownError, StartError, TermRaised, restore, store_file_name,
 };
 pub use state_machine::{App, AppError, EntryAt, SnapshotBuilder, SnapshotFile, StateMachine};
 pub use store::StoreError;

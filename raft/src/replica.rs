@@ -1,5 +1,6 @@
 //! A replica: one store opened through migrations, one openraft node over a given network and app, a
-//! proposal batcher (group commit), the term floor (G9) and restore from a snapshot file.
+//! proposal batcher (group commit), the term floor (G9) at start and at run time
+//! ([`Replica::raise_term_above`], decision 0151), and restore from a snapshot file.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -8,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
+use openraft::raft::VoteRequest;
 use openraft::{EntryPayload, RaftNetworkFactory};
 use redb::{Database, ReadableTable};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
@@ -146,6 +148,31 @@ pub struct Restored {
     pub term_floor: u64,
 }
 
+/// What [`Replica::raise_term_above`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TermRaised {
+    /// The replica's term was above the epoch already; nothing was done.
+    Already { term: u64 },
+    /// The replica left term `from` and campaigns in term `campaign`, above the epoch.
+    Campaigning { from: u64, campaign: u64 },
+}
+
+/// Why [`Replica::raise_term_above`] did not move the term.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RaiseTermError {
+    #[error("the replica is stopping; its term was not raised")]
+    Stopped,
+    #[error(
+        "replica {id} could not leave term {term} for one above {epoch} within {waited_ms} ms: it follows a leader whose lease it keeps, or its log moved under every try; raise it on the leader"
+    )]
+    Refused {
+        id: NodeId,
+        term: u64,
+        epoch: u64,
+        waited_ms: u64,
+    },
+}
+
 struct Proposal {
     command: Vec<u8>,
     reply: oneshot::Sender<Result<Proposed, ProposeError>>,
@@ -161,6 +188,8 @@ pub struct Replica<A: App> {
     proposals: mpsc::Sender<Proposal>,
     proposals_total: AtomicU64,
     batcher: JoinHandle<()>,
+    /// One [`Replica::raise_term_above`] at a time.
+    raising: tokio::sync::Mutex<()>,
 }
 
 impl<A: App> Replica<A> {
@@ -212,6 +241,7 @@ impl<A: App> Replica<A> {
             proposals,
             proposals_total: AtomicU64::new(0),
             batcher,
+            raising: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -279,6 +309,83 @@ impl<A: App> Replica<A> {
             .map_err(|_| ProposeError::Timeout {
                 timeout_ms: timeout.as_millis() as u64,
             })?
+    }
+
+    /// Makes this replica's Raft leave its term for one above `epoch` now, and campaign there (G9 at
+    /// run time, decision 0151): a proven epoch above the cluster's term must not leave it stuck
+    /// below the floor until every replica restarts.
+    ///
+    /// openraft 0.9 has no call to set the term. So the replica hands its own Raft a vote request
+    /// for term `max(epoch, term + 1)` that votes for no one (`voted_for: None`, openraft's own
+    /// "term moved, no candidate yet"): openraft grants it as it would a real candidate's higher
+    /// term — it persists the vote and steps down — and `trigger().elect()` then campaigns at the
+    /// next term, above `epoch`. The request claims a log no shorter than any (openraft compares it
+    /// with its own to protect a real candidate's voters; here there is no candidate to protect, and
+    /// the claim is not stored). Only the vote is changed, and a term is only ever raised, which
+    /// Raft allows any node at any time. openraft refuses it while this replica keeps the lease of
+    /// a leader it follows, and on a leader within its own vote lease just after its election:
+    /// tried again every heartbeat until twice `election_timeout_max`. So a leader calls it; a
+    /// follower is refused while its leader is alive.
+    pub async fn raise_term_above(&self, epoch: u64) -> Result<TermRaised, RaiseTermError> {
+        let _one = self.raising.lock().await;
+        let settings = self.config.settings();
+        let wait = Duration::from_millis(settings.election_timeout_max_ms.saturating_mul(2));
+        let pause = Duration::from_millis(settings.heartbeat_ms);
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let vote = self
+                .raft
+                .with_raft_state(|s| *s.vote_ref())
+                .await
+                .map_err(|_| RaiseTermError::Stopped)?;
+            let term = vote.leader_id().term;
+            if term > epoch {
+                return Ok(TermRaised::Already { term });
+            }
+            let step = epoch.max(term + 1);
+            let no_one = Vote {
+                leader_id: openraft::LeaderId {
+                    term: step,
+                    voted_for: None,
+                },
+                committed: false,
+            };
+            let any_log = LogId::new(openraft::CommittedLeaderId::new(step, self.id), u64::MAX);
+            let request = VoteRequest::new(no_one, Some(any_log));
+            let answer = self
+                .raft
+                .vote(request)
+                .await
+                .map_err(|_| RaiseTermError::Stopped)?;
+            if answer.vote_granted {
+                self.raft
+                    .trigger()
+                    .elect()
+                    .await
+                    .map_err(|_| RaiseTermError::Stopped)?;
+                tracing::warn!(
+                    replica = self.id,
+                    from_term = term,
+                    campaign = step + 1,
+                    epoch,
+                    "term raised above a proven epoch: left term {term} and campaigning in term {}",
+                    step + 1
+                );
+                return Ok(TermRaised::Campaigning {
+                    from: term,
+                    campaign: step + 1,
+                });
+            }
+            if tokio::time::Instant::now() + pause > deadline {
+                return Err(RaiseTermError::Refused {
+                    id: self.id,
+                    term,
+                    epoch,
+                    waited_ms: wait.as_millis() as u64,
+                });
+            }
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// Snapshot-file bytes of the current applied state (state + membership), built from an MVCC read

@@ -1,0 +1,124 @@
+//! G9 at run time (decision 0151): a host that proves an epoch above the cluster's term (it
+//! applied an envelope from a leader this cluster's store does not remember) makes the cluster
+//! move its term above that epoch at once, so the next push reaches the host — no restart.
+
+mod controller_common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use controller_common::*;
+use mesh::controller::api::{Body, PushOutcome, Request};
+use mesh::core::declaration::Declaration;
+use mesh::core::envelope::{Envelope, seal};
+use mesh::core::model::Mesh;
+use mesh::core::wire::{EnvelopeReply, envelope_reply_what};
+use mesh_transport::{Endpoint, MessageKind, Peer, Principal};
+
+fn outcome(body: &Body, machine: &str) -> Option<PushOutcome> {
+    let Body::Push(view) = body else {
+        panic!("not a push answer: {body:?}")
+    };
+    view.lines
+        .iter()
+        .find(|l| l.machine == machine)
+        .map(|l| l.outcome.clone())
+}
+
+fn one_module() -> Mesh {
+    let mut mesh = Mesh::default();
+    mesh.machines.insert("ace".into(), machine("ace"));
+    mesh.modules.insert("w".into(), sleeper("w", "ace"));
+    mesh
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_a_proven_epoch_above_the_term_moves_the_cluster_above_it_and_pushes_reach_the_host() {
+    // G9: hosts fence on (epoch, sequence); a host that applied epoch E refuses anything below.
+    // Once its report proves E, the cluster's leader must lead in a term above E, and a push from
+    // it must be applied by the host, with every replica still running.
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &one_module()).await;
+    let first = bed.push(leader, "ace", &[]).await.expect("first push");
+    assert!(
+        matches!(outcome(&first, "ace"), Some(PushOutcome::Applied { .. })),
+        "{first:?}"
+    );
+    let term = bed
+        .service(leader)
+        .replica()
+        .metrics()
+        .borrow()
+        .current_term;
+
+    // A leader this cluster forgot (replica 2's key, epoch well above the term) sent ace an
+    // envelope; ace applies it and reports the epoch with its signed header as proof.
+    let epoch = term + 5;
+    let envelope = Envelope {
+        machine: "ace".into(),
+        epoch,
+        sequence: 1_000,
+        signer: 2,
+        moves: vec![],
+        declaration: Declaration {
+            machine: "ace".into(),
+            modules: vec![],
+        },
+    };
+    let sealed = seal(&envelope, &replica_key(2)).expect("seal");
+    let forgotten = Endpoint::bind(
+        "127.0.0.1:0".parse().expect("addr"),
+        &bed.pki.identity(&Principal::Replica(2)),
+        transport().check().expect("transport"),
+    )
+    .expect("bind");
+    let host = Peer::expecting(
+        bed.hosts["ace"].endpoint.local_addr(),
+        Principal::Host("ace".into()),
+    );
+    let sent = Instant::now();
+    let reply = forgotten
+        .request(host, MessageKind::Envelope, sealed, Duration::from_secs(5))
+        .await
+        .expect("ace answers");
+    let reply: EnvelopeReply = mesh_codec::decode(envelope_reply_what, &reply).expect("reply");
+    assert!(matches!(reply, EnvelopeReply::Applied { .. }), "{reply:?}");
+
+    // The cluster leads above the proven epoch without a restart, with the floor raised to it.
+    let (now, now_term) = bed.wait_leader_among(&[1, 2, 3], epoch).await;
+    println!(
+        "leader {now} in term {now_term} above the proven epoch {epoch} (was term {term}) {} ms after the envelope",
+        sent.elapsed().as_millis()
+    );
+    let Body::Status(status) = bed.ok(now, &Request::Status).await else {
+        panic!("status")
+    };
+    assert!(status.epoch_floor >= epoch, "floor {}", status.epoch_floor);
+    // And its push reaches the host, which accepts it over the forgotten leader's envelope.
+    wait_until("a push applied on ace above the proven epoch", || async {
+        let (via, _) = bed.wait_leader_among(&[1, 2, 3], epoch).await;
+        let pushed = bed.push(via, "ace", &[]).await;
+        matches!(
+            pushed.as_ref().map(|b| outcome(b, "ace")),
+            Ok(Some(PushOutcome::Applied { .. }))
+        )
+    })
+    .await;
+    // Every replica follows into the new term (none is left below the floor).
+    wait_until("every replica in a term above the proven epoch", || {
+        let terms: BTreeMap<u64, u64> = bed
+            .replicas
+            .keys()
+            .map(|id| {
+                (
+                    *id,
+                    bed.service(*id).replica().metrics().borrow().current_term,
+                )
+            })
+            .collect();
+        std::future::ready(terms.values().all(|t| *t > epoch))
+    })
+    .await;
+    bed.shutdown().await;
+}
