@@ -287,13 +287,16 @@ impl Gate {
     }
 
     /// [`Gate::acquire`], and the replica refuses votes until the lease ends (see [`VoteFence`]). The
-    /// fence is held from before the round, so no vote slips in between the round and the hold.
+    /// fence is held from before the round, so no vote slips in between the round and the hold;
+    /// a replica that does not lead holds nothing, so a leader that stepped down to hand over
+    /// (decision 0152) is not kept fenced by requests that still reach it.
     pub async fn acquire_fenced(
         raft: &Raft,
         clock: &dyn Clock,
         config: &RaftConfig,
         fence: &VoteFence,
     ) -> Result<Lease, GateError> {
+        leading_term(raft).await?;
         fence.hold(clock.now() + config.lease_window());
         let lease = Gate::acquire(raft, clock, config).await?;
         fence.hold(lease.valid_until());

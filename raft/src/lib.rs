@@ -25,11 +25,11 @@ pub use gate::{
 pub use log_store::LogStore;
 pub use network::{
     PeerTimings, Probed, QuicNetwork, Role, TimingsDiffer, answer as answer_raft_rpc,
-    check_peer_timings, probe as probe_replica,
+    check_peer_timings, elect_now, hand_over_over_quic, probe as probe_replica,
 };
 pub use replica::{
-    ProposeError, Proposed, RaiseTermError, Replica, ReplicaSpec, RestoreError, Restored,
-    ShutdownError, StartError, TermRaised, restore, store_file_name,
+    HandedOver, HandoverError, ProposeError, Proposed, RaiseTermError, Replica, ReplicaSpec,
+    RestoreError, Restored, ShutdownError, StartError, TermRaised, restore, store_file_name,
 };
 pub use state_machine::{App, AppError, EntryAt, SnapshotBuilder, SnapshotFile, StateMachine};
 pub use store::StoreError;

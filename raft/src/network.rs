@@ -54,6 +54,9 @@ pub enum RaftCall {
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
     /// What are you, in which term, and how far is your log? Answered from the metrics, no I/O.
     Probe,
+    /// Campaign now: the leader hands its leadership over before it stops (decision 0152).
+    /// Obeyed only when the sender is the leader the receiver knows or has voted for.
+    ElectNow,
 }
 
 /// A replica's role as its Raft core reports it.
@@ -117,6 +120,8 @@ pub enum RaftReply {
         Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
     ),
     Probe(Probed),
+    /// `Err` says why the receiver did not campaign.
+    ElectNow(Result<(), String>),
     /// The call was not handed to Raft: the receiver `replica` runs other `timings`.
     TimingsDiffer {
         replica: NodeId,
@@ -238,6 +243,7 @@ pub async fn answer(
                 RaftReply::InstallSnapshot(raft.install_snapshot(rpc).await)
             }
             RaftCall::Probe => RaftReply::Probe(Probed::of(raft)),
+            RaftCall::ElectNow => RaftReply::ElectNow(elect_now_for(raft, request.from).await),
         }
     };
     mesh_codec::encode("raft reply", &reply).map_err(|e| e.to_string())
@@ -287,6 +293,99 @@ pub async fn probe(
         Ok(_) => Err(fault("answered a probe with another kind of reply".into())),
         Err(e) => Err(fault(format!("reply could not be decoded: {e}"))),
     }
+}
+
+/// Campaigns now if `from` is the leader this replica knows, or the one whose vote it holds (the
+/// leader handing over has just voted for this replica, so it is no longer named leader here
+/// only after this replica's next heartbeat): nobody else may start an election here.
+async fn elect_now_for(raft: &Raft, from: NodeId) -> Result<(), String> {
+    let m = raft.metrics().borrow().clone();
+    let vote = raft
+        .with_raft_state(|s| *s.vote_ref())
+        .await
+        .map_err(|e| format!("replica {} is stopping: {e}", m.id))?;
+    let knows = m.current_leader == Some(from) || vote.leader_id().voted_for() == Some(from);
+    if !knows {
+        return Err(format!(
+            "replica {} does not follow replica {from} (its leader: {:?}); only the leader may hand over",
+            m.id, m.current_leader
+        ));
+    }
+    raft.trigger()
+        .elect()
+        .await
+        .map_err(|e| format!("replica {} could not campaign: {e}", m.id))?;
+    tracing::info!(
+        replica = m.id,
+        from,
+        "campaigning now: replica {from} hands its leadership over"
+    );
+    Ok(())
+}
+
+/// Asks replica `target` at `addr` to campaign now ([`RaftCall::ElectNow`]), within `timeout`:
+/// the last step of a leader's handover ([`crate::Replica::hand_over`]).
+pub async fn elect_now(
+    endpoint: &Endpoint,
+    timings: &Timings,
+    target: NodeId,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<(), NetworkFault> {
+    let fault = |what: String| NetworkFault::BadReply { target, what };
+    let request = RaftRequest {
+        from: own_id(endpoint),
+        timings: *timings,
+        call: RaftCall::ElectNow,
+    };
+    let body = mesh_codec::encode("raft request", &request)
+        .map_err(|e| fault(format!("elect-now could not be encoded: {e}")))?;
+    let peer = Peer::expecting(addr, Principal::Replica(target));
+    let bytes = endpoint
+        .request(peer, MessageKind::Raft, body, timeout)
+        .await
+        .map_err(|source| NetworkFault::Transport { target, source })?;
+    match mesh_codec::decode("raft reply", &bytes) {
+        Ok(RaftReply::ElectNow(Ok(()))) => Ok(()),
+        Ok(RaftReply::ElectNow(Err(why))) => Err(fault(why)),
+        Ok(RaftReply::TimingsDiffer {
+            replica,
+            timings: theirs,
+        }) => Err(NetworkFault::TimingsDiffer(TimingsDiffer {
+            own: request.from,
+            ours: *timings,
+            peer: replica,
+            theirs,
+        })),
+        Ok(_) => Err(fault(
+            "answered elect-now with another kind of reply".into(),
+        )),
+        Err(e) => Err(fault(format!("reply could not be decoded: {e}"))),
+    }
+}
+
+/// [`crate::Replica::hand_over`] over QUIC: the follower chosen is told to campaign with
+/// [`elect_now`] at its address in `peers`, each try within half of `election_timeout_min`.
+pub async fn hand_over_over_quic<A: crate::App>(
+    replica: &crate::Replica<A>,
+    fence: Option<&crate::VoteFence>,
+    endpoint: &Endpoint,
+    peers: &BTreeMap<NodeId, SocketAddr>,
+    within: Duration,
+) -> Result<crate::HandedOver, crate::HandoverError> {
+    let timings = replica.config().timings();
+    let ask = Duration::from_millis(timings.election_timeout_min_ms / 2);
+    replica
+        .hand_over(fence, within, |to| async move {
+            let addr = peers
+                .get(&to)
+                .copied()
+                .ok_or_else(|| format!("replica {to} has no address in [peers]"))?;
+            elect_now(endpoint, &timings, to, addr, ask)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
 }
 
 /// What a replica learnt asking its peers' timings before it starts ([`check_peer_timings`]).

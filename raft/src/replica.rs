@@ -173,6 +173,40 @@ pub enum RaiseTermError {
     },
 }
 
+/// A leadership handed over by [`Replica::hand_over`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandedOver {
+    /// The follower that leads now.
+    pub to: NodeId,
+    /// The term it leads in.
+    pub term: u64,
+}
+
+impl std::fmt::Display for HandedOver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "handed over to {} (term {})", self.to, self.term)
+    }
+}
+
+/// Why [`Replica::hand_over`] did not hand leadership over; the cluster then elects as after a
+/// crash.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandoverError {
+    #[error("replica {id} is not the leader; it has no leadership to hand over")]
+    NotLeader { id: NodeId },
+    #[error(
+        "no follower of replica {id} had its whole log (last index {last:?}) and took over within {waited_ms} ms ({tried}); the others elect a leader after their election timeout"
+    )]
+    NoTaker {
+        id: NodeId,
+        last: Option<u64>,
+        waited_ms: u64,
+        tried: String,
+    },
+    #[error("the replica is stopping")]
+    Stopped,
+}
+
 struct Proposal {
     command: Vec<u8>,
     reply: oneshot::Sender<Result<Proposed, ProposeError>>,
@@ -385,6 +419,165 @@ impl<A: App> Replica<A> {
                 });
             }
             tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Hands this leader's leadership to a follower that has its whole log, before it stops
+    /// (issue 12, decision 0152). openraft 0.9 has no leader transfer, so:
+    ///
+    /// 1. Pick a voter whose replicated log matches this leader's last index (waiting for one,
+    ///    within `within`).
+    /// 2. Step down by handing the own Raft a vote for it in the next term, with its log: openraft
+    ///    grants it (higher term, log no shorter), persists it and stops leading, so every act of
+    ///    this replica's lease fails its leadership check from then on.
+    /// 3. Wait until `fence` (the vote fence of this replica's leases, decision 0071) has closed:
+    ///    an act already past its check may still be writing under the old lease, so the lease is
+    ///    given back by letting it end — at most one lease window — not by lifting the fence.
+    /// 4. `tell(to)` asks it to campaign now (`RaftCall::ElectNow`, decision 0152). Its vote request
+    ///    matches the vote given in 2, so this replica grants it; with this replica's vote it has a
+    ///    quorum of three without the third, whose lease of the old leader still runs.
+    /// 5. Wait until the metrics name it leader.
+    ///
+    /// If telling fails (the follower is gone) the next one is tried, a term higher each time (a
+    /// vote in a term is never given twice). Proposals should have stopped before the call: an
+    /// entry appended after step 1 makes the follower's log short and the handover fail.
+    pub async fn hand_over<F, Fut>(
+        &self,
+        fence: Option<&crate::VoteFence>,
+        within: Duration,
+        mut tell: F,
+    ) -> Result<HandedOver, HandoverError>
+    where
+        F: FnMut(NodeId) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let deadline = tokio::time::Instant::now() + within;
+        let pause = Duration::from_millis(self.config.settings().heartbeat_ms);
+        let mut tried: Vec<String> = Vec::new();
+        let (takers, last) = self.takers(deadline, pause).await?;
+        let no_taker = |tried: &[String]| HandoverError::NoTaker {
+            id: self.id,
+            last,
+            waited_ms: within.as_millis() as u64,
+            tried: if tried.is_empty() {
+                "none caught up".to_string()
+            } else {
+                tried.join("; ")
+            },
+        };
+        for (to, matched) in takers {
+            let Some(term) = self.vote_for(to, matched, deadline, pause).await? else {
+                // openraft's own vote lease just after an election, or the log moved on.
+                tried.push(format!(
+                    "replica {to}: this leader could not step down for it"
+                ));
+                continue;
+            };
+            if let Some(fence) = fence {
+                while fence.is_open() {
+                    if tokio::time::Instant::now() >= deadline {
+                        tried.push("this replica's lease did not end in time".into());
+                        return Err(no_taker(&tried));
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            if let Err(why) = tell(to).await {
+                tried.push(format!("replica {to}: {why}"));
+                continue;
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let elected = self
+                .raft
+                .wait(Some(left))
+                .metrics(
+                    |m| m.current_leader == Some(to) && m.current_term >= term,
+                    "the follower takes over",
+                )
+                .await;
+            match elected {
+                Ok(m) => {
+                    let done = HandedOver {
+                        to,
+                        term: m.current_term,
+                    };
+                    tracing::info!(replica = self.id, to, term = done.term, "leadership {done}");
+                    return Ok(done);
+                }
+                Err(e) => {
+                    tried.push(format!(
+                        "replica {to} was told to campaign but did not lead: {e}"
+                    ));
+                    return Err(no_taker(&tried));
+                }
+            }
+        }
+        Err(no_taker(&tried))
+    }
+
+    /// Hands the own Raft a vote for `to` (with log `matched`) in the next term, retrying every
+    /// `pause` until `deadline` while openraft refuses it; the term when granted.
+    async fn vote_for(
+        &self,
+        to: NodeId,
+        matched: LogId,
+        deadline: tokio::time::Instant,
+        pause: Duration,
+    ) -> Result<Option<u64>, HandoverError> {
+        loop {
+            let vote = self
+                .raft
+                .with_raft_state(|s| *s.vote_ref())
+                .await
+                .map_err(|_| HandoverError::Stopped)?;
+            let term = vote.leader_id().term + 1;
+            let request = VoteRequest::new(Vote::new(term, to), Some(matched));
+            let answer = self
+                .raft
+                .vote(request)
+                .await
+                .map_err(|_| HandoverError::Stopped)?;
+            if answer.vote_granted {
+                return Ok(Some(term));
+            }
+            if tokio::time::Instant::now() + pause > deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// The voters whose replicated log matches this leader's last index, with that log id, and
+    /// the last index; waits for at least one until `deadline`. `NotLeader` when this replica
+    /// does not lead.
+    async fn takers(
+        &self,
+        deadline: tokio::time::Instant,
+        pause: Duration,
+    ) -> Result<(Vec<(NodeId, LogId)>, Option<u64>), HandoverError> {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let (takers, last) = {
+                let m = metrics.borrow_and_update();
+                if m.state != openraft::ServerState::Leader || m.current_leader != Some(self.id) {
+                    return Err(HandoverError::NotLeader { id: self.id });
+                }
+                let voters: Vec<NodeId> = m.membership_config.membership().voter_ids().collect();
+                let takers: Vec<(NodeId, LogId)> = m
+                    .replication
+                    .iter()
+                    .flatten()
+                    .filter(|(id, _)| **id != self.id && voters.contains(id))
+                    .filter_map(|(id, matched)| matched.map(|l| (*id, l)))
+                    .filter(|(_, l)| Some(l.index) == m.last_log_index)
+                    .collect();
+                (takers, m.last_log_index)
+            };
+            let now = tokio::time::Instant::now();
+            if !takers.is_empty() || now >= deadline {
+                return Ok((takers, last));
+            }
+            let _ = tokio::time::timeout((deadline - now).min(pause), metrics.changed()).await;
         }
     }
 
