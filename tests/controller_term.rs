@@ -1,6 +1,7 @@
 //! G9 at run time (decision 0151): a host that proves an epoch above the cluster's term (it
 //! applied an envelope from a leader this cluster's store does not remember) makes the cluster
-//! move its term above that epoch at once, so the next push reaches the host — no restart.
+//! move its term above that epoch at once, so the next push reaches the host — no restart. And a
+//! leader that stops hands its leadership to an up-to-date follower first (decision 0152).
 
 mod controller_common;
 
@@ -120,5 +121,41 @@ async fn g9_a_proven_epoch_above_the_term_moves_the_cluster_above_it_and_pushes_
         std::future::ready(terms.values().all(|t| *t > epoch))
     })
     .await;
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_leader_hands_over_and_says_to_whom() {
+    // Availability (issue 12): shutting the leader down leaves a leader behind at once — the one
+    // the old leader names — instead of an election timeout later.
+    let mut bed = Bed::start(&[], &[]).await;
+    let leader = bed.wait_leader().await;
+    let term = bed
+        .service(leader)
+        .replica()
+        .metrics()
+        .borrow()
+        .current_term;
+    let running = bed.replicas.remove(&leader).expect("leader runs");
+    let started = Instant::now();
+    let handed = running
+        .shutdown()
+        .await
+        .expect("clean shutdown")
+        .expect("the leader handed over");
+    let others: Vec<u64> = bed.replicas.keys().copied().collect();
+    let (now, now_term) = bed.wait_leader_among(&others, term).await;
+    println!(
+        "{handed}; leader {now} in term {now_term} {} ms after the shutdown began",
+        started.elapsed().as_millis()
+    );
+    assert_eq!(now, handed.to);
+    assert!(handed.to != leader && now_term > term);
+    assert!(
+        handed
+            .to_string()
+            .contains(&format!("handed over to {now}")),
+        "{handed}"
+    );
     bed.shutdown().await;
 }

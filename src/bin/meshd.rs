@@ -1,7 +1,8 @@
 //! `meshd --config replica.toml`: one controller replica (Raft over QUIC, operator API, host reports);
 //! `meshd restore --config replica.toml --from FILE`: a fresh store from a snapshot file (G9). Logs
-//! go to stderr (`--log-format text|json`, colours only on a terminal); SIGTERM or SIGINT stop
-//! serving, shut Raft down and exit 0.
+//! go to stderr (`--log-format text|json`, colours only on a terminal); SIGTERM or SIGINT hand a
+//! leader's leadership to an up-to-date follower (decision 0152), stop serving, shut Raft down and
+//! exit 0.
 //!
 //! Before it starts, meshd asks every peer's Raft timings and refuses to start when one that
 //! answers runs other ones (decision 0150); a peer that does not answer within
@@ -80,6 +81,7 @@ async fn run(config: PathBuf) -> anyhow::Result<()> {
     let config = ReplicaConfig::load(&config)?;
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut hangup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
     let endpoint = mesh::controller::bind(&config).context("starting the replica")?;
     let timings = config.raft().timings();
     let wait = Duration::from_millis(peer_timings_probe_ms);
@@ -102,10 +104,21 @@ async fn run(config: PathBuf) -> anyhow::Result<()> {
     let running = mesh::controller::start_on(config, endpoint, Arc::new(clock))
         .await
         .context("starting the replica")?;
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = interrupt.recv() => tracing::info!("SIGINT: stopping"),
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => { tracing::info!("SIGTERM: stopping"); break }
+            _ = interrupt.recv() => { tracing::info!("SIGINT: stopping"); break }
+            // Reload the certificate, key and CA set (decision 0170); a failure is logged and
+            // the replica keeps what it had.
+            _ = hangup.recv() => {
+                tracing::info!("SIGHUP: reloading certificates");
+                let _ = running.service().reload_certs();
+            }
+        }
     }
-    running.shutdown().await.context("stopping the replica")?;
+    match running.shutdown().await.context("stopping the replica")? {
+        Some(done) => tracing::info!("stopped: leadership {done}"),
+        None => tracing::info!("stopped"),
+    }
     Ok(())
 }

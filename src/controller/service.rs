@@ -40,6 +40,8 @@ pub const forward_timeout_ms: u64 = 120_000;
 /// How long a follower keeps looking for a leader that answers before it refuses an operator's
 /// request: a failover takes under 2 s (decision 0110), an election with a split vote longer.
 pub const forward_find_ms: u64 = 8_000;
+/// How long a stopping leader tries to hand its leadership over (decision 0152).
+pub const handover_ms: u64 = 2_000;
 /// How long shutdown waits for in-flight requests to finish.
 pub const shutdown_drain_ms: u64 = 5_000;
 
@@ -325,8 +327,19 @@ impl Running {
         &self.service
     }
 
-    /// Stops serving, waits for in-flight requests, shuts Raft down and closes the store.
-    pub async fn shutdown(self) -> Result<(), ServiceError> {
+    /// Hands leadership to an up-to-date follower when leading (decision 0152), stops serving,
+    /// waits for in-flight requests, shuts Raft down and closes the store. `Some` names the taker.
+    pub async fn shutdown(self) -> Result<Option<mesh_raft::HandedOver>, ServiceError> {
+        let s = &self.service;
+        let within = Duration::from_millis(handover_ms);
+        let peers = s.config.peers();
+        let handed =
+            mesh_raft::hand_over_over_quic(&s.replica, Some(&s.fence), &s.endpoint, peers, within)
+                .await;
+        match &handed {
+            Ok(done) => tracing::info!(replica = s.id, "stopping: leadership {done}"),
+            Err(e) => tracing::info!(replica = s.id, "stopping without a handover: {e}"),
+        }
         if let Some(http) = self.http {
             http.stop().await;
         }
@@ -341,7 +354,7 @@ impl Running {
                 Ok(s) => {
                     s.replica.shutdown().await?;
                     tracing::info!(replica = s.id, "replica stopped");
-                    return Ok(());
+                    return Ok(handed.ok());
                 }
                 Err(shared) => service = shared,
             }
