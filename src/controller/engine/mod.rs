@@ -177,7 +177,7 @@ pub(crate) struct PushEngine {
     revision: u64,
     step: Step,
     /// A proposal or a seal is in flight.
-    awaiting: bool,
+    pending_reply: bool,
     plan: PushPlan,
     /// One per send of the plan, in plan order.
     records: Vec<SendRecord>,
@@ -211,7 +211,7 @@ impl PushEngine {
             renewing: false,
             revision: 0,
             step: Step::Done,
-            awaiting: false,
+            pending_reply: false,
             plan: PushPlan {
                 sends: vec![],
                 held: vec![],
@@ -254,11 +254,11 @@ impl PushEngine {
             Event::Committed(applied) => self.on_committed(applied, &mut out),
             Event::Refused(reason) => self.on_refused(reason, &mut out),
             Event::Failed(error) => {
-                self.awaiting = false;
+                self.pending_reply = false;
                 self.stop(error, &mut out);
             }
             Event::Kept(result) => {
-                self.awaiting = false;
+                self.pending_reply = false;
                 match result {
                     Ok(()) => self.step = Step::Sending,
                     Err(e) => self.stop(e, &mut out),
@@ -294,7 +294,7 @@ impl PushEngine {
     }
 
     fn on_committed(&mut self, applied: Applied, out: &mut Vec<Action>) {
-        self.awaiting = false;
+        self.pending_reply = false;
         match (self.step, applied) {
             (Step::Mints, Applied::Minted { revision, .. }) => {
                 self.revision = revision;
@@ -322,7 +322,7 @@ impl PushEngine {
     }
 
     fn on_refused(&mut self, reason: String, out: &mut Vec<Action>) {
-        self.awaiting = false;
+        self.pending_reply = false;
         let what = match self.step {
             Step::Mints => "mints",
             Step::Records => "send records",
@@ -427,7 +427,7 @@ impl PushEngine {
             }
         }
         loop {
-            if self.awaiting {
+            if self.pending_reply {
                 return out;
             }
             if let Some(reason) = self.stopped.clone() {
@@ -470,7 +470,7 @@ impl PushEngine {
                         self.step = Step::Sending;
                         continue;
                     };
-                    self.awaiting = true;
+                    self.pending_reply = true;
                     out.push(Action::Keep {
                         envelope: self.envelope(index),
                         deadline: self.lease.until,
@@ -489,7 +489,7 @@ impl PushEngine {
     }
 
     fn propose(&mut self, expect: Option<u64>, command: Command) -> Action {
-        self.awaiting = true;
+        self.pending_reply = true;
         Action::Propose {
             epoch: self.lease.epoch,
             expect,
@@ -544,16 +544,18 @@ impl PushEngine {
         }
         let mut machines: Vec<String> = self.plan.sends.iter().map(|s| s.machine.clone()).collect();
         machines.extend(holds_by_machine(&self.plan.holds).into_keys());
-        let lines = machines
-            .into_iter()
-            .map(|machine| PushLine {
+        let mut lines = Vec::new();
+        for machine in machines {
+            let line = PushLine {
                 machine,
                 outcome: PushOutcome::Failed {
                     reason: "stopped".into(),
                     error: format!("stopped: {reason}"),
                 },
-            })
-            .collect();
+            };
+            out.push(Action::Line(line.clone()));
+            lines.push(line);
+        }
         self.step = Step::Done;
         out.push(Action::Answer(Ok(PushView {
             epoch: self.lease.epoch,
@@ -678,7 +680,7 @@ fn prepare(b: Begin<'_>) -> Result<PushEngine, ApiError> {
         renewing: false,
         revision: state.revision,
         step: Step::Mints,
-        awaiting: false,
+        pending_reply: false,
         plan: planned,
         records,
         holds,

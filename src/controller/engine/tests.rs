@@ -663,3 +663,32 @@ fn bad_input_and_a_failed_random_source_propose_nothing() {
     assert!(matches!(answer(&out), Some(Err(ApiError::Failed(e))) if e.contains("random")));
     assert!(proposals(&out).is_empty());
 }
+
+#[test]
+fn the_engine_reads_no_clock_does_no_io_and_draws_no_randomness() {
+    // The engine decides; the driver moves bytes and time. A clock read, an await, a socket, a
+    // file or a random draw in the engine would put a decision back into the driver's world.
+    let sources = [
+        ("engine/mod.rs", include_str!("mod.rs")),
+        ("engine/cache.rs", include_str!("cache.rs")),
+    ];
+    let forbidden = [
+        "tokio::",
+        "Instant::now",
+        "SystemTime",
+        "std::fs",
+        "std::net",
+        "std::thread",
+        "std::process",
+        "getrandom",
+        "rand::",
+        ".await",
+        "async fn",
+        "tracing::",
+    ];
+    for (file, source) in sources {
+        for word in forbidden {
+            assert!(!source.contains(word), "{file} names {word}");
+        }
+    }
+}
