@@ -152,6 +152,7 @@ fn status_answer(forwarded_by: Option<u64>) -> Answer {
             revision: 2,
             epoch_floor: 4,
             store_reset: None,
+            certs_expiring: vec![],
         })),
     }
 }

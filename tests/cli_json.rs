@@ -171,6 +171,7 @@ fn status_view() -> StatusView {
         revision: 5,
         epoch_floor: 2,
         store_reset: None,
+        certs_expiring: vec![],
     }
 }
 

@@ -10,6 +10,7 @@ mod m0003_settings_history;
 mod m0004_epoch_record;
 mod m0005_model_history;
 mod m0006_requests;
+mod m0007_revoked;
 pub mod records;
 pub mod tables;
 
@@ -20,7 +21,7 @@ use redb::{Database, ReadableDatabase, TableError, WriteTransaction};
 pub use mesh_codec::CodecError;
 
 /// The schema version this binary writes: the version of its last migration.
-pub const schema_version_latest: u64 = m0006_requests::VERSION;
+pub const schema_version_latest: u64 = m0007_revoked::VERSION;
 
 /// Why a migration step failed: it names the storage or encoding fault underneath.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +124,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: m0006_requests::VERSION,
         name: m0006_requests::NAME,
         step: m0006_requests::step,
+    },
+    Migration {
+        version: m0007_revoked::VERSION,
+        name: m0007_revoked::NAME,
+        step: m0007_revoked::step,
     },
 ];
 

@@ -58,6 +58,10 @@ pub const MODEL_HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("mod
 /// it was remembered in and its first outcome), bounded by the domain's limit.
 pub const REQUESTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("requests");
 
+/// The deny list (since 0007): entry key (`serial:<hex>` or `principal:<kind>:<name>`) → encoded
+/// domain record (what, why, who, when), bounded by the domain's limit.
+pub const REVOKED: TableDefinition<&str, &[u8]> = TableDefinition::new("revoked");
+
 /// Table shapes that a later migration replaced. Only migrations and fixture tests use them.
 pub mod superseded {
     use redb::TableDefinition;
@@ -83,4 +87,5 @@ pub const CATALOGUE: &[(&str, u64)] = &[
     ("settings_history", 3),
     ("model_history", 5),
     ("requests", 6),
+    ("revoked", 7),
 ];

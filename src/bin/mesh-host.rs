@@ -49,6 +49,7 @@ async fn main() -> anyhow::Result<()> {
     let agent = Arc::new(Agent::open(config, Arc::new(sink)).context("opening host state")?);
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut hangup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
     let started = agent.start().await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let started = match started {
@@ -73,7 +74,12 @@ async fn main() -> anyhow::Result<()> {
                 let agent = Arc::clone(&agent);
                 tokio::spawn(async move { agent.reconcile(stop_rx).await })
             };
-            run(&mut terminate, &mut interrupt, reconcile, fatal).await
+            let signals = Signals {
+                terminate: &mut terminate,
+                interrupt: &mut interrupt,
+                hangup: &mut hangup,
+            };
+            run(signals, &endpoint, agent.config(), reconcile, fatal).await
         }
     };
     let _ = stop_tx.send(true);
@@ -93,21 +99,47 @@ async fn main() -> anyhow::Result<()> {
     outcome
 }
 
-/// Waits for a signal, the end of the reconcile loop, or a fatal error from the listener.
+struct Signals<'a> {
+    terminate: &'a mut tokio::signal::unix::Signal,
+    interrupt: &'a mut tokio::signal::unix::Signal,
+    hangup: &'a mut tokio::signal::unix::Signal,
+}
+
+/// Waits for a stopping signal, the end of the reconcile loop, or a fatal error from the
+/// listener; SIGHUP reloads the certificate, key and CA set in between (decision 0170).
 async fn run(
-    terminate: &mut tokio::signal::unix::Signal,
-    interrupt: &mut tokio::signal::unix::Signal,
-    reconcile: tokio::task::JoinHandle<Result<(), HostError>>,
+    signals: Signals<'_>,
+    endpoint: &mesh_transport::Endpoint,
+    config: &HostConfig,
+    mut reconcile: tokio::task::JoinHandle<Result<(), HostError>>,
     mut fatal: mpsc::Receiver<HostError>,
 ) -> anyhow::Result<()> {
-    tokio::select! {
-        _ = terminate.recv() => { tracing::info!("SIGTERM: stopping every module"); Ok(()) }
-        _ = interrupt.recv() => { tracing::info!("SIGINT: stopping every module"); Ok(()) }
-        r = reconcile => match r {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e).context("reporting"),
-            Err(e) => Err(e).context("the reconcile task ended"),
-        },
-        Some(e) = fatal.recv() => Err(e).context("applying an envelope"),
+    loop {
+        tokio::select! {
+            _ = signals.terminate.recv() => { tracing::info!("SIGTERM: stopping every module"); return Ok(()) }
+            _ = signals.interrupt.recv() => { tracing::info!("SIGINT: stopping every module"); return Ok(()) }
+            _ = signals.hangup.recv() => reload(endpoint, config),
+            r = &mut reconcile => return match r {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e).context("reporting"),
+                Err(e) => Err(e).context("the reconcile task ended"),
+            },
+            Some(e) = fatal.recv() => return Err(e).context("applying an envelope"),
+        }
+    }
+}
+
+/// Reloads this host's certificate, key and CA set; on error it keeps what it had.
+fn reload(endpoint: &mesh_transport::Endpoint, config: &HostConfig) {
+    let Some(tls) = config.tls() else {
+        tracing::error!("SIGHUP: host.toml has no [tls], so there is nothing to reload");
+        return;
+    };
+    match endpoint.reload_from_files(&tls.ca, &tls.cert, &tls.key) {
+        Ok(closed) => {
+            let serial = endpoint.certificates().0.map(|c| c.serial).unwrap_or_default();
+            tracing::info!(%serial, cas = endpoint.trusted_cas(), closed, "SIGHUP: certificates reloaded");
+        }
+        Err(e) => tracing::error!(error = %e, "SIGHUP: certificates not reloaded, still using the ones it had"),
     }
 }

@@ -81,6 +81,7 @@ async fn run(config: PathBuf) -> anyhow::Result<()> {
     let config = ReplicaConfig::load(&config)?;
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut hangup = signal(SignalKind::hangup()).context("installing SIGHUP handler")?;
     let endpoint = mesh::controller::bind(&config).context("starting the replica")?;
     let timings = config.raft().timings();
     let wait = Duration::from_millis(peer_timings_probe_ms);
@@ -103,9 +104,17 @@ async fn run(config: PathBuf) -> anyhow::Result<()> {
     let running = mesh::controller::start_on(config, endpoint, Arc::new(clock))
         .await
         .context("starting the replica")?;
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = interrupt.recv() => tracing::info!("SIGINT: stopping"),
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => { tracing::info!("SIGTERM: stopping"); break }
+            _ = interrupt.recv() => { tracing::info!("SIGINT: stopping"); break }
+            // Reload the certificate, key and CA set (decision 0170); a failure is logged and
+            // the replica keeps what it had.
+            _ = hangup.recv() => {
+                tracing::info!("SIGHUP: reloading certificates");
+                let _ = running.service().reload_certs();
+            }
+        }
     }
     match running.shutdown().await.context("stopping the replica")? {
         Some(done) => tracing::info!("stopped: leadership {done}"),

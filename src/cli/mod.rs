@@ -4,6 +4,7 @@
 
 pub mod apply;
 pub mod bench;
+pub mod certs;
 pub mod check;
 pub mod client;
 pub mod context;
@@ -92,6 +93,9 @@ pub enum Command {
     /// Machines joining the running mesh.
     #[command(subcommand)]
     Machines(machines::MachinesCommand),
+    /// Certificates: renew, reload, list, revoke.
+    #[command(subcommand)]
+    Certs(certs::CertsCommand),
     /// Write load through the operator API, shaped like `etcdctl check perf`: `--load s|m|l|xl`;
     /// prints writes/s, p50, p99, slowest and stddev, exits 1 below the load's target.
     Bench(bench::BenchArgs),
@@ -118,6 +122,7 @@ impl Command {
             Command::Init(_)
             | Command::Dev(_)
             | Command::Machines(_)
+            | Command::Certs(_)
             | Command::Bench(_)
             | Command::Completions(_)
             | Command::Help(_) => false,
@@ -230,6 +235,7 @@ fn run_command(cli: Cli) -> Result<Output, CliError> {
         Command::History(args) => history::run(ctx.as_deref(), &args),
         Command::Snapshot(cmd) => snapshot::run(ctx.as_deref(), &cmd),
         Command::Machines(cmd) => machines::run(ctx.as_deref(), &cmd),
+        Command::Certs(cmd) => certs::run(ctx.as_deref(), &cmd),
         Command::Bench(args) => bench::run(ctx.as_deref(), &args),
         Command::Completions(args) => help::completions(args.shell).map(Output::done),
         Command::Help(args) => help::help(&args).map(Output::done),

@@ -35,6 +35,11 @@ pub fn render_text(v: &StatusView) -> String {
     if let Some(reset) = &v.store_reset {
         out.push_str(&format!("STORE RESET: {reset}\n"));
     }
+    let now = (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64;
+    for c in &v.certs_expiring {
+        out.push_str(&super::certs::expiry_line(c, now));
+        out.push('\n');
+    }
     out.push_str("replicas:\n");
     for r in &v.replicas {
         let line = match &r.said {

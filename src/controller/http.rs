@@ -136,7 +136,11 @@ async fn respond(service: &Weak<Service>, request: Request<Incoming>) -> Respons
             Ok(html) => with_type(StatusCode::OK, html, "text/html; charset=utf-8"),
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
         },
-        "/metrics" => match service.metrics.encode(&raft_now(&service)) {
+        "/metrics" => match {
+            let (expiring, seconds_left) = service.cert_gauges();
+            service.metrics.certs(expiring, seconds_left);
+            service.metrics.encode(&raft_now(&service))
+        } {
             Ok(body) => with_type(StatusCode::OK, body, metrics_content_type),
             Err(e) => text(
                 StatusCode::INTERNAL_SERVER_ERROR,

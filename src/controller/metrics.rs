@@ -46,6 +46,8 @@ pub struct Metrics {
     leader: Gauge,
     last_log_index: Gauge,
     last_applied_index: Gauge,
+    certs_expiring: Gauge,
+    cert_seconds_left: Gauge,
 }
 
 impl Default for Metrics {
@@ -70,6 +72,8 @@ impl Metrics {
             leader: Gauge::default(),
             last_log_index: Gauge::default(),
             last_applied_index: Gauge::default(),
+            certs_expiring: Gauge::default(),
+            cert_seconds_left: Gauge::default(),
         };
         // Every known series exists from the start at 0, so a rate over the first event is right.
         for word in ["applied", "refused", "failed"] {
@@ -147,6 +151,16 @@ impl Metrics {
             m.last_log_index.clone(),
         );
         r.register(
+            "mesh_certificates_expiring",
+            "Certificates this replica knows of (its own, its peers' from their last handshakes) that expire within 30 days or have expired",
+            m.certs_expiring.clone(),
+        );
+        r.register(
+            "mesh_certificate_seconds_left",
+            "Seconds until the soonest expiry among the certificates this replica knows of (negative: expired)",
+            m.cert_seconds_left.clone(),
+        );
+        r.register(
             "mesh_raft_last_applied_index",
             "Index of the last entry applied to this replica's state machine",
             m.last_applied_index.clone(),
@@ -214,6 +228,13 @@ impl Metrics {
         }
     }
 
+    /// The certificate gauges: how many expire within 30 days, and the soonest expiry.
+    pub(crate) fn certs(&self, expiring: usize, seconds_left: Option<i64>) {
+        self.certs_expiring
+            .set(i64::try_from(expiring).unwrap_or(i64::MAX));
+        self.cert_seconds_left.set(seconds_left.unwrap_or(i64::MAX));
+    }
+
     /// The text exposition, with Raft's numbers as of now.
     pub(crate) fn encode(&self, raft: &RaftNow) -> Result<String, std::fmt::Error> {
         self.term.set(gauge_value(raft.term));
@@ -253,5 +274,10 @@ pub(crate) fn request_kind(request: &Request) -> &'static str {
         Request::History { .. } => "history",
         Request::SnapshotChunk { .. } => "snapshot_save",
         Request::Genesis { .. } => "genesis",
+        Request::CertsReload => "certs_reload",
+        Request::CertsList => "certs_list",
+        Request::CertsRevoke { .. } => "certs_revoke",
+        Request::ApplyChunk { .. } => "apply_chunk",
+        Request::ApplyUpload { .. } => "apply",
     }
 }

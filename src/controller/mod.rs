@@ -1,5 +1,6 @@
 //! The replica service: leader loop, lease gate use, push orchestration, forwarding and API handlers.
 pub mod api;
+pub mod certs;
 pub mod config;
 mod engine;
 pub mod floor;

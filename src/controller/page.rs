@@ -59,6 +59,16 @@ leader: <b id=\"leader\">{leader}</b> · term {term} · model revision {rev} · 
     if let Some(reset) = &page.status.store_reset {
         let _ = writeln!(out, "<p class=\"alarm\">{}</p>", esc(reset));
     }
+    for c in &page.status.certs_expiring {
+        let _ = writeln!(
+            out,
+            "<p class=\"alarm\">certificate {} serial {} expires at {}; renew it with <code>meshctl certs renew {}</code> and reload</p>",
+            esc(&c.principal),
+            esc(&c.serial),
+            esc(&crate::timefmt::utc_seconds(c.not_after_ms.max(0) as u64)),
+            esc(&c.principal)
+        );
+    }
     replicas(&mut out, page);
     machines(&mut out, page.status);
     out.push_str("<h2>Mesh</h2>\n");

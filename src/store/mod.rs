@@ -6,4 +6,5 @@
 
 pub mod app;
 pub mod command;
+pub mod revoked;
 pub mod state;

@@ -79,6 +79,8 @@ pub enum ReloadError {
     },
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error(transparent)]
+    Files(#[from] crate::pki::PkiError),
 }
 
 /// Why a request or one-way message did not get through.
@@ -288,6 +290,22 @@ impl Endpoint {
         }
         self.inner.live.set_denied(deny);
         self.recheck_open()
+    }
+
+    /// [`Endpoint::reload_identity`] from the files: the CA set, certificate and key (0600).
+    pub fn reload_from_files(
+        &self,
+        ca: &std::path::Path,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> Result<usize, ReloadError> {
+        let identity = Identity::load(ca, cert, key)?;
+        self.reload_identity(&identity)
+    }
+
+    /// How many CA certificates are trusted now: 1, or 2 during a CA switch.
+    pub fn trusted_cas(&self) -> usize {
+        self.inner.live.cas().len()
     }
 
     /// The deny list in force.

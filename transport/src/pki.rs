@@ -240,6 +240,30 @@ impl IssuedCert {
         write_new_file(cert_path, self.cert_pem.as_bytes(), cert_file_mode)
     }
 
+    /// Replaces the certificate and key files (renewal): each is written beside its target
+    /// with its final mode, synced, then renamed over it, key first. A reload that runs between
+    /// the two renames finds a key that does not fit the certificate, refuses it and keeps what
+    /// it had; the next reload takes both.
+    pub fn replace(&self, cert_path: &Path, key_path: &Path) -> Result<(), PkiError> {
+        for (path, bytes, mode) in [
+            (key_path, self.key_pem.as_bytes(), key_file_mode),
+            (cert_path, self.cert_pem.as_bytes(), cert_file_mode),
+        ] {
+            let mut staged = path.as_os_str().to_owned();
+            staged.push(".new");
+            let staged = std::path::PathBuf::from(staged);
+            // A leftover from an interrupted renewal is ours to replace.
+            let _ = fs::remove_file(&staged);
+            write_new_file(&staged, bytes, mode)?;
+            fs::rename(&staged, path).map_err(|source| PkiError::Io {
+                path: path.display().to_string(),
+                action: "replace",
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
     pub fn cert_pem(&self) -> &str {
         &self.cert_pem
     }
