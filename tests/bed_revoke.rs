@@ -106,3 +106,61 @@ fn g15_a_revoked_host_has_its_next_report_refused_and_nothing_else_changes() -> 
     assert!(list.contains(&format!("serial {serial} — disk stolen")), "{list}");
     Ok(())
 }
+
+/// The serial `certs list` through replica `id` shows for its own certificate.
+fn own_serial(bed: &Bed, id: u64) -> anyhow::Result<String> {
+    let run = bed.meshctl_in(&bed.context_for(id)?, &["certs", "list"])?;
+    anyhow::ensure!(run.code == Some(0), "certs list: {}", run.stderr);
+    run.stdout
+        .lines()
+        .find(|l| l.contains("(this replica)"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("no own certificate in {}", run.stdout))
+}
+
+#[test]
+fn g15_renewed_certificates_are_taken_by_reload_and_sighup_without_dropping_the_cluster()
+-> anyhow::Result<()> {
+    let bed = Bed::start(binaries!(), 3, pair)?;
+    bed.leader_other_than(None)?;
+    bed.apply(pair, "first model")?;
+    let before = own_serial(&bed, 2)?;
+
+    // Renew replica 2 from the CA key init wrote, then reload every replica.
+    let renew = bed.meshctl_ok(&["certs", "renew", "replica:2"])?;
+    assert!(renew.stdout.starts_with("renewed replica:2: serial "), "{}", renew.stdout);
+    let reload = bed.meshctl_ok(&["certs", "reload"])?;
+    for id in 1..=3 {
+        assert!(
+            reload.stdout.contains(&format!("replica {id}: reloaded")),
+            "{}",
+            reload.stdout
+        );
+    }
+    let after = own_serial(&bed, 2)?;
+    assert_ne!(after, before);
+    assert!(renew.stdout.contains(&after), "{}", renew.stdout);
+    // The cluster carried on: a write commits and is sent.
+    bed.meshctl_ok(&["push", "--all", "--why", "after the reload"])?;
+
+    // SIGHUP does the same for replica 3.
+    let third = own_serial(&bed, 3)?;
+    bed.meshctl_ok(&["certs", "renew", "replica:3"])?;
+    bed.signal_replica(3, nix::sys::signal::Signal::SIGHUP)?;
+    bed.wait_for("replica 3 serving its renewed certificate", wait_ms_default, || {
+        Ok((own_serial(&bed, 3)? != third).then_some(()))
+    })?;
+    assert!(bed.replica_log(3).contains("certificates reloaded"));
+
+    // A certificate inside the warning window is named by status, with the way out.
+    bed.meshctl_ok(&["certs", "renew", "operator:bed", "--days", "10"])?;
+    let status = bed.meshctl_ok(&["status"])?.stdout;
+    let warning = status
+        .lines()
+        .find(|l| l.starts_with("WARNING: certificate operator:bed"))
+        .unwrap_or_default();
+    assert!(warning.contains("expires at"), "{status}");
+    assert!(warning.contains("meshctl certs renew operator:bed"), "{status}");
+    Ok(())
+}
