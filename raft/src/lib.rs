@@ -44,11 +44,27 @@ pub use openraft::BasicNode;
 /// Batching is how one fsync commits many proposals: openraft 0.9 flushes the log once per entry on
 /// the leader, so [`Replica::propose`] groups concurrent proposals into one entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Command(pub Vec<Vec<u8>>);
+pub struct Command(#[serde(with = "byte_strings")] pub Vec<Vec<u8>>);
 
 /// The answers to one entry's commands, in the same order (one answer for a blank or membership entry).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Response(pub Vec<Vec<u8>>);
+pub struct Response(#[serde(with = "byte_strings")] pub Vec<Vec<u8>>);
+
+/// A list of byte strings with each read in one copy (`serde_bytes`), not byte by byte; the
+/// encoding is the same as a `Vec<Vec<u8>>`'s, so stored logs read as before.
+mod byte_strings {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[Vec<u8>], s: S) -> Result<S::Ok, S::Error> {
+        let wire: Vec<&serde_bytes::Bytes> = v.iter().map(|b| serde_bytes::Bytes::new(b)).collect();
+        wire.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<u8>>, D::Error> {
+        let wire: Vec<serde_bytes::ByteBuf> = Vec::deserialize(d)?;
+        Ok(wire.into_iter().map(serde_bytes::ByteBuf::into_vec).collect())
+    }
+}
 
 openraft::declare_raft_types!(
     /// openraft's type configuration for mesh: byte commands, u64 ids, snapshots as bytes in memory.
@@ -76,3 +92,21 @@ pub type Membership = openraft::Membership<NodeId, BasicNode>;
 pub type StoredMembership = openraft::StoredMembership<NodeId, BasicNode>;
 /// The storage error openraft expects from a store; it stops the replica.
 pub type StorageError = openraft::StorageError<NodeId>;
+
+#[cfg(test)]
+mod byte_strings_tests {
+    use super::{Command, Response};
+
+    #[test]
+    fn entries_are_encoded_exactly_as_a_plain_list_of_byte_vectors() {
+        // Stored logs and peers of the previous version wrote `Vec<Vec<u8>>`: the one-copy
+        // encoding must give the same bytes and read them back.
+        let commands: Vec<Vec<u8>> = vec![vec![], vec![1, 2, 3], (0..=255u8).collect()];
+        let ours = mesh_codec::encode("command", &Command(commands.clone())).expect("encode");
+        assert_eq!(ours, mesh_codec::encode("plain", &commands).expect("encode"));
+        let back: Command = mesh_codec::decode("command", &ours).expect("decode");
+        assert_eq!(back.0, commands);
+        let answer = mesh_codec::encode("response", &Response(commands.clone())).expect("encode");
+        assert_eq!(answer, ours);
+    }
+}

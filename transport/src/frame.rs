@@ -20,6 +20,7 @@ pub const frame_reserve_bytes_max: usize = 64 * 1024;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Header {
     pub kind: MessageKind,
+    #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
 }
 
@@ -179,17 +180,69 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, FrameError> {
     Ok(mesh_codec::decode("frame header", bytes)?)
 }
 
+/// [`Response`] as it is encoded: the same bytes as the `Result` (variant 0 the body, 1 the
+/// refusal), with the body written and read as one byte string instead of element by element.
+#[derive(Serialize)]
+enum ResponseOut<'a> {
+    Ok(#[serde(with = "serde_bytes")] &'a [u8]),
+    Err(&'a Refused),
+}
+
+#[derive(Deserialize)]
+enum ResponseIn {
+    Ok(#[serde(with = "serde_bytes")] Vec<u8>),
+    Err(Refused),
+}
+
 pub fn encode_response(response: &Response) -> Result<Vec<u8>, FrameError> {
-    Ok(mesh_codec::encode("frame response", response)?)
+    let wire = match response {
+        Ok(body) => ResponseOut::Ok(body),
+        Err(refused) => ResponseOut::Err(refused),
+    };
+    Ok(mesh_codec::encode("frame response", &wire)?)
 }
 
 pub fn decode_response(bytes: &[u8]) -> Result<Response, FrameError> {
-    Ok(mesh_codec::decode("frame response", bytes)?)
+    Ok(match mesh_codec::decode("frame response", bytes)? {
+        ResponseIn::Ok(body) => Ok(body),
+        ResponseIn::Err(refused) => Err(refused),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_bodies_are_encoded_exactly_as_before_so_old_peers_and_fixtures_still_read() {
+        // The body is written as one byte string for speed; the bytes must equal those of the
+        // plain `Vec<u8>` and `Result` encodings, or a peer of the previous version misreads them.
+        #[derive(Serialize)]
+        struct PlainHeader {
+            kind: MessageKind,
+            body: Vec<u8>,
+        }
+        let body: Vec<u8> = (0..=255u8).cycle().take(3000).collect();
+        let header = Header {
+            kind: MessageKind::Command,
+            body: body.clone(),
+        };
+        let plain = PlainHeader {
+            kind: MessageKind::Command,
+            body: body.clone(),
+        };
+        let ours = encode_header(&header).expect("encode");
+        assert_eq!(ours, mesh_codec::encode("plain", &plain).expect("encode"));
+        assert_eq!(decode_header(&ours).expect("decode"), header);
+        let refused = Refused {
+            reason: "no".into(),
+        };
+        for response in [Ok(body), Err(refused)] {
+            let ours = encode_response(&response).expect("encode");
+            assert_eq!(ours, mesh_codec::encode("plain", &response).expect("encode"));
+            assert_eq!(decode_response(&ours).expect("decode"), response);
+        }
+    }
 
     #[test]
     fn header_and_response_round_trip_through_the_codec() {
