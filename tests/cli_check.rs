@@ -203,7 +203,7 @@ fn check_and_apply_refuse_control_characters_and_oversized_values_in_settings() 
 }
 
 #[test]
-fn check_and_apply_refuse_a_model_over_what_one_proposal_carries() {
+fn check_and_apply_refuse_a_model_over_model_bytes_max() {
     // Issue 9: the encoded model is over model_bytes_max: the error says the size, the limit and
     // the way out, before anything is sent.
     let dir = tempfile::tempdir().expect("temp dir");
@@ -218,7 +218,7 @@ fn check_and_apply_refuse_a_model_over_what_one_proposal_carries() {
     assert_eq!(check.lines().count(), 1, "{check}");
     let limit = mesh::core::validate::model_bytes_max;
     assert!(
-        check.contains("model: the model encodes to ") && check.contains(&format!("bytes, over the limit of {limit} bytes that one proposal carries (model_bytes_max); make it smaller")),
+        check.contains("model: the model encodes to ") && check.contains(&format!("bytes, over the limit of {limit} bytes a model may have (model_bytes_max); make it smaller")),
         "{check}"
     );
 }

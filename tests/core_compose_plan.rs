@@ -797,9 +797,18 @@ fn g1_a_new_cross_machine_consume_shows_behind_on_both_sides_and_behind_sends_th
 }
 
 #[test]
-fn model_bytes_max_leaves_room_for_the_rest_of_a_proposal_under_raft_s_default_limit() {
-    // Issue 9: a model that passes `validate` fits in one proposal of a default replica. Here, not
-    // in mesh-core, because mesh-core cannot see mesh-raft (decision 0130).
+fn an_inline_apply_and_an_upload_chunk_leave_room_for_the_rest_of_a_proposal_under_raft_s_default_limit()
+ {
+    // Issue 9 and issue 10 item 2: an inline apply's model, and each chunk of a larger one, fit in
+    // one proposal of a default replica with 64 KiB for the rest; a model of `model_bytes_max` fits
+    // in the staging record, and a snapshot holding it and a full staging record still decodes.
+    // Here, not in mesh-core, because mesh-core cannot see mesh-raft (decision 0130).
+    use mesh::controller::api::{apply_inline_bytes_max, upload_chunk_bytes_max};
+    use mesh::store::staging::staging_bytes_max;
     let proposal_bytes_max = mesh_raft::RaftSettings::default().batch_bytes_max;
-    assert!(mesh::core::validate::model_bytes_max + 64 * 1024 <= proposal_bytes_max);
+    assert!(apply_inline_bytes_max + 64 * 1024 <= proposal_bytes_max);
+    assert!(upload_chunk_bytes_max + 64 * 1024 <= proposal_bytes_max);
+    let model = mesh::core::validate::model_bytes_max as u64;
+    assert!(model <= staging_bytes_max);
+    assert!(model + staging_bytes_max < mesh_codec::value_bytes_max as u64);
 }

@@ -6,8 +6,10 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// Largest value the codec will decode, in bytes. Frames have their own, smaller limit in transport.
-pub const value_bytes_max: usize = 64 * 1024 * 1024;
+/// Largest value the codec will decode, in bytes: a replica's snapshot (a model of up to 128 MiB
+/// and up to 256 MiB of staged uploads, decision 0185) fits. Frames have their own, smaller limit
+/// in transport.
+pub const value_bytes_max: usize = 512 * 1024 * 1024;
 
 /// Why bytes could not become a value.
 #[derive(Debug, thiserror::Error)]

@@ -40,8 +40,8 @@ use super::model::{Machine, Mesh, Module, Mount, Need, Probe, Provide};
 use super::settings::{Layer, Scope, is_valid_name, printable};
 use super::validate::{Subject, validate};
 
-/// Largest mesh file read, in bytes.
-pub const mesh_file_bytes_max: usize = 32 * 1024 * 1024;
+/// Largest mesh file read, in bytes: room for a model of `model_bytes_max` and its TOML.
+pub const mesh_file_bytes_max: usize = 160 * 1024 * 1024;
 /// Most errors reported for one file; the rest are counted.
 pub const file_errors_max: usize = 200;
 /// Longest list in a module (args, mounts, after, provides, consumes), in items.

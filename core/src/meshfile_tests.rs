@@ -335,7 +335,7 @@ fn a_setting_value_over_setting_value_bytes_max_is_refused_naming_the_limit() {
 
 #[test]
 fn a_model_over_model_bytes_max_is_refused_with_its_size_the_limit_and_the_way_out() {
-    // Issue 9: the model travels in one proposal; a file whose encoded model is larger is refused
+    // Issue 9: a file whose encoded model is over model_bytes_max (decision 0185) is refused
     // at check and apply with its size, the limit and what to do, not at the replica.
     let file = |bytes: usize| {
         format!(
@@ -350,7 +350,7 @@ fn a_model_over_model_bytes_max_is_refused_with_its_size_the_limit_and_the_way_o
     assert_eq!(
         got,
         [format!(
-            "mesh.toml:1:1: model: the model encodes to {size} bytes, over the limit of {model_bytes_max} bytes that one proposal carries (model_bytes_max); make it smaller: move large `files` contents onto a mount the module reads, or split the mesh"
+            "mesh.toml:1:1: model: the model encodes to {size} bytes, over the limit of {model_bytes_max} bytes a model may have (model_bytes_max); make it smaller: move large `files` contents onto a mount the module reads, or split the mesh"
         )]
     );
 }

@@ -1,6 +1,6 @@
 //! The rules a model keeps wherever it comes from (a mesh file, an operator's request, a committed
 //! proposal): no two modules of a machine listen on one address, every settings scope names what the
-//! model has, every setting passes the settings rule, and the encoded model fits in one proposal.
+//! model has, every setting passes the settings rule, and the encoded model is within `model_bytes_max`.
 //! `meshctl check` and `meshctl apply` (through the mesh-file parser), the controller before it
 //! proposes and the state machine at apply all call [`validate`]: there is one copy of each rule.
 
@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use super::model::{Mesh, Module, Probe};
 use super::settings::{Scope, check_key, check_value, printable};
 
-/// Largest encoded model (machines, modules, settings), in bytes. `apply` carries the whole model
-/// in one proposal, and a proposal is at most raft's `batch_bytes_max` (4 MiB by default); 64 KiB
-/// of that are left for the rest of the proposal (epoch, actor, why).
-pub const model_bytes_max: usize = 4 * 1024 * 1024 - 64 * 1024;
+/// Largest encoded model (machines, modules, settings), in bytes. A model larger than one
+/// proposal reaches the store in chunks and is made current by one small commit (decision 0185),
+/// so this bounds what every replica holds in memory and in its store, not a proposal.
+pub const model_bytes_max: usize = 128 * 1024 * 1024;
 
 /// What a problem is about, so the mesh-file parser can point at where it was written.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -236,7 +236,7 @@ fn size_problem(mesh: &Mesh, out: &mut Vec<Problem>) {
     let message = match mesh_codec::encode("model", mesh) {
         Ok(bytes) if bytes.len() <= model_bytes_max => return,
         Ok(bytes) => format!(
-            "the model encodes to {} bytes, over the limit of {model_bytes_max} bytes that one proposal carries (model_bytes_max); make it smaller: move large `files` contents onto a mount the module reads, or split the mesh",
+            "the model encodes to {} bytes, over the limit of {model_bytes_max} bytes a model may have (model_bytes_max); make it smaller: move large `files` contents onto a mount the module reads, or split the mesh",
             bytes.len()
         ),
         Err(e) => format!("{e}; make the model smaller"),

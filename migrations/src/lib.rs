@@ -11,6 +11,7 @@ mod m0004_epoch_record;
 mod m0005_model_history;
 mod m0006_requests;
 mod m0007_revoked;
+mod m0008_uploads;
 pub mod records;
 pub mod tables;
 
@@ -21,7 +22,7 @@ use redb::{Database, ReadableDatabase, TableError, WriteTransaction};
 pub use mesh_codec::CodecError;
 
 /// The schema version this binary writes: the version of its last migration.
-pub const schema_version_latest: u64 = m0007_revoked::VERSION;
+pub const schema_version_latest: u64 = m0008_uploads::VERSION;
 
 /// Why a migration step failed: it names the storage or encoding fault underneath.
 #[derive(Debug, thiserror::Error)]
@@ -129,6 +130,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: m0007_revoked::VERSION,
         name: m0007_revoked::NAME,
         step: m0007_revoked::step,
+    },
+    Migration {
+        version: m0008_uploads::VERSION,
+        name: m0008_uploads::NAME,
+        step: m0008_uploads::step,
     },
 ];
 

@@ -62,6 +62,14 @@ pub const REQUESTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("reques
 /// domain record (what, why, who, when), bounded by the domain's limit.
 pub const REVOKED: TableDefinition<&str, &[u8]> = TableDefinition::new("revoked");
 
+/// Models being uploaded in chunks (since 0008): upload id (16 bytes) → encoded domain record (who
+/// started it, chunks and bytes announced, when a chunk last arrived), bounded by the domain's limits.
+pub const UPLOADS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("uploads");
+
+/// The chunks of those uploads (since 0008): (upload id, chunk index) → the chunk's bytes as sent
+/// (a slice of the encoded model, not encoded again).
+pub const UPLOAD_CHUNKS: TableDefinition<(&[u8], u32), &[u8]> = TableDefinition::new("upload_chunks");
+
 /// Table shapes that a later migration replaced. Only migrations and fixture tests use them.
 pub mod superseded {
     use redb::TableDefinition;
@@ -88,4 +96,6 @@ pub const CATALOGUE: &[(&str, u64)] = &[
     ("model_history", 5),
     ("requests", 6),
     ("revoked", 7),
+    ("uploads", 8),
+    ("upload_chunks", 8),
 ];

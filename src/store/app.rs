@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::command::{
     ModelChange, Outcome, Proposal, Refusal, Remembered, RequestId, SendRecord, SettingsChange,
 };
+use super::staging::{Chunk, Upload, UploadHead, UploadId};
 use super::state::{Changed, DomainState};
 use crate::core::model::Mesh;
 use crate::core::settings::Scope;
@@ -272,6 +273,13 @@ fn write_changes(
                     }
                 }
             }
+            Changed::Upload(id) => write_upload(txn, state, id)?,
+            Changed::UploadChunk { upload, index } => {
+                let mut t = txn.open_table(tables::UPLOAD_CHUNKS)?;
+                if let Some(c) = state.uploads.get(upload).and_then(|u| u.chunks.get(index)) {
+                    t.insert((upload.0.as_slice(), *index), c.bytes())?;
+                }
+            }
             Changed::EpochFloor => {
                 let mut t = txn.open_table(tables::CONTROLLER_EPOCH)?;
                 let record = EpochRecord {
@@ -365,6 +373,7 @@ fn read_snapshot(txn: &ReadTransaction) -> Result<DomainSnapshot, AppError> {
             mesh_codec::decode("deny entry", v.value())?,
         );
     }
+    read_uploads(txn, &mut state)?;
     let history = read_history(txn)?;
     let models = read_models(txn)?;
     Ok(DomainSnapshot {
@@ -373,6 +382,54 @@ fn read_snapshot(txn: &ReadTransaction) -> Result<DomainSnapshot, AppError> {
         history,
         models,
     })
+}
+
+/// An upload's head row, or (the upload gone from the state) its head and every chunk row.
+fn write_upload(txn: &WriteTransaction, state: &DomainState, id: &UploadId) -> Result<(), AppError> {
+    let mut heads = txn.open_table(tables::UPLOADS)?;
+    match state.uploads.get(id) {
+        Some(u) => {
+            heads.insert(id.0.as_slice(), mesh_codec::encode("upload head", &u.head)?.as_slice())?;
+        }
+        None => {
+            heads.remove(id.0.as_slice())?;
+            let mut chunks = txn.open_table(tables::UPLOAD_CHUNKS)?;
+            let range = (id.0.as_slice(), 0u32)..=(id.0.as_slice(), u32::MAX);
+            chunks.retain_in(range, |_, _| false)?;
+        }
+    }
+    Ok(())
+}
+
+/// The staged uploads, heads and chunks.
+fn read_uploads(txn: &ReadTransaction, state: &mut DomainState) -> Result<(), AppError> {
+    let id_of = |bytes: &[u8]| -> Result<UploadId, AppError> {
+        let id: [u8; 16] = bytes.try_into().map_err(|_| {
+            AppError::Other(format!("a stored upload id is {} bytes, not 16", bytes.len()))
+        })?;
+        Ok(UploadId(id))
+    };
+    for row in txn.open_table(tables::UPLOADS)?.iter()? {
+        let (k, v) = row?;
+        let head: UploadHead = mesh_codec::decode("upload head", v.value())?;
+        let upload = Upload {
+            head,
+            chunks: Default::default(),
+        };
+        state.uploads.insert(id_of(k.value())?, upload);
+    }
+    for row in txn.open_table(tables::UPLOAD_CHUNKS)?.iter()? {
+        let (k, v) = row?;
+        let (id, index) = k.value();
+        let id = id_of(id)?;
+        let Some(upload) = state.uploads.get_mut(&id) else {
+            return Err(AppError::Other(format!(
+                "chunk {index} of upload {id} is stored without its upload"
+            )));
+        };
+        upload.chunks.insert(index, Chunk::new(v.value().to_vec()));
+    }
+    Ok(())
 }
 
 fn read_models(txn: &ReadTransaction) -> Result<Vec<ModelChange>, AppError> {
@@ -412,6 +469,8 @@ fn clear_domain_tables(txn: &WriteTransaction) -> Result<(), AppError> {
     clear(txn, tables::MODEL_HISTORY)?;
     clear(txn, tables::REQUESTS)?;
     clear(txn, tables::REVOKED)?;
+    clear(txn, tables::UPLOADS)?;
+    txn.open_table(tables::UPLOAD_CHUNKS)?.retain(|_, _| false)?;
     Ok(())
 }
 
@@ -437,6 +496,13 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
     changed.extend(state.holds.keys().cloned().map(Changed::Holds));
     changed.extend(state.requests.keys().copied().map(Changed::Request));
     changed.extend(state.revoked.keys().cloned().map(Changed::Revoked));
+    for (id, upload) in &state.uploads {
+        changed.push(Changed::Upload(*id));
+        changed.extend(upload.chunks.keys().map(|&index| Changed::UploadChunk {
+            upload: *id,
+            index,
+        }));
+    }
     write_changes(txn, state, &changed, at)?;
     let mut sends = txn.open_table(tables::SENDS)?;
     for s in &snap.sends {

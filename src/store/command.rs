@@ -77,6 +77,26 @@ pub enum Command {
         request: RequestId,
         command: Box<Command>,
     },
+    // New variants go last: a log entry's variant is its index (old entries still decode).
+    /// Keep one chunk of a model upload in the staging record (decision 0185); the current model
+    /// is untouched. The same chunk again changes nothing.
+    StageChunk {
+        upload: super::staging::UploadId,
+        index: u32,
+        chunks_total: u32,
+        bytes_total: u64,
+        bytes: super::staging::Chunk,
+    },
+    /// Apply the model staged as `upload` (its blake3 `digest` checked) as `ApplyModel` would, with
+    /// the machines of `keep` put back (drained: kept with no modules), and drop its staging rows,
+    /// in one commit.
+    ApplyUpload {
+        upload: super::staging::UploadId,
+        digest: [u8; 32],
+        why: String,
+        changes: Vec<String>,
+        keep: Vec<crate::core::model::Machine>,
+    },
 }
 
 /// How many operator requests' outcomes the state keeps (oldest forgotten first): far more than
@@ -195,6 +215,12 @@ pub enum Applied {
     Revoked {
         target: super::revoked::RevokedTarget,
         entries: usize,
+    },
+    /// A chunk of `upload` is staged: `received` of its `chunks_total`.
+    Staged {
+        upload: super::staging::UploadId,
+        received: u32,
+        chunks_total: u32,
     },
 }
 

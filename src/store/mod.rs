@@ -7,4 +7,5 @@
 pub mod app;
 pub mod command;
 pub mod revoked;
+pub mod staging;
 pub mod state;

@@ -37,6 +37,8 @@ pub struct DomainState {
     pub request_order: BTreeMap<u64, RequestId>,
     /// The deny list: revoked certificates and principals (decision 0172).
     pub revoked: super::revoked::DenyMap,
+    /// Models being uploaded in chunks, not yet applied (decision 0185).
+    pub uploads: BTreeMap<super::staging::UploadId, super::staging::Upload>,
 }
 
 /// A row the redb layer must write after an apply, in the same transaction.
@@ -56,6 +58,13 @@ pub enum Changed {
     Request(RequestId),
     /// A deny-list row added or removed, by its key.
     Revoked(String),
+    /// An upload's head row written, or (gone from the state) its head and chunk rows removed.
+    Upload(super::staging::UploadId),
+    /// One chunk row of an upload written.
+    UploadChunk {
+        upload: super::staging::UploadId,
+        index: u32,
+    },
 }
 
 impl DomainState {
@@ -165,26 +174,34 @@ impl DomainState {
                 Ok(applied)
             }
             Command::ApplyModel { mesh, why, changes } => {
-                // The controller validates before proposing; this holds for any proposer.
-                validate(mesh).map_err(|e| Refusal::Invalid(e.to_string()))?;
-                for machine in self.mesh.machines.keys() {
-                    if mesh.machines.contains_key(machine) {
-                        continue;
-                    }
-                    if let Some(why) = self.still_runs(machine) {
-                        return Err(Refusal::Invalid(leave_refused(machine, &why)));
-                    }
-                }
-                super::revoked::revoke_dropped_machines(self, p, mesh, changed)?;
-                let applied = self.apply_model(p, mesh, why, changed);
-                changed.push(Changed::ModelHistory(ModelChange {
-                    revision: self.revision,
-                    why: why.clone(),
-                    actor: p.actor.clone(),
-                    epoch: p.epoch,
-                    time_ms: p.time_ms,
-                    changes: changes.clone(),
-                }));
+                self.apply_model_command(p, mesh, why, changes, changed)
+            }
+            Command::StageChunk {
+                upload,
+                index,
+                chunks_total,
+                bytes_total,
+                bytes,
+            } => {
+                let at = super::staging::ChunkAt {
+                    upload,
+                    index: *index,
+                    chunks_total: *chunks_total,
+                    bytes_total: *bytes_total,
+                    bytes,
+                };
+                super::staging::stage_chunk(self, p, at, changed)
+            }
+            Command::ApplyUpload {
+                upload,
+                digest,
+                why,
+                changes,
+                keep,
+            } => {
+                let mesh = super::staging::apply_upload(self, p, upload, digest, keep)?;
+                let applied = self.apply_model_command(p, &mesh, why, changes, changed)?;
+                super::staging::drop_upload(self, upload, changed);
                 Ok(applied)
             }
             Command::SetSettings {
@@ -269,6 +286,39 @@ impl DomainState {
                 })
             }
         }
+    }
+
+    /// `ApplyModel` (inline, or staged through an upload): the model rules again (the controller
+    /// checked them before proposing; this holds for any proposer), no machine leaves while it
+    /// still runs modules, then the model and its history row.
+    fn apply_model_command(
+        &mut self,
+        p: &Proposal,
+        mesh: &Mesh,
+        why: &str,
+        changes: &[String],
+        changed: &mut Vec<Changed>,
+    ) -> Result<Applied, Refusal> {
+        validate(mesh).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        for machine in self.mesh.machines.keys() {
+            if mesh.machines.contains_key(machine) {
+                continue;
+            }
+            if let Some(why) = self.still_runs(machine) {
+                return Err(Refusal::Invalid(leave_refused(machine, &why)));
+            }
+        }
+        super::revoked::revoke_dropped_machines(self, p, mesh, changed)?;
+        let applied = self.apply_model(p, mesh, why, changed);
+        changed.push(Changed::ModelHistory(ModelChange {
+            revision: self.revision,
+            why: why.to_string(),
+            actor: p.actor.clone(),
+            epoch: p.epoch,
+            time_ms: p.time_ms,
+            changes: changes.to_vec(),
+        }));
+        Ok(applied)
     }
 
     /// Stores machines and modules. Settings change only through settings commands, so their history
@@ -451,7 +501,7 @@ impl DomainState {
         None
     }
 
-    fn bump(&mut self, changed: &mut Vec<Changed>) {
+    pub(crate) fn bump(&mut self, changed: &mut Vec<Changed>) {
         self.revision += 1;
         changed.push(Changed::Revision);
     }
