@@ -30,8 +30,9 @@ impl Handler for Stand {
         body: Vec<u8>,
     ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
         Box::pin(async move {
-            let request: Request =
+            let call: mesh::controller::api::Call =
                 mesh_codec::decode("request", &body).map_err(|e| e.to_string())?;
+            let request = call.request;
             self.asked.lock().expect("lock").push(request);
             mesh_codec::encode("answer", &self.answer).map_err(|e| e.to_string())
         })

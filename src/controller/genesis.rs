@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::api::{ApiError, Body, PushTarget};
+use super::api::{ApiError, Body, PushTarget, RequestId};
 use super::engine::PushJob;
 use super::service::Service;
 use crate::core::envelope::{Envelope, seal};
@@ -16,6 +16,7 @@ impl Service {
     pub(crate) async fn genesis(
         &self,
         actor: &str,
+        id: RequestId,
         machine: String,
         why: String,
     ) -> Result<Body, ApiError> {
@@ -38,6 +39,7 @@ impl Service {
             moves: Vec::new(),
             saved: None,
             keep: Some(machine.clone()),
+            request: Some(id),
         };
         let (body, sealed) = self.run_push(actor, job).await?;
         let Body::Push(cascade) = body else {

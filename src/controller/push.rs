@@ -17,7 +17,7 @@ use futures::stream::FuturesUnordered;
 use mesh_transport::{MessageKind, Peer, Principal, TransportError};
 use openraft::ServerState;
 
-use super::api::{ApiError, Body, PlanView, PushTarget};
+use super::api::{ApiError, Body, PlanView, PushTarget, RequestId};
 use super::engine::{
     Action, Begin, Event, HostAnswer, Lease, PushEngine, PushJob, check_why, plan_dry,
 };
@@ -75,6 +75,7 @@ impl Service {
     pub(crate) async fn push(
         &self,
         actor: &str,
+        id: RequestId,
         target: PushTarget,
         why: String,
         moves: Vec<String>,
@@ -86,6 +87,7 @@ impl Service {
             moves,
             saved,
             keep: None,
+            request: Some(id),
         };
         Ok(self.run_push(actor, job).await?.0)
     }
@@ -108,6 +110,14 @@ impl Service {
             })?;
         let lease = engine_lease(&self.lease().await?);
         let state = self.state()?;
+        // The same request may have run while this one waited for the push lock.
+        if let Some(id) = job.request
+            && let Some(first) = state.remembered(&id)
+        {
+            return Err(ApiError::Refused(format!(
+                "request {id} already ran while this copy of it waited ({first:?}); nothing was sent again"
+            )));
+        }
         let reveal = match job.saved {
             Some(_) => {
                 let history = MeshApp::settings_history(self.replica.database())

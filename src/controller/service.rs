@@ -541,7 +541,7 @@ impl Service {
                 why,
                 moves,
                 plan,
-            } => self.push(actor, target, why, moves, plan).await,
+            } => self.push(actor, id, target, why, moves, plan).await,
             Request::SettingsShow { scope, history } => self.settings_show(scope, history),
             Request::SettingsSet {
                 scope,
@@ -558,7 +558,7 @@ impl Service {
             }
             Request::History { query } => self.history(&query),
             Request::SnapshotChunk { snapshot, offset } => self.snapshot(snapshot, offset).await,
-            Request::Genesis { machine, why } => self.genesis(actor, machine, why).await,
+            Request::Genesis { machine, why } => self.genesis(actor, id, machine, why).await,
             Request::CertsReload => self.reload_certs().map(Body::CertsReloaded),
             Request::CertsList => self.certs_view().map(Body::Certs),
             Request::CertsRevoke { target, why } => self.revoke(actor, id, target, why).await,

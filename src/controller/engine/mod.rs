@@ -24,7 +24,7 @@ use crate::core::envelope::Envelope;
 use crate::core::plan::{Hold, Known, PlanError, PlanInput, PushPlan, Target, plan};
 use crate::core::report::ModuleState;
 use crate::core::summary::summarize;
-use crate::store::command::{Applied, Command, HeldMount, SendRecord};
+use crate::store::command::{Applied, Command, HeldMount, RequestId, SendRecord};
 use crate::store::state::DomainState;
 
 /// Envelopes in flight at once during one push.
@@ -68,6 +68,9 @@ pub(crate) struct PushJob {
     pub(crate) saved: Option<Box<PlanView>>,
     /// A machine whose envelope is sealed and handed back instead of sent (a genesis).
     pub(crate) keep: Option<String>,
+    /// The operator request this push runs for: its records are proposed as that request
+    /// (`Command::Once`), so the request cannot record sends twice.
+    pub(crate) request: Option<RequestId>,
 }
 
 /// Everything a push starts from: the job, the lease it was planned under, and the state and
@@ -184,6 +187,7 @@ pub(crate) struct PushEngine {
     holds: VecDeque<Command>,
     signer: u64,
     keep: Option<usize>,
+    request: Option<RequestId>,
     /// Indexes of sends not yet handed out, in plan order.
     queue: VecDeque<usize>,
     in_flight: BTreeMap<String, usize>,
@@ -224,6 +228,7 @@ impl PushEngine {
             holds: VecDeque::new(),
             signer: 0,
             keep: None,
+            request: None,
             queue: VecDeque::new(),
             in_flight: BTreeMap::new(),
             lines: vec![],
@@ -305,6 +310,24 @@ impl PushEngine {
                 out,
             ),
             (Step::Holds, _) => {}
+            // A record committed for this push names exactly its machines and sequences; anything
+            // else (the first outcome of a request id that already ran) is not a licence to send.
+            (Step::Records, Applied::Sent { sequences })
+                if self.request.is_some()
+                    && sequences
+                        != self
+                        .records
+                        .iter()
+                        .map(|r| (r.machine.clone(), r.sequence))
+                        .collect::<Vec<_>>() =>
+            {
+                self.fail(
+                    ApiError::Refused(format!(
+                        "the store answered this push's records with other sends ({sequences:?}): this request already ran; nothing was sent"
+                    )),
+                    out,
+                )
+            }
             (Step::Records, _) => {
                 self.step = if self.keep.is_some() {
                     Step::Keep
@@ -455,12 +478,17 @@ impl PushEngine {
                     }
                 }
                 Step::Records => {
-                    out.push(self.propose(
-                        Some(self.revision),
-                        Command::RecordSends {
-                            sends: self.records.clone(),
+                    let records = Command::RecordSends {
+                        sends: self.records.clone(),
+                    };
+                    let command = match self.request {
+                        Some(request) => Command::Once {
+                            request,
+                            command: Box::new(records),
                         },
-                    ));
+                        None => records,
+                    };
+                    out.push(self.propose(Some(self.revision), command));
                 }
                 Step::Keep => {
                     if !may_act {
@@ -686,6 +714,7 @@ fn prepare(b: Begin<'_>) -> Result<PushEngine, ApiError> {
         holds,
         signer,
         keep,
+        request: job.request,
         queue,
         in_flight: BTreeMap::new(),
         lines,

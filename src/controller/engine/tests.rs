@@ -48,6 +48,7 @@ fn job(target: PushTarget) -> PushJob {
         moves: vec![],
         saved: None,
         keep: None,
+        request: None,
     }
 }
 
@@ -691,4 +692,40 @@ fn the_engine_reads_no_clock_does_no_io_and_draws_no_randomness() {
             assert!(!source.contains(word), "{file} names {word}");
         }
     }
+}
+
+#[test]
+fn a_push_whose_request_already_recorded_other_sends_sends_nothing() {
+    // Nothing runs twice: a push's records are proposed as its request (`Command::Once`); when the
+    // store answers with the first outcome of that request — other machines or sequences, because
+    // the same request already ran — the engine sends nothing. With its own records it sends.
+    let t0 = Instant::now();
+    let state = state_of(many(2));
+    let id = crate::store::command::RequestId([9; 16]);
+    let with_id = || PushJob {
+        request: Some(id),
+        ..job(PushTarget::All)
+    };
+    let (mut engine, first) = begin(&state, with_id(), lease_at(2, t0), t0);
+    let p = proposals(&first);
+    let [(_, _, Command::Once { request, command })] = p.as_slice() else {
+        panic!("records are proposed as the request: {first:?}");
+    };
+    assert_eq!(*request, id);
+    let Command::RecordSends { sends: records } = command.as_ref() else {
+        panic!("{command:?}");
+    };
+    let earlier = Event::Committed(Applied::Sent {
+        sequences: vec![("m0".into(), 1)],
+    });
+    let out = engine.handle(t0, earlier);
+    assert!(sends(&out).is_empty(), "another run's records licence no send");
+    assert!(matches!(answer(&out), Some(Err(ApiError::Refused(_)))), "{out:?}");
+
+    let (mut engine, _) = begin(&state, with_id(), lease_at(2, t0), t0);
+    let own = Event::Committed(Applied::Sent {
+        sequences: records.iter().map(|r| (r.machine.clone(), r.sequence)).collect(),
+    });
+    let out = engine.handle(t0, own);
+    assert_eq!(sends(&out).len(), 2, "its own records send");
 }
