@@ -45,8 +45,7 @@ fn serial_of(bed: &Bed, principal: &str) -> anyhow::Result<String> {
 }
 
 #[test]
-fn g15_a_revoked_host_has_its_next_report_refused_and_nothing_else_changes() -> anyhow::Result<()>
-{
+fn g15_a_revoked_host_has_its_next_report_refused_and_nothing_else_changes() -> anyhow::Result<()> {
     let bed = Bed::start(binaries!(), 3, pair)?;
     bed.leader_other_than(None)?;
     bed.apply(pair, "first model")?;
@@ -60,7 +59,11 @@ fn g15_a_revoked_host_has_its_next_report_refused_and_nothing_else_changes() -> 
     let history = bed.meshctl_ok(&["history", "--json"])?.json()?["answer"].clone();
 
     let run = bed.meshctl_ok(&["certs", "revoke", &serial, "--why", "disk stolen"])?;
-    assert!(run.stdout.contains(&format!("revoked serial {serial}")), "{}", run.stdout);
+    assert!(
+        run.stdout.contains(&format!("revoked serial {serial}")),
+        "{}",
+        run.stdout
+    );
     let revoked_at = bed.status()?;
 
     // Its next report is refused at the handshake: one line naming the certificate and the fix.
@@ -72,7 +75,10 @@ fn g15_a_revoked_host_has_its_next_report_refused_and_nothing_else_changes() -> 
             .find(|l| l.contains("is revoked (disk stolen)"))
             .map(str::to_string))
     })?;
-    assert!(line.contains(&format!("host:ace serial {serial}")), "{line}");
+    assert!(
+        line.contains(&format!("host:ace serial {serial}")),
+        "{line}"
+    );
     assert!(line.contains("meshctl certs renew host:ace"), "{line}");
     // Every replica refused it, each naming the certificate in its log.
     bed.wait_for("every replica refusing ace", wait_ms_default, || {
@@ -87,10 +93,14 @@ fn g15_a_revoked_host_has_its_next_report_refused_and_nothing_else_changes() -> 
     // The other host goes on reporting; ace's account does not move again.
     let ace_then = report_sequence(&revoked_at, "ace");
     let g14_then = report_sequence(&revoked_at, "g14");
-    let later = bed.wait_for("g14 reporting after the revocation", wait_ms_default, || {
-        let s = bed.status()?;
-        Ok((report_sequence(&s, "g14") > g14_then + 1).then_some(s))
-    })?;
+    let later = bed.wait_for(
+        "g14 reporting after the revocation",
+        wait_ms_default,
+        || {
+            let s = bed.status()?;
+            Ok((report_sequence(&s, "g14") > g14_then + 1).then_some(s))
+        },
+    )?;
     assert!(
         report_sequence(&later, "ace") <= ace_then + 1,
         "ace reported after its certificate was revoked: {later}"
@@ -103,7 +113,37 @@ fn g15_a_revoked_host_has_its_next_report_refused_and_nothing_else_changes() -> 
     );
     let list = bed.meshctl_ok(&["certs", "list"])?.stdout;
     assert!(list.contains("deny list (1):"), "{list}");
-    assert!(list.contains(&format!("serial {serial} — disk stolen")), "{list}");
+    assert!(
+        list.contains(&format!("serial {serial} — disk stolen")),
+        "{list}"
+    );
+
+    // Hosts learn the list in their declarations: every machine is behind, the next push carries
+    // it to g14 (ace is refused by the replica dialling it), which enforces it from then on.
+    let plan = bed.meshctl_ok(&["plan", "g14", "--diff"])?.stdout;
+    assert!(plan.contains(&format!("revoked serial:{serial}")), "{plan}");
+    let push = bed.meshctl(&["push", "--all", "--why", "carry the deny list"])?;
+    let ace_line = push
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("ace"))
+        .unwrap_or_default();
+    assert!(
+        ace_line.contains("is revoked (disk stolen)"),
+        "{}{}",
+        push.stdout,
+        push.stderr
+    );
+    let g14_log = bed.dir.join("logs").join("host-g14.log");
+    bed.wait_for("g14 enforcing the deny list", wait_ms_default, || {
+        let text = bed.read(&g14_log);
+        Ok(text
+            .lines()
+            .any(|l| {
+                l.contains("deny list from the declaration in force") && l.contains("entries=1")
+            })
+            .then_some(()))
+    })?;
     Ok(())
 }
 
@@ -129,7 +169,11 @@ fn g15_renewed_certificates_are_taken_by_reload_and_sighup_without_dropping_the_
 
     // Renew replica 2 from the CA key init wrote, then reload every replica.
     let renew = bed.meshctl_ok(&["certs", "renew", "replica:2"])?;
-    assert!(renew.stdout.starts_with("renewed replica:2: serial "), "{}", renew.stdout);
+    assert!(
+        renew.stdout.starts_with("renewed replica:2: serial "),
+        "{}",
+        renew.stdout
+    );
     let reload = bed.meshctl_ok(&["certs", "reload"])?;
     for id in 1..=3 {
         assert!(
@@ -148,9 +192,11 @@ fn g15_renewed_certificates_are_taken_by_reload_and_sighup_without_dropping_the_
     let third = own_serial(&bed, 3)?;
     bed.meshctl_ok(&["certs", "renew", "replica:3"])?;
     bed.signal_replica(3, nix::sys::signal::Signal::SIGHUP)?;
-    bed.wait_for("replica 3 serving its renewed certificate", wait_ms_default, || {
-        Ok((own_serial(&bed, 3)? != third).then_some(()))
-    })?;
+    bed.wait_for(
+        "replica 3 serving its renewed certificate",
+        wait_ms_default,
+        || Ok((own_serial(&bed, 3)? != third).then_some(())),
+    )?;
     assert!(bed.replica_log(3).contains("certificates reloaded"));
 
     // A certificate inside the warning window is named by status, with the way out.
@@ -161,6 +207,9 @@ fn g15_renewed_certificates_are_taken_by_reload_and_sighup_without_dropping_the_
         .find(|l| l.starts_with("WARNING: certificate operator:bed"))
         .unwrap_or_default();
     assert!(warning.contains("expires at"), "{status}");
-    assert!(warning.contains("meshctl certs renew operator:bed"), "{status}");
+    assert!(
+        warning.contains("meshctl certs renew operator:bed"),
+        "{status}"
+    );
     Ok(())
 }

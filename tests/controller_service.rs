@@ -696,6 +696,7 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
         declaration: Declaration {
             machine: "ace".into(),
             modules: vec![],
+            revoked: Default::default(),
         },
     };
     let wire = seal(&envelope, &replica_key(2)).expect("seal");

@@ -356,6 +356,7 @@ impl LeaderActor {
             declaration: Declaration {
                 machine: machine.to_string(),
                 modules: Vec::new(),
+                revoked: Default::default(),
             },
         };
         let position = envelope.position();

@@ -31,10 +31,18 @@ pub struct World {
     consumers_of: Map<BTreeSet<String>>,
     by_consumer_machine: Map<BTreeSet<String>>,
     by_provider_machine: Map<BTreeSet<String>>,
+    /// The deny list every declaration carries (decision 0172).
+    revoked: BTreeMap<String, String>,
 }
 
 impl World {
     /// Indexes `mesh` and `provisions` (keyed by id; any iteration order gives the same world).
+    /// The same world with `revoked` as the deny list every declaration carries.
+    pub fn with_revoked(mut self, revoked: BTreeMap<String, String>) -> World {
+        self.revoked = revoked;
+        self
+    }
+
     pub fn new(mesh: Mesh, provisions: impl IntoIterator<Item = Provision>) -> World {
         let mut world = World {
             settings: mesh.settings,
@@ -442,6 +450,7 @@ pub fn compose_with(
         declaration: Declaration {
             machine: machine.to_string(),
             modules,
+            revoked: world.revoked.clone(),
         },
         wanted,
     })

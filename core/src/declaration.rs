@@ -40,6 +40,9 @@ impl std::fmt::Debug for Digest {
 pub struct Declaration {
     pub machine: String,
     pub modules: Vec<DeclaredModule>,
+    /// The mesh's deny list (decision 0172): `serial:<hex>` or `principal:<kind>:<name>` → why.
+    /// The host refuses these certificates (replicas, operators) at its next handshake.
+    pub revoked: BTreeMap<String, String>,
 }
 
 /// One module as its machine should run it, with effective settings and its provisions and grants.

@@ -265,6 +265,7 @@ mod tests {
             declaration: Declaration {
                 machine: machine.into(),
                 modules: vec![],
+                revoked: Default::default(),
             },
         }
     }

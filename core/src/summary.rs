@@ -18,6 +18,8 @@ pub const value_digest_hex_chars: usize = 16;
 pub struct Summary {
     pub machine: String,
     pub modules: BTreeMap<String, ModuleSummary>,
+    /// The deny list sent (entry → why; no secret in it).
+    pub revoked: BTreeMap<String, String>,
 }
 
 /// One module of a summary. Values of settings, env, files and secrets appear only as digests.
@@ -62,6 +64,9 @@ pub struct GrantSummary {
     pub secret: String,
 }
 
+/// The module name a deny-list change is shown under in a diff: it is the mesh's, not a module's.
+pub const deny_list_module: &str = "(mesh)";
+
 /// A short blake3 of a value, for summaries.
 pub fn value_digest(value: &str) -> String {
     let hex = blake3::hash(value.as_bytes()).to_hex();
@@ -70,13 +75,18 @@ pub fn value_digest(value: &str) -> String {
 
 /// What a send record keeps of `declaration`.
 pub fn summarize(declaration: &Declaration) -> Summary {
-    let Declaration { machine, modules } = declaration;
+    let Declaration {
+        machine,
+        modules,
+        revoked,
+    } = declaration;
     Summary {
         machine: machine.clone(),
         modules: modules
             .iter()
             .map(|m| (m.name.clone(), summarize_module(m)))
             .collect(),
+        revoked: revoked.clone(),
     }
 }
 
@@ -285,6 +295,15 @@ pub fn diff(old: Option<&Summary>, new: &Summary) -> SummaryDiff {
             (None, None) => {}
         }
     }
+    let keys: BTreeSet<&String> = old.revoked.keys().chain(new.revoked.keys()).collect();
+    for key in keys {
+        let what = format!("revoked {key}");
+        match (old.revoked.get(key), new.revoked.get(key)) {
+            (None, Some(why)) => changes.push(item(deny_list_module, &what, added(why))),
+            (Some(why), None) => changes.push(item(deny_list_module, &what, removed(why))),
+            _ => {}
+        }
+    }
     changes.sort();
     SummaryDiff {
         machine: new.machine.clone(),
@@ -480,6 +499,7 @@ mod tests {
         Declaration {
             machine: "ace".into(),
             modules,
+            revoked: Default::default(),
         }
     }
 

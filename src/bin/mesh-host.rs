@@ -66,6 +66,8 @@ async fn main() -> anyhow::Result<()> {
     let outcome = match started {
         Err(e) => Err(e).context("resuming the last declaration or applying the genesis"),
         Ok(_) => {
+            // What the last declaration revoked is refused before any connection is served.
+            listener::enforce_deny_list(&endpoint, &agent).await;
             let fatal = listener::serve(&endpoint, Arc::clone(&agent))
                 .context("the endpoint was already serving")?;
             tracing::info!(machine = %agent.config().name(), listen = %endpoint.local_addr(),
@@ -137,9 +139,15 @@ fn reload(endpoint: &mesh_transport::Endpoint, config: &HostConfig) {
     };
     match endpoint.reload_from_files(&tls.ca, &tls.cert, &tls.key) {
         Ok(closed) => {
-            let serial = endpoint.certificates().0.map(|c| c.serial).unwrap_or_default();
+            let serial = endpoint
+                .certificates()
+                .0
+                .map(|c| c.serial)
+                .unwrap_or_default();
             tracing::info!(%serial, cas = endpoint.trusted_cas(), closed, "SIGHUP: certificates reloaded");
         }
-        Err(e) => tracing::error!(error = %e, "SIGHUP: certificates not reloaded, still using the ones it had"),
+        Err(e) => {
+            tracing::error!(error = %e, "SIGHUP: certificates not reloaded, still using the ones it had")
+        }
     }
 }

@@ -167,9 +167,10 @@ fn renew(ctx: Option<&Path>, args: &RenewArgs) -> Result<String, CliError> {
     let issued = ca
         .issue(&principal, Validity::days_from_now(args.days))
         .map_err(|e| CliError::Usage(format!("certs renew: {e}")))?;
-    let info = mesh_transport::Identity::from_pem(ca.cert_pem(), issued.cert_pem(), issued.key_pem())
-        .ok()
-        .and_then(|i| i.cert_info());
+    let info =
+        mesh_transport::Identity::from_pem(ca.cert_pem(), issued.cert_pem(), issued.key_pem())
+            .ok()
+            .and_then(|i| i.cert_info());
     issued.replace(&cert, &key).map_err(|e| CliError::Write {
         path: cert.display().to_string(),
         source: std::io::Error::other(e.to_string()),
@@ -207,7 +208,9 @@ fn reload(ctx: Option<&Path>) -> Result<Output, CliError> {
                 Ok(Body::CertsReloaded(view)) => render_reload(&view),
                 Ok(other) => {
                     failed += 1;
-                    format!("replica {id}: answered {other:?}, not a reload; are meshctl and meshd the same version?")
+                    format!(
+                        "replica {id}: answered {other:?}, not a reload; are meshctl and meshd the same version?"
+                    )
                 }
                 Err(e) => {
                     failed += 1;
@@ -280,7 +283,11 @@ fn render_list(view: &CertsView, now: i64) -> String {
         "replica {} trusts {} CA{}\n",
         view.replica,
         view.cas,
-        if view.cas == 1 { "" } else { "s (a CA switch is open)" }
+        if view.cas == 1 {
+            ""
+        } else {
+            "s (a CA switch is open)"
+        }
     );
     out.push_str(&format!("{:<20} {:<42} EXPIRES\n", "PRINCIPAL", "SERIAL"));
     let line = |c: &CertView, note: &str| {

@@ -499,7 +499,8 @@ fn should_be_changes(
         settings,
         ..mesh.clone()
     };
-    let world = World::new(checked, state.provisions.values().cloned());
+    let world = World::new(checked, state.provisions.values().cloned())
+        .with_revoked(crate::store::revoked::declared(&state.revoked));
     let mut changes = Vec::new();
     for machine in mesh.machines.keys() {
         let composed = compose(&world, machine).map_err(|e| {

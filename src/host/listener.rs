@@ -77,13 +77,51 @@ pub fn listen_path(root: &Path) -> PathBuf {
 pub struct EnvelopeHandler {
     agent: Arc<Agent>,
     fatal: mpsc::Sender<HostError>,
+    endpoint: Endpoint,
+}
+
+/// Makes the endpoint refuse what the last applied declaration's deny list revokes (decision
+/// 0172): replicas and operators presenting a revoked certificate are refused at their next
+/// handshake and their open connections closed. Nothing applied yet: an empty list.
+pub async fn enforce_deny_list(endpoint: &Endpoint, agent: &Agent) {
+    let revoked = match agent.applied().await {
+        Some((_, declaration)) => declaration.revoked,
+        None => Default::default(),
+    };
+    let entries = revoked.iter().filter_map(|(key, why)| {
+        let what = if let Some(serial) = key.strip_prefix("serial:") {
+            mesh_transport::Revoked::Serial(serial.to_string())
+        } else {
+            let principal = key.strip_prefix("principal:")?.parse().ok()?;
+            mesh_transport::Revoked::Principal(principal)
+        };
+        Some((what, why.clone()))
+    });
+    match mesh_transport::DenyList::new(entries) {
+        Ok(list) => {
+            let count = list.len();
+            let closed = endpoint.set_denied(list);
+            if count > 0 || closed > 0 {
+                tracing::info!(
+                    entries = count,
+                    closed,
+                    "deny list from the declaration in force"
+                );
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "the declaration's deny list was not applied"),
+    }
 }
 
 /// Starts serving `agent` on `endpoint`. The receiver yields the first error after which the
 /// host cannot keep its promises (storage failed); the process must then stop.
 pub fn serve(endpoint: &Endpoint, agent: Arc<Agent>) -> Option<mpsc::Receiver<HostError>> {
     let (fatal, fatal_rx) = mpsc::channel(fatal_depth_max);
-    let handler = EnvelopeHandler { agent, fatal };
+    let handler = EnvelopeHandler {
+        agent,
+        fatal,
+        endpoint: endpoint.clone(),
+    };
     match endpoint.serve(Arc::new(handler)) {
         true => Some(fatal_rx),
         false => None,
@@ -125,8 +163,11 @@ impl EnvelopeHandler {
                 return Err(reason);
             }
         };
-        if let EnvelopeReply::Refused { refusal, older } = &reply {
-            tracing::info!(machine, %from, older, refusal = %refusal, "answered refused");
+        match &reply {
+            EnvelopeReply::Refused { refusal, older } => {
+                tracing::info!(machine, %from, older, refusal = %refusal, "answered refused");
+            }
+            EnvelopeReply::Applied { .. } => enforce_deny_list(&self.endpoint, &self.agent).await,
         }
         mesh_codec::encode(envelope_reply_what, &reply)
             .map_err(|e| format!("mesh-host could not encode its answer: {e}"))

@@ -503,6 +503,7 @@ mod tests {
         Declaration {
             machine: "ace".into(),
             modules,
+            revoked: Default::default(),
         }
     }
 

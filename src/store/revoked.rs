@@ -93,6 +93,13 @@ pub struct DenyEntry {
 /// The deny list, by row key.
 pub type DenyMap = BTreeMap<String, DenyEntry>;
 
+/// The list as every declaration carries it: row key → why.
+pub fn declared(list: &DenyMap) -> BTreeMap<String, String> {
+    list.iter()
+        .map(|(k, e)| (k.clone(), e.why.clone()))
+        .collect()
+}
+
 /// The list as the transport enforces it.
 pub fn to_transport(list: &DenyMap) -> Result<mesh_transport::DenyList, String> {
     let entries = list.values().filter_map(|e| {
@@ -158,6 +165,8 @@ pub(crate) fn revoke(
             },
         );
         changed.push(Changed::Revoked(key));
+        // Every declaration carries the list: a revocation makes every machine behind.
+        state.bump(changed);
     }
     Ok(Applied::Revoked {
         target: target.clone(),

@@ -136,6 +136,7 @@ pub fn envelope(
         declaration: Declaration {
             machine: machine.into(),
             modules,
+            revoked: Default::default(),
         },
     }
 }

@@ -62,7 +62,8 @@ impl Work {
 
     fn rebuild(&mut self, state: &Arc<DomainState>) -> Result<(), ApiError> {
         self.built_from = None;
-        let world = World::new(state.mesh.clone(), state.provisions.values().cloned());
+        let world = World::new(state.mesh.clone(), state.provisions.values().cloned())
+            .with_revoked(crate::store::revoked::declared(&state.revoked));
         let cache = DigestCache::build(&world).map_err(|e| not_composing(state.revision, &e))?;
         self.world = world;
         self.cache = cache;
@@ -73,6 +74,10 @@ impl Work {
     /// Applies `old` → `new` to the world and returns the machines to recompose; `None` (world
     /// untouched) when only a rebuild is right.
     fn diff(&mut self, old: &DomainState, new: &DomainState) -> Option<BTreeSet<String>> {
+        // The deny list is in every declaration: a change to it recomposes everything.
+        if old.revoked != new.revoked {
+            return None;
+        }
         let machine_gone = old
             .mesh
             .machines
@@ -222,7 +227,8 @@ mod tests {
     }
 
     fn rebuilt(state: &DomainState) -> DigestCache {
-        let world = World::new(state.mesh.clone(), state.provisions.values().cloned());
+        let world = World::new(state.mesh.clone(), state.provisions.values().cloned())
+            .with_revoked(crate::store::revoked::declared(&state.revoked));
         DigestCache::build(&world).expect("composes")
     }
 
@@ -231,7 +237,8 @@ mod tests {
         state: &DomainState,
         secret: &str,
     ) -> BTreeMap<String, crate::core::model::Provision> {
-        let world = World::new(state.mesh.clone(), state.provisions.values().cloned());
+        let world = World::new(state.mesh.clone(), state.provisions.values().cloned())
+            .with_revoked(crate::store::revoked::declared(&state.revoked));
         let mut out = BTreeMap::new();
         for m in world.machine_names() {
             let composed = compose_with(&world, &Pending::default(), m).expect("composes");
