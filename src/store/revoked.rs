@@ -228,6 +228,125 @@ pub(crate) fn revoke_dropped_machines(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::command::{Command, Outcome};
+
+    fn proposal(command: Command) -> Proposal {
+        Proposal {
+            epoch: 1,
+            expect_revision: None,
+            actor: "operator:alice".into(),
+            time_ms: 0,
+            command,
+        }
+    }
+
+    fn mesh(machines: &[&str]) -> Mesh {
+        let text: String = machines
+            .iter()
+            .map(|m| format!("[machines.{m}]\naddress = \"127.0.0.1\"\n"))
+            .collect();
+        crate::core::meshfile::parse_mesh("t.toml", &text).expect("mesh")
+    }
+
+    fn apply(state: &mut DomainState, command: Command) -> Outcome {
+        state.apply(1, &proposal(command)).0
+    }
+
+    fn model(machines: &[&str]) -> Command {
+        Command::ApplyModel {
+            mesh: mesh(machines),
+            why: "t".into(),
+            changes: vec![],
+        }
+    }
+
+    #[test]
+    fn removing_a_machine_revokes_its_host_and_adding_it_back_lifts_only_that() {
+        // Revocation: a machine out of the model is out of the mesh; back in, it is let in again,
+        // but an operator's revocation stays.
+        let mut state = DomainState::default();
+        assert!(matches!(
+            apply(&mut state, model(&["ace", "g14"])),
+            Outcome::Applied(_)
+        ));
+        assert!(state.revoked.is_empty());
+        assert!(matches!(
+            apply(&mut state, model(&["ace"])),
+            Outcome::Applied(_)
+        ));
+        let entry = state
+            .revoked
+            .get("principal:host:g14")
+            .expect("g14 revoked");
+        assert!(entry.by_model);
+        assert!(
+            entry.why.contains("removed from the model"),
+            "{}",
+            entry.why
+        );
+        let by_operator = Command::Revoke {
+            target: RevokedTarget::Principal("host:ace".into()),
+            why: "lost".into(),
+        };
+        let revision = state.revision;
+        assert!(matches!(
+            apply(&mut state, by_operator),
+            Outcome::Applied(_)
+        ));
+        assert_eq!(
+            state.revision,
+            revision + 1,
+            "a revocation makes every machine behind"
+        );
+        assert!(matches!(
+            apply(&mut state, model(&["ace", "g14"])),
+            Outcome::Applied(_)
+        ));
+        assert!(!state.revoked.contains_key("principal:host:g14"));
+        assert!(state.revoked.contains_key("principal:host:ace"));
+    }
+
+    #[test]
+    fn a_full_deny_list_refuses_the_next_revocation_and_changes_nothing() {
+        // Revocation: the list is bounded; over it, one clear refusal and nothing written.
+        // The floor is at the term already: a refusal changes nothing at all.
+        let mut state = DomainState {
+            epoch_floor: 1,
+            ..DomainState::default()
+        };
+        for i in 0..deny_entries_max {
+            let target = RevokedTarget::Serial(format!("{:04x}", i + 1));
+            state.revoked.insert(
+                target.key(),
+                DenyEntry {
+                    target,
+                    why: "t".into(),
+                    actor: "t".into(),
+                    epoch: 1,
+                    time_ms: 0,
+                    by_model: false,
+                },
+            );
+        }
+        let before = state.clone();
+        let one_more = Command::Revoke {
+            target: RevokedTarget::Serial("ffff".into()),
+            why: "t".into(),
+        };
+        match state.apply(1, &proposal(one_more)) {
+            (Outcome::Refused(r), changed) => {
+                assert!(r.to_string().contains("nothing was changed"), "{r}");
+                assert!(changed.is_empty(), "{changed:?}");
+            }
+            other => panic!("not refused: {other:?}"),
+        }
+        assert_eq!(state, before);
+        let bad_why = Command::Revoke {
+            target: RevokedTarget::Serial("ab".into()),
+            why: " ".into(),
+        };
+        assert!(matches!(apply(&mut state, bad_why), Outcome::Refused(_)));
+    }
 
     #[test]
     fn revoke_targets_parse_as_principals_or_serials_and_nothing_else() {
