@@ -1,44 +1,128 @@
 //! The Raft log on redb (`raft_log`, `raft_state`): vote, append, truncate, purge and reads.
 //!
-//! Appends, votes, truncation and purges commit with `Durability::Immediate`, one transaction per
-//! call (a whole batch of entries per append). Because the state machine shares the same database, an
-//! immediate commit here also persists every earlier non-durable apply: a purge therefore never
-//! outruns the applies it relies on (see `docs/decisions/0031-apply-durability-and-purge.md`).
+//! Appends, votes, truncation and purges commit with `Durability::Immediate`. Because the state
+//! machine shares the same database, an immediate commit here also persists every earlier
+//! non-durable apply: a purge therefore never outruns the applies it relies on (see
+//! `docs/decisions/0031-apply-durability-and-purge.md`).
+//!
+//! Appends do not wait for the disk (decision 0182): `append` puts the entries in an in-memory
+//! tail, where reads find them at once, and queues them to one writer thread, which writes every
+//! append queued behind the first in one transaction (one fsync for all of them) and then tells
+//! openraft they are flushed. So openraft replicates while the leader's fsync runs, and concurrent
+//! batches share fsyncs. Votes, truncations and purges go through the same queue, in order, and
+//! are awaited.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogId, RaftLogReader, StorageIOError};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable};
+use tokio::sync::{mpsc, oneshot};
 
 use mesh_migrations::tables;
 
 use crate::store::{StoreError, blocking, get, put};
 use crate::{Entry, LogId, StorageError, TypeConfig, Vote};
 
-/// The log store of one replica; cheap to clone (it shares the database).
+/// Writes queued for the writer thread at most; `append` waits (back-pressure) beyond it.
+pub const log_writes_queued_max: usize = 1024;
+/// Appends written in one transaction at most.
+pub const log_appends_per_commit_max: usize = 256;
+
+/// The log store of one replica; cheap to clone (it shares the database, the tail and the writer).
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    /// Entries appended and not yet known to be on disk, by index.
+    tail: Arc<Mutex<BTreeMap<u64, Entry>>>,
+    writes: mpsc::Sender<Write>,
+}
+
+/// One write for the writer thread, done in queue order.
+enum Write {
+    Append {
+        entries: Vec<Entry>,
+        flushed: LogFlushed<TypeConfig>,
+    },
+    Vote {
+        vote: Vote,
+        done: oneshot::Sender<Result<(), StoreError>>,
+    },
+    Truncate {
+        index: u64,
+        done: oneshot::Sender<Result<(), StoreError>>,
+    },
+    Purge {
+        log_id: LogId,
+        done: oneshot::Sender<Result<(), StoreError>>,
+    },
 }
 
 impl LogStore {
-    /// A log store over a database opened by [`mesh_migrations::open`].
+    /// A log store over a database opened by [`mesh_migrations::open`], with its writer thread
+    /// (it holds the database only while writing, and ends when the last clone is dropped).
     pub fn new(db: Arc<Database>) -> Self {
-        Self { db }
+        let (writes, queue) = mpsc::channel(log_writes_queued_max);
+        let tail = Arc::new(Mutex::new(BTreeMap::new()));
+        let (weak_db, weak_tail) = (Arc::downgrade(&db), Arc::downgrade(&tail));
+        std::thread::Builder::new()
+            .name("raft-log-writer".into())
+            .spawn(move || write_loop(weak_db, weak_tail, queue))
+            .map_or_else(
+                |e| tracing::error!(error = %e, "cannot start the Raft log writer thread; every log write will fail"),
+                |_| (),
+            );
+        Self { db, tail, writes }
+    }
+
+    fn tail(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Entry>> {
+        // A poisoned tail only means a panic elsewhere while it was held; its map is intact.
+        self.tail.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn read_entries(&self, start: Bound<u64>, end: Bound<u64>) -> Result<Vec<Entry>, StoreError> {
+        // The tail first: an entry the writer flushes meanwhile is then still found on disk.
+        let tail: BTreeMap<u64, Entry> = self
+            .tail()
+            .range((start, end))
+            .map(|(i, e)| (*i, e.clone()))
+            .collect();
         let txn = self.db.begin_read()?;
         let table = txn.open_table(tables::RAFT_LOG)?;
-        let mut entries = Vec::new();
+        let mut entries = BTreeMap::new();
         for row in table.range::<u64>((start, end))? {
-            let (_, bytes) = row?;
-            entries.push(mesh_codec::decode("raft log entry", bytes.value())?);
+            let (index, bytes) = row?;
+            entries.insert(
+                index.value(),
+                mesh_codec::decode("raft log entry", bytes.value())?,
+            );
         }
-        Ok(entries)
+        // A tail entry is newer than a disk entry at its index (re-appended after a truncation).
+        entries.extend(tail);
+        Ok(entries.into_values().collect())
+    }
+
+    /// Queues `write` for the writer thread.
+    async fn queue(&self, write: Write) -> Result<(), StoreError> {
+        self.writes
+            .send(write)
+            .await
+            .map_err(|_| StoreError::Invalid("the Raft log writer thread has stopped".into()))
+    }
+
+    /// Queues a write that answers on `done` and waits for its answer.
+    async fn queue_and_wait(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<(), StoreError>>) -> Write,
+    ) -> Result<(), StoreError> {
+        let (done, answer) = oneshot::channel();
+        self.queue(make(done)).await?;
+        answer.await.map_err(|_| {
+            StoreError::Invalid("the Raft log writer thread stopped mid-write".into())
+        })?
     }
 
     fn read_log_state(&self) -> Result<LogState<TypeConfig>, StoreError> {
@@ -47,13 +131,15 @@ impl LogStore {
         let last_purged: Option<LogId> =
             get(&state, tables::RAFT_STATE_LAST_PURGED, "last purged log id")?;
         let log = txn.open_table(tables::RAFT_LOG)?;
-        let last = match log.last()? {
+        let on_disk = match log.last()? {
             Some((_, bytes)) => {
                 let entry: Entry = mesh_codec::decode("raft log entry", bytes.value())?;
                 Some(*entry.get_log_id())
             }
             None => last_purged,
         };
+        let in_tail = self.tail().last_key_value().map(|(_, e)| *e.get_log_id());
+        let last = in_tail.max(on_disk);
         Ok(LogState {
             last_purged_log_id: last_purged,
             last_log_id: last,
@@ -87,7 +173,7 @@ pub(crate) fn write_raft_state<T: serde::Serialize>(
 }
 
 /// Writes a batch of entries in one immediate transaction: one fsync for the whole batch.
-pub(crate) fn append_entries(db: &Database, entries: &[Entry]) -> Result<(), StoreError> {
+pub(crate) fn append_entries(db: &Database, entries: &[&Entry]) -> Result<(), StoreError> {
     let txn = db.begin_write()?;
     {
         let mut log = txn.open_table(tables::RAFT_LOG)?;
@@ -127,6 +213,74 @@ fn purge_upto(db: &Database, log_id: LogId) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The writer thread: every write in queue order; consecutive appends in one transaction.
+fn write_loop(
+    db: Weak<Database>,
+    tail: Weak<Mutex<BTreeMap<u64, Entry>>>,
+    mut queue: mpsc::Receiver<Write>,
+) {
+    let mut next = queue.blocking_recv();
+    while let Some(write) = next.take() {
+        let Some(database) = db.upgrade() else { return };
+        match write {
+            Write::Append { entries, flushed } => {
+                let mut batch = vec![(entries, flushed)];
+                while batch.len() < log_appends_per_commit_max {
+                    match queue.try_recv() {
+                        Ok(Write::Append { entries, flushed }) => batch.push((entries, flushed)),
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let all: Vec<&Entry> = batch.iter().flat_map(|(e, _)| e.iter()).collect();
+                let written = append_entries(&database, &all);
+                if written.is_ok()
+                    && let Some(tail) = tail.upgrade()
+                {
+                    let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+                    for entry in &all {
+                        let id = entry.get_log_id();
+                        // Only if still the same entry: a truncation may have replaced it.
+                        if tail.get(&id.index).map(|e| e.get_log_id()) == Some(id) {
+                            tail.remove(&id.index);
+                        }
+                    }
+                }
+                for (_, flushed) in batch {
+                    let result = match &written {
+                        Ok(()) => Ok(()),
+                        Err(e) => Err(std::io::Error::other(e.to_string())),
+                    };
+                    flushed.log_io_completed(result);
+                }
+            }
+            Write::Vote { vote, done } => {
+                let result = write_raft_state(
+                    &database,
+                    tables::RAFT_STATE_VOTE,
+                    "vote",
+                    &vote,
+                    Durability::Immediate,
+                );
+                let _ = done.send(result);
+            }
+            Write::Truncate { index, done } => {
+                let _ = done.send(truncate_from(&database, index));
+            }
+            Write::Purge { log_id, done } => {
+                let _ = done.send(purge_upto(&database, log_id));
+            }
+        }
+        drop(database);
+        if next.is_none() {
+            next = queue.blocking_recv();
+        }
+    }
+}
+
 fn read_err(e: StoreError) -> StorageError {
     StorageIOError::read_logs(&e).into()
 }
@@ -158,19 +312,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        let db = self.db.clone();
         let vote = *vote;
-        blocking(move || {
-            write_raft_state(
-                &db,
-                tables::RAFT_STATE_VOTE,
-                "vote",
-                &vote,
-                Durability::Immediate,
-            )
-        })
-        .await
-        .map_err(|e| StorageIOError::write_vote(&e).into())
+        self.queue_and_wait(|done| Write::Vote { vote, done })
+            .await
+            .map_err(|e| StorageIOError::write_vote(&e).into())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
@@ -212,25 +357,36 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
-        let db = self.db.clone();
-        blocking(move || append_entries(&db, &entries))
-            .await
-            .map_err(write_err)?;
-        callback.log_io_completed(Ok(()));
-        Ok(())
+        {
+            // Readable from here on (openraft's contract), before they are on disk.
+            let mut tail = self.tail();
+            for entry in &entries {
+                tail.insert(entry.get_log_id().index, entry.clone());
+            }
+        }
+        self.queue(Write::Append {
+            entries,
+            flushed: callback,
+        })
+        .await
+        .map_err(write_err)
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let db = self.db.clone();
-        blocking(move || truncate_from(&db, log_id.index))
+        self.tail().split_off(&log_id.index);
+        let index = log_id.index;
+        self.queue_and_wait(|done| Write::Truncate { index, done })
             .await
             .map_err(write_err)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let db = self.db.clone();
-        blocking(move || purge_upto(&db, log_id))
+        self.queue_and_wait(|done| Write::Purge { log_id, done })
             .await
-            .map_err(write_err)
+            .map_err(write_err)?;
+        let mut tail = self.tail();
+        let kept = tail.split_off(&(log_id.index + 1));
+        *tail = kept;
+        Ok(())
     }
 }
