@@ -136,17 +136,17 @@ async fn respond(service: &Weak<Service>, request: Request<Incoming>) -> Respons
             Ok(html) => with_type(StatusCode::OK, html, "text/html; charset=utf-8"),
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
         },
-        "/metrics" => match {
+        "/metrics" => {
             let (expiring, seconds_left) = service.cert_gauges();
             service.metrics.certs(expiring, seconds_left);
-            service.metrics.encode(&raft_now(&service))
-        } {
-            Ok(body) => with_type(StatusCode::OK, body, metrics_content_type),
-            Err(e) => text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &format!("cannot encode the metrics: {e}\n"),
-            ),
-        },
+            match service.metrics.encode(&raft_now(&service)) {
+                Ok(body) => with_type(StatusCode::OK, body, metrics_content_type),
+                Err(e) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("cannot encode the metrics: {e}\n"),
+                ),
+            }
+        }
         "/healthz" => text(StatusCode::OK, "ok\n"),
         _ => text(
             StatusCode::NOT_FOUND,

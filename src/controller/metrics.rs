@@ -281,3 +281,21 @@ pub(crate) fn request_kind(request: &Request) -> &'static str {
         Request::ApplyUpload { .. } => "apply",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certificate_gauges_say_how_many_expire_soon_and_when_the_first_does() {
+        // Rotation: /metrics warns before a certificate in the cluster expires.
+        let m = Metrics::new();
+        m.certs(2, Some(86_400));
+        let text = m.encode(&RaftNow::default()).expect("encode");
+        assert!(text.contains("\nmesh_certificates_expiring 2\n"), "{text}");
+        assert!(
+            text.contains("\nmesh_certificate_seconds_left 86400\n"),
+            "{text}"
+        );
+    }
+}
