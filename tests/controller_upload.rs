@@ -14,6 +14,7 @@ use mesh::cli::apply::{Sending, requests_for};
 use mesh::controller::api::{ApiError, Body, Chunk, Request, UploadId};
 use mesh::core::model::Mesh;
 use mesh::core::validate::model_bytes_max;
+use mesh::store::app::MeshApp;
 use mesh::store::command::{Command, Outcome, Proposal, Refusal};
 use mesh::store::staging::{staging_bytes_max, upload_digest, upload_idle_ms};
 use mesh::store::state::DomainState;
@@ -117,11 +118,11 @@ async fn a_40_mib_model_goes_in_chunks_and_lands_whole_in_one_commit_while_reads
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upload_survives_a_restart_of_a_replica_and_a_digest_mismatch_is_refused_changing_nothing()
+async fn an_upload_is_kept_in_every_replica_s_store_and_a_digest_mismatch_is_refused_changing_nothing()
  {
     let big = big_mesh(1, 6);
     let (upload, chunks, apply) = upload_of(&big);
-    let mut bed = Bed::start(&[], &[]).await;
+    let bed = Bed::start(&[], &[]).await;
     let leader = bed.wait_leader().await;
     let old = mount_mesh("/srv/a");
     let Body::Applied {
@@ -133,16 +134,19 @@ async fn an_upload_survives_a_restart_of_a_replica_and_a_digest_mismatch_is_refu
     for chunk in &chunks {
         bed.ok(leader, chunk).await;
     }
-    // The staging record is in the store: a replica restarted reads it back.
-    let follower = bed.follower(leader);
-    bed.stop_replica(follower).await;
-    bed.restart_replica(follower).await;
-    wait_until("the restarted replica holds the staged upload", || {
-        let state = bed.service(follower).app().state().expect("state");
-        let whole = state
-            .uploads
-            .get(&upload)
-            .is_some_and(|u| u.chunks.len() == chunks.len());
+    // The staging record is in every replica's store, as a restart or a snapshot reads it back.
+    wait_until("every replica's store holds the staged upload", || {
+        let whole = bed.replicas.keys().all(|id| {
+            let db = bed.service(*id).replica().database();
+            let stored = MeshApp::load(db)
+                .expect("read the store")
+                .state()
+                .expect("state");
+            stored
+                .uploads
+                .get(&upload)
+                .is_some_and(|u| u.chunks.len() == chunks.len())
+        });
         std::future::ready(whole)
     })
     .await;

@@ -1,12 +1,20 @@
 //! `meshctl apply -f mesh.toml --why W`: parse the file locally (a bad file is refused with line and
-//! column, and nothing is sent), then store it as a new model revision. Sends nothing.
+//! column, and nothing is sent), then store it as a new model revision. Sends nothing to hosts.
+//!
+//! A model that encodes to more than `apply_inline_bytes_max` goes as an upload (decision 0185):
+//! numbered chunks of `upload_chunk_bytes` (64 KiB), each its own request answered once staged,
+//! then one `ApplyUpload` naming the upload and the blake3 digest of its bytes, which the leader
+//! checks and makes current in one commit. Until then the current model is unchanged; an upload
+//! that stops half way is left to expire.
 
 use std::path::{Path, PathBuf};
 
 use super::json;
 use super::render::{self, Via};
 use super::{CliError, Output};
-use crate::controller::api::{Body, Request};
+use crate::controller::api::{
+    ApiError, Body, Chunk, Request, UploadId, apply_inline_bytes_max, upload_chunk_bytes,
+};
 use crate::core::meshfile::parse_mesh;
 use crate::core::model::Mesh;
 
@@ -30,12 +38,20 @@ pub struct ApplyArgs {
 pub fn run(ctx: Option<&Path>, args: &ApplyArgs) -> Result<Output, CliError> {
     let why = super::require_why("apply", args.why.as_deref())?;
     let mesh = read_mesh(&args.file)?;
-    let request = Request::Apply {
-        mesh,
-        why,
-        drain: args.drain,
+    let (via, body) = match requests_for(mesh, why, args.drain)? {
+        Sending::Inline(request) => render::ask(ctx, &request)?,
+        Sending::Upload {
+            upload,
+            chunks,
+            apply,
+        } => {
+            let total = chunks.len();
+            for (i, chunk) in chunks.iter().enumerate() {
+                render::ask(ctx, chunk).map_err(|e| stopped(&upload, i, total, e))?;
+            }
+            render::ask(ctx, &apply).map_err(|e| stopped(&upload, total, total, e))?
+        }
     };
-    let (via, body) = render::ask(ctx, &request)?;
     let Body::Applied {
         revision,
         changes,
@@ -60,6 +76,85 @@ pub fn run(ctx: Option<&Path>, args: &ApplyArgs) -> Result<Output, CliError> {
         draining,
     };
     Ok(Output::done(render_text(via, *revision, &lists)))
+}
+
+/// How `apply` sends a model: in one request, or as an upload.
+pub enum Sending {
+    Inline(Request),
+    /// The chunk requests in order, then the request that applies the upload.
+    Upload {
+        upload: UploadId,
+        chunks: Vec<Request>,
+        apply: Request,
+    },
+}
+
+/// The requests that store `mesh`: one `Apply` when its encoding is within
+/// `apply_inline_bytes_max`, else an upload of chunks of `upload_chunk_bytes` under a
+/// fresh random id and the `ApplyUpload` naming it with the blake3 digest of the encoded model.
+pub fn requests_for(mesh: Mesh, why: String, drain: bool) -> Result<Sending, CliError> {
+    let bytes = mesh_codec::encode("model", &mesh)
+        .map_err(|e| CliError::Render(format!("cannot encode the model: {e}")))?;
+    if bytes.len() <= apply_inline_bytes_max {
+        return Ok(Sending::Inline(Request::Apply { mesh, why, drain }));
+    }
+    drop(mesh);
+    let mut id = [0u8; 16];
+    getrandom::getrandom(&mut id).map_err(|e| {
+        CliError::Usage(format!(
+            "the OS random source failed while picking an upload id: {e}"
+        ))
+    })?;
+    let upload = UploadId(id);
+    let digest = *blake3::hash(&bytes).as_bytes();
+    let pieces: Vec<&[u8]> = bytes.chunks(upload_chunk_bytes).collect();
+    let chunks_total = u32::try_from(pieces.len()).map_err(|_| {
+        CliError::Usage(format!(
+            "the model's {} bytes are too many chunks",
+            bytes.len()
+        ))
+    })?;
+    let bytes_total = bytes.len() as u64;
+    let chunks = pieces
+        .iter()
+        .enumerate()
+        .map(|(index, piece)| Request::ApplyChunk {
+            upload,
+            index: index as u32,
+            chunks_total,
+            bytes_total,
+            bytes: Chunk::new(piece.to_vec()),
+        })
+        .collect();
+    let apply = Request::ApplyUpload {
+        upload,
+        digest,
+        why,
+        drain,
+    };
+    Ok(Sending::Upload {
+        upload,
+        chunks,
+        apply,
+    })
+}
+
+/// An upload that stopped at request `at` (a chunk, or the apply when `at` is `total`): the
+/// model is unchanged, and running apply again starts a new upload (which drops this one).
+fn stopped(upload: &UploadId, at: usize, total: usize, e: CliError) -> CliError {
+    let step = if at < total {
+        format!("at chunk {} of {total}", at + 1)
+    } else {
+        format!("at the apply after all {total} chunks")
+    };
+    let message = format!(
+        "the upload of the model (id {upload}) stopped {step}: {e}\nthe stored model is unchanged; run `meshctl apply` again"
+    );
+    match e {
+        CliError::Api(ApiError::Invalid(_)) => CliError::Api(ApiError::Invalid(message)),
+        CliError::Api(ApiError::Refused(_)) => CliError::Api(ApiError::Refused(message)),
+        _ => CliError::Api(ApiError::Unavailable(message)),
+    }
 }
 
 /// Reads and parses a mesh file; every problem is reported at once with its position.

@@ -142,7 +142,8 @@ enum Attempt {
 
 /// Whether a request may be asked again of another replica after one took it and gave no
 /// answer: reads, and writes of one proposal, which the leader runs once per request id (a
-/// retried id is answered with its first outcome). A push or a genesis is not asked again: it
+/// retried id is answered with its first outcome), and chunks of an upload, which the store keeps
+/// once by upload and index. A push or a genesis is not asked again: it
 /// sends to hosts, and its answer is what it sent.
 fn may_ask_again(request: &Request) -> bool {
     matches!(
@@ -155,6 +156,8 @@ fn may_ask_again(request: &Request) -> bool {
             | Request::SettingsSet { .. }
             | Request::SettingsClear { .. }
             | Request::Apply { .. }
+            | Request::ApplyChunk { .. }
+            | Request::ApplyUpload { .. }
             | Request::CertsReload
             | Request::CertsList
             | Request::CertsRevoke { .. }

@@ -10,6 +10,7 @@ use crate::core::model::Mesh;
 use crate::core::report::{Health, ModuleStatus};
 use crate::core::settings::{Layer, Scope};
 pub use crate::store::command::RequestId;
+pub use crate::store::staging::{Chunk, UploadId, upload_chunk_bytes, upload_chunk_bytes_max};
 use crate::store::command::{HeldMount, ModelChange, SendRecord, SettingsChange};
 
 /// What `meshctl` sends: a request with the id it keeps across retries, so a request asked again
@@ -100,6 +101,24 @@ pub enum Request {
         target: String,
         why: String,
     },
+    /// One chunk of a model too large for one `Apply` (over [`apply_inline_bytes_max`] encoded),
+    /// kept in the staging record; the current model is untouched (decision 0185). `bytes` is
+    /// chunk `index` (from 0) of `chunks_total`, slices of the encoded model of `bytes_total`.
+    ApplyChunk {
+        upload: UploadId,
+        index: u32,
+        chunks_total: u32,
+        bytes_total: u64,
+        bytes: Chunk,
+    },
+    /// `Apply` of the model staged as `upload`, whose encoded bytes have blake3 `digest`: checked
+    /// and made current in one commit, its staging dropped.
+    ApplyUpload {
+        upload: UploadId,
+        digest: [u8; 32],
+        why: String,
+        drain: bool,
+    },
 }
 
 /// What a push is aimed at. A bare push (no machine, no flag) never reaches the wire: meshctl refuses it.
@@ -171,6 +190,12 @@ pub enum Body {
     CertsRevoked {
         target: String,
         entries: usize,
+    },
+    /// A chunk of `upload` is staged: `received` of its `chunks_total` are.
+    ChunkStaged {
+        upload: UploadId,
+        received: u32,
+        chunks_total: u32,
     },
 }
 
@@ -372,6 +397,11 @@ pub struct SettingsView {
     pub effective: Option<Layer>,
     pub history: Vec<SettingsChange>,
 }
+
+/// Largest encoded model one `Request::Apply` carries (one proposal, under raft's default
+/// `batch_bytes_max` of 4 MiB with 64 KiB left for the rest); meshctl sends a larger one in
+/// chunks of at most [`upload_chunk_bytes_max`] (`ApplyChunk`, then `ApplyUpload`).
+pub const apply_inline_bytes_max: usize = 4 * 1024 * 1024 - 64 * 1024;
 
 /// Bytes of a backup in one `snapshot save` chunk, well under a frame.
 pub const snapshot_chunk_bytes: usize = 4 * 1024 * 1024;

@@ -13,5 +13,6 @@ mod planview;
 mod push;
 pub mod restore;
 pub mod service;
+mod upload;
 
 pub use service::{Running, Service, ServiceError, bind, start, start_on};

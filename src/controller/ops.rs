@@ -43,6 +43,21 @@ impl Service {
         why: String,
         drain: bool,
     ) -> Result<Body, ApiError> {
+        super::upload::check_inline(&mesh)?;
+        self.apply_model(actor, id, mesh, why, drain, None).await
+    }
+
+    /// [`Service::apply`] of `mesh`, inline (`staged` is `None`: the model goes in the proposal)
+    /// or staged as an upload (decision 0185: the proposal names the upload and its digest).
+    pub(crate) async fn apply_model(
+        &self,
+        actor: &str,
+        id: RequestId,
+        mesh: Mesh,
+        why: String,
+        drain: bool,
+        staged: Option<super::upload::Staged>,
+    ) -> Result<Body, ApiError> {
         validate(&mesh).map_err(|e| ApiError::Invalid(format!("{e}\nnothing was stored")))?;
         let mut attempt = 0;
         let (revision, settings_ignored, draining) = loop {
@@ -56,11 +71,13 @@ impl Service {
                 .with(&state, |work| should_be_changes(&state, work.cache(), &mesh))??;
             let command = Command::Once {
                 request: id,
-                command: Box::new(Command::ApplyModel {
+                command: Box::new(super::upload::apply_command(
+                    staged,
                     mesh,
-                    why: why.clone(),
+                    &draining,
+                    why.clone(),
                     changes,
-                }),
+                )),
             };
             match self
                 .propose_outcome(term, Some(state.revision), actor, command)
@@ -108,7 +125,7 @@ impl Service {
                 settings_answer(scope, first)
             }
             (
-                Request::Apply { .. },
+                Request::Apply { .. } | Request::ApplyUpload { .. },
                 Applied::Model {
                     revision,
                     settings_ignored,

@@ -562,6 +562,31 @@ impl Service {
             Request::CertsReload => self.reload_certs().map(Body::CertsReloaded),
             Request::CertsList => self.certs_view().map(Body::Certs),
             Request::CertsRevoke { target, why } => self.revoke(actor, id, target, why).await,
+            Request::ApplyChunk {
+                upload,
+                index,
+                chunks_total,
+                bytes_total,
+                bytes,
+            } => {
+                let chunk = super::upload::ChunkRequest {
+                    upload,
+                    index,
+                    chunks_total,
+                    bytes_total,
+                    bytes,
+                };
+                self.apply_chunk(actor, chunk).await
+            }
+            Request::ApplyUpload {
+                upload,
+                digest,
+                why,
+                drain,
+            } => {
+                self.apply_upload(actor, id, upload, digest, why, drain)
+                    .await
+            }
         }
     }
 
