@@ -10,14 +10,14 @@ use anyhow::{Context as _, anyhow, bail};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use mesh::cli::context::{ContextFile, ContextTls};
 use mesh::cli::init::{InitArgs, Layout, host_port_default, layout, write};
-use mesh::cli::procs::{Guarded, free_ports};
+use mesh::cli::procs::{Guarded, free_ports, free_tcp_ports};
 use mesh::core::meshfile::parse_mesh;
 
 pub mod netns;
@@ -93,6 +93,8 @@ pub struct Bed {
     bins: Binaries,
     replicas: BTreeMap<u64, Guarded>,
     hosts: BTreeMap<String, Guarded>,
+    /// Replica id → its status page (`http` in its replica.toml), for a [`Bed::start_with_pages`] bed.
+    pages: BTreeMap<u64, SocketAddr>,
     /// Process (`replica-<id>`, `host-<m>`, `meshctl`) → the command put before it
     /// (`ip netns exec <ns>`); empty on loopback.
     prefix: BTreeMap<String, Vec<String>>,
@@ -106,6 +108,21 @@ impl Bed {
     /// Writes a mesh for `machines` with genesis from `mesh_text`, then starts `replicas` meshd
     /// and one mesh-host per machine.
     pub fn start(bins: Binaries, replicas: u64, mesh_text: &str) -> anyhow::Result<Bed> {
+        Bed::start_loopback(bins, replicas, mesh_text, false)
+    }
+
+    /// Like [`Bed::start`], every replica also serving its status page and `/metrics` on a free
+    /// loopback TCP port (`http` in its replica.toml, as `meshctl dev` does); see [`Bed::page`].
+    pub fn start_with_pages(bins: Binaries, replicas: u64, mesh_text: &str) -> anyhow::Result<Bed> {
+        Bed::start_loopback(bins, replicas, mesh_text, true)
+    }
+
+    fn start_loopback(
+        bins: Binaries,
+        replicas: u64,
+        mesh_text: &str,
+        pages: bool,
+    ) -> anyhow::Result<Bed> {
         let mesh = parse_mesh("bed.toml", mesh_text).map_err(|e| anyhow!("bed mesh: {e}"))?;
         let machines: Vec<String> = mesh.machines.keys().cloned().collect();
         let tmp = tempfile::tempdir().context("bed temp dir")?;
@@ -121,7 +138,7 @@ impl Bed {
             mesh: Some(mesh),
             operator: "bed".into(),
         };
-        Bed::launch(bins, layout, mesh_text, tmp, None)
+        Bed::launch(bins, layout, mesh_text, tmp, None, pages)
     }
 
     /// Like [`Bed::start`], every process in its own network namespace on one bridge (see
@@ -162,7 +179,7 @@ impl Bed {
         let specs: Vec<(&str, Vec<IpAddr>)> =
             nodes.iter().map(|(n, a)| (n.as_str(), a.clone())).collect();
         let fabric = netns::Fabric::create(&specs)?;
-        Bed::launch(bins, layout, mesh_text, tmp, Some(fabric))
+        Bed::launch(bins, layout, mesh_text, tmp, Some(fabric), false)
     }
 
     /// Writes `layout` and starts every process (in the fabric's namespaces when there is one).
@@ -172,9 +189,23 @@ impl Bed {
         mesh_text: &str,
         tmp: tempfile::TempDir,
         fabric: Option<netns::Fabric>,
+        pages: bool,
     ) -> anyhow::Result<Bed> {
         let written = write(&layout)?;
         let dir = layout.dir.clone();
+        let mut page_addrs = BTreeMap::new();
+        if pages {
+            let ports = free_tcp_ports(layout.replicas.len())?;
+            for ((id, _), port) in layout.replicas.iter().zip(ports) {
+                let addr = SocketAddr::from(([127, 0, 0, 1], port));
+                let file = dir.join(format!("replica-{id}.toml"));
+                let text = std::fs::read_to_string(&file).context("read replica config")?;
+                // A top-level key goes before the first table.
+                std::fs::write(&file, format!("http = \"{addr}\"\n{text}"))
+                    .context("write replica config")?;
+                page_addrs.insert(*id, addr);
+            }
+        }
         std::fs::write(dir.join("mesh.toml"), mesh_text).context("write bed mesh")?;
         std::fs::create_dir_all(dir.join("logs")).context("logs dir")?;
         let mut prefix = BTreeMap::new();
@@ -198,6 +229,7 @@ impl Bed {
             bins,
             replicas: BTreeMap::new(),
             hosts: BTreeMap::new(),
+            pages: page_addrs,
             prefix,
             fabric,
             _tmp: tmp,
@@ -267,6 +299,11 @@ impl Bed {
             }
         };
         Ok(child)
+    }
+
+    /// Where replica `id` serves its status page, on a [`Bed::start_with_pages`] bed.
+    pub fn page(&self, id: u64) -> Option<SocketAddr> {
+        self.pages.get(&id).copied()
     }
 
     /// The namespaces of a [`Bed::start_netns`] bed (to cut and heal links), `None` on loopback.
