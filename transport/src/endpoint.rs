@@ -642,6 +642,23 @@ impl Endpoint {
         Ok(slot)
     }
 
+    /// The live connection to `peer` (dialled if needed) once the expected principal answers
+    /// there; the bool says it was reused. For the streamed requests of `stream.rs`.
+    pub(crate) async fn connection_to(
+        &self,
+        peer: &Peer,
+        deadline: Instant,
+    ) -> Result<(Connection, bool), TransportError> {
+        let (conn, principal, reused) = self.connection(peer.addr, deadline).await?;
+        check_expected(peer, &principal)?;
+        Ok((conn, reused))
+    }
+
+    /// Drops the connection to `addr`: the next message dials afresh.
+    pub(crate) async fn forget(&self, addr: SocketAddr) {
+        self.forget_connection(addr).await;
+    }
+
     async fn forget_connection(&self, addr: SocketAddr) {
         let Ok(slot) = self.slot(addr) else { return };
         // Bounded: if a dial holds the slot, that dial will replace the connection anyway.

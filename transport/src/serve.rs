@@ -30,6 +30,19 @@ pub trait Handler: Send + Sync + 'static {
         body: Vec<u8>,
     ) -> BoxFuture<'_, Result<Vec<u8>, String>>;
 
+    /// Answers a request whose caller asked for a streamed answer (decision 0190): chunks offered
+    /// to `sink` reach the caller while this runs, then the answer. By default one answer only.
+    fn request_streamed(
+        &self,
+        from: Principal,
+        kind: MessageKind,
+        body: Vec<u8>,
+        sink: crate::stream::Sink,
+    ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
+        drop(sink);
+        self.request(from, kind, body)
+    }
+
     /// Takes a one-way message; nothing goes back.
     fn one_way(&self, from: Principal, kind: MessageKind, body: Vec<u8>) -> BoxFuture<'_, ()>;
 }
@@ -261,6 +274,26 @@ async fn serve_request(
 ) {
     let response: Response = match read_checked(&mut recv, addr, &permissions, &context).await {
         Ok(_) if context.faults.is_cut_off(addr) => return stay_silent(&context).await,
+        Ok(header)
+            if crate::stream::may_stream(&header.kind)
+                && crate::stream::asked(&mut recv, context.config.request_timeout()).await =>
+        {
+            context
+                .counters
+                .requests_served
+                .fetch_add(1, Ordering::Relaxed);
+            let from = permissions.principal().clone();
+            let max = context.config.frame_bytes_max();
+            let (sink, rx) = crate::stream::Sink::open(max);
+            let job = context
+                .handler
+                .request_streamed(from, header.kind, header.body, sink);
+            let timeout = context.config.request_timeout();
+            match crate::stream::serve(&mut send, addr, max, timeout, rx, job).await {
+                Some(response) => response,
+                None => return,
+            }
+        }
         Ok(header) => {
             context
                 .counters
