@@ -104,8 +104,10 @@ async fn run(config: PathBuf) -> anyhow::Result<()> {
     let running = mesh::controller::start_on(config, endpoint, Arc::new(clock))
         .await
         .context("starting the replica")?;
+    let mut fatal = None;
     loop {
         tokio::select! {
+            reason = running.failed() => { fatal = Some(reason); break }
             _ = terminate.recv() => { tracing::info!("SIGTERM: stopping"); break }
             _ = interrupt.recv() => { tracing::info!("SIGINT: stopping"); break }
             // Reload the certificate, key and CA set (decision 0170); a failure is logged and
@@ -116,7 +118,16 @@ async fn run(config: PathBuf) -> anyhow::Result<()> {
             }
         }
     }
-    match running.shutdown().await.context("stopping the replica")? {
+    let stopped = running.shutdown().await;
+    if let Some(reason) = fatal {
+        // Stopped after a fatal error: exit non-zero whatever the shutdown said, so a service
+        // manager sees the failure and an operator finds the reason in the last lines.
+        if let Err(e) = &stopped {
+            tracing::error!(error = %e, "stopping after the fatal error also failed");
+        }
+        anyhow::bail!("replica stopped on a fatal error: {reason}");
+    }
+    match stopped.context("stopping the replica")? {
         Some(done) => tracing::info!("stopped: leadership {done}"),
         None => tracing::info!("stopped"),
     }

@@ -106,6 +106,9 @@ pub struct Service {
     pub(crate) metrics: Metrics,
     /// The backup `snapshot save` is reading chunk by chunk (one at a time).
     pub(crate) backup: std::sync::Mutex<Option<super::ops::Backup>>,
+    /// Set once when the replica can no longer keep its promises (a storage or floor-file
+    /// failure, openraft stopped): meshd stops on it (decision 0183).
+    pub(crate) fatal: tokio::sync::watch::Sender<Option<String>>,
 }
 
 /// A started replica: the service and the tasks around it. Call [`Running::shutdown`] to stop it.
@@ -213,6 +216,7 @@ pub async fn start_on(
         pushing: tokio::sync::Mutex::new(()),
         metrics: Metrics::new(),
         backup: std::sync::Mutex::new(None),
+        fatal: tokio::sync::watch::Sender::new(None),
     });
     let http = match service.config.http() {
         Some(addr) => Some(super::http::HttpServer::start(addr, Arc::downgrade(&service)).await?),
@@ -250,17 +254,28 @@ async fn keep_floor(service: Weak<Service>, dir: std::path::PathBuf, mut written
     };
     while metrics.changed().await.is_ok() {
         let Some(s) = service.upgrade() else { return };
+        if let Some(fatal) = s.replica.metrics().borrow().running_state.as_ref().err() {
+            s.fail(format!("openraft stopped: {fatal}"));
+            return;
+        }
         let floor = match s.app.state() {
             Ok(state) => state.epoch_floor,
             Err(e) => {
-                tracing::error!(error = %e, "cannot read the epoch floor from the store");
-                continue;
+                s.fail(format!("cannot read the epoch floor from the store: {e}"));
+                return;
             }
         };
         if floor > written {
             match write_floor(&dir, floor) {
                 Ok(()) => written = floor,
-                Err(e) => tracing::error!(error = %e, floor, "cannot write the epoch floor file"),
+                // Without the file, a store restored from an old disk could reuse an epoch (G9).
+                Err(e) => {
+                    s.fail(format!(
+                        "cannot write the epoch floor file in {} (floor {floor}): {e}",
+                        dir.display()
+                    ));
+                    return;
+                }
             }
         }
         // A leader below the floor cannot push: move above it now (G9, decision 0151).
@@ -271,6 +286,14 @@ async fn keep_floor(service: Weak<Service>, dir: std::path::PathBuf, mut written
         if below && let Err(e) = s.replica.raise_term_above(floor).await {
             tracing::warn!(replica = s.id, floor, error = %e, "leader below the epoch floor");
         }
+    }
+    // The metrics end only when openraft's core stopped; shutdown aborts this task before.
+    if let Some(s) = service.upgrade() {
+        let why = match &metrics.borrow().running_state {
+            Err(fatal) => format!("openraft stopped: {fatal}"),
+            Ok(()) => "openraft stopped without saying why".to_string(),
+        };
+        s.fail(why);
     }
 }
 
@@ -325,6 +348,20 @@ impl Running {
     /// The service, for tests and the binary.
     pub fn service(&self) -> &Arc<Service> {
         &self.service
+    }
+
+    /// Waits until the replica fails fatally (decision 0183) and says why; pending forever
+    /// otherwise.
+    pub async fn failed(&self) -> String {
+        let mut fatal = self.service.fatal.subscribe();
+        loop {
+            if let Some(reason) = fatal.borrow_and_update().clone() {
+                return reason;
+            }
+            if fatal.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// Hands leadership to an up-to-date follower when leading (decision 0152), stops serving,
@@ -389,6 +426,27 @@ impl Service {
         &self.config
     }
 
+    /// Stops the replica for good: logs `reason` as fatal once and tells whoever waits on
+    /// [`Running::failed`] (meshd stops with a non-zero exit). A replica that cannot read its store
+    /// or keep its epoch floor must not go on answering as if it could.
+    pub(crate) fn fail(&self, reason: String) {
+        let first = self.fatal.send_if_modified(|slot| {
+            if slot.is_some() {
+                return false;
+            }
+            *slot = Some(reason.clone());
+            true
+        });
+        if first {
+            tracing::error!(replica = self.id, %reason, "FATAL: the replica stops");
+        }
+    }
+
+    /// Why the replica failed fatally, if it did.
+    pub fn fatal(&self) -> Option<String> {
+        self.fatal.borrow().clone()
+    }
+
     /// The store-reset message found at start (G9), if any.
     pub fn store_reset(&self) -> Option<&str> {
         self.store_reset.as_deref()
@@ -408,9 +466,11 @@ impl Service {
 
     /// The domain state as an immutable snapshot (shared, not copied).
     pub(crate) fn state(&self) -> Result<Arc<DomainState>, ApiError> {
-        self.app
-            .state()
-            .map_err(|e| ApiError::Failed(format!("cannot read the domain state: {e}")))
+        self.app.state().map_err(|e| {
+            let reason = format!("cannot read the domain state: {e}");
+            self.fail(reason.clone());
+            ApiError::Failed(format!("{reason}; the replica stops"))
+        })
     }
 
     /// The term this replica leads in, for a write that only changes the replicated state: its
