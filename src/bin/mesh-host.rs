@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
+use mesh::host::metrics::MetricsServer;
 use mesh::host::{Agent, HostConfig, HostError, QuicSink, listener};
 use mesh::logging::LogFormat;
 
@@ -72,6 +73,10 @@ async fn main() -> anyhow::Result<()> {
                 .context("the endpoint was already serving")?;
             tracing::info!(machine = %agent.config().name(), listen = %endpoint.local_addr(),
                 "listening for envelopes");
+            let metrics = match agent.config().http() {
+                Some(addr) => Some(MetricsServer::start(addr, &agent).await?),
+                None => None,
+            };
             let reconcile = {
                 let agent = Arc::clone(&agent);
                 tokio::spawn(async move { agent.reconcile(stop_rx).await })
@@ -81,7 +86,11 @@ async fn main() -> anyhow::Result<()> {
                 interrupt: &mut interrupt,
                 hangup: &mut hangup,
             };
-            run(signals, &endpoint, agent.config(), reconcile, fatal).await
+            let ran = run(signals, &endpoint, agent.config(), reconcile, fatal).await;
+            if let Some(metrics) = metrics {
+                metrics.stop().await;
+            }
+            ran
         }
     };
     let _ = stop_tx.send(true);

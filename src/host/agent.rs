@@ -12,6 +12,7 @@ use super::config::HostConfig;
 use super::durable;
 use super::layout::Layout;
 use super::leftovers;
+use super::metrics::{EnvelopeCounters, ReportCounters};
 use super::reporter::{ReportError, ReportSink, Reporter};
 use super::runtime::{ApplyOutcome, Runtime};
 use super::state::{AppliedRecord, RefusalCounts, StateError, StateFiles};
@@ -107,6 +108,8 @@ pub struct Agent {
     board: Board,
     /// The module states of the last report queued, so a change is reported once.
     reported: std::sync::Mutex<Shape>,
+    /// What became of envelopes, for `/metrics`.
+    envelopes: EnvelopeCounters,
 }
 
 impl Agent {
@@ -139,6 +142,7 @@ impl Agent {
             reporter,
             board: runtime.board(),
             reported: std::sync::Mutex::new(Vec::new()),
+            envelopes: EnvelopeCounters::new(),
             inner: Mutex::new(Inner {
                 high_water,
                 applied,
@@ -214,6 +218,7 @@ impl Agent {
             return Err(HostError::ShuttingDown);
         }
         let result = self.accept(&mut inner, wire).await;
+        self.envelopes.count(&result);
         if let Err(e) = &result
             && e.is_fatal()
         {
@@ -357,6 +362,27 @@ impl Agent {
 
     pub fn config(&self) -> &HostConfig {
         &self.config
+    }
+
+    /// The envelope counters `/metrics` reports.
+    pub fn envelope_counters(&self) -> &EnvelopeCounters {
+        &self.envelopes
+    }
+
+    /// The report counters `/metrics` reports.
+    pub fn report_counters(&self) -> &ReportCounters {
+        self.reporter.counters()
+    }
+
+    /// Every module's status as of now, from the board (no state lock: a scrape never waits for
+    /// an apply).
+    pub fn modules_now(&self) -> Vec<ModuleStatus> {
+        self.board.snapshot()
+    }
+
+    /// Reports in the on-disk queue.
+    pub fn reports_queued(&self) -> Result<usize, ReportError> {
+        self.reporter.queued()
     }
 
     fn check(&self, inner: &Inner, envelope: &Envelope) -> Result<(), DeclarationRefusal> {

@@ -62,6 +62,8 @@ pub struct HostConfig {
     listen: SocketAddr,
     /// Where replicas reach this host (`hosts.<name>` in their configs), when the config says.
     advertise: Option<SocketAddr>,
+    /// Where `/metrics` is served over HTTP; off when absent.
+    http: Option<SocketAddr>,
     /// Controller replica addresses, `host:port`.
     replicas: Vec<String>,
     reconcile_interval: Duration,
@@ -80,6 +82,7 @@ struct RawConfig {
     mounts_root: Option<PathBuf>,
     listen: String,
     advertise: Option<String>,
+    http: Option<String>,
     #[serde(default)]
     replicas: Vec<String>,
     reconcile_interval_ms: Option<u64>,
@@ -130,6 +133,10 @@ impl HostConfig {
             Some(text) => Some(check_advertise(text).map_err(|p| invalid("advertise", p))?),
             None => None,
         };
+        let http = match &raw.http {
+            Some(text) => Some(parse_http(text).map_err(|p| invalid("http", p))?),
+            None => None,
+        };
         if raw.replicas.len() > replicas_max {
             return Err(invalid(
                 "replicas",
@@ -167,6 +174,7 @@ impl HostConfig {
             mounts_root: resolve(raw.mounts_root.unwrap_or_else(|| PathBuf::from("/"))),
             listen,
             advertise,
+            http,
             replicas: raw.replicas,
             reconcile_interval: Duration::from_millis(interval_ms),
             tls: raw.tls.map(|t| TlsPaths {
@@ -204,6 +212,11 @@ impl HostConfig {
     /// Where replicas reach this host, when the config says (for the log and the operator).
     pub fn advertise(&self) -> Option<SocketAddr> {
         self.advertise
+    }
+
+    /// Where `/metrics` is served over HTTP (`http` in host.toml), if anywhere.
+    pub fn http(&self) -> Option<SocketAddr> {
+        self.http
     }
 
     /// Controller replica addresses, `host:port`.
@@ -257,6 +270,23 @@ fn check_replica(listen: SocketAddr, address: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `http`: `ip:port`, or a bare port meaning loopback (metrics stay on the machine unless an
+/// address says otherwise). Port 0 is refused: a scraper could not know where to look.
+fn parse_http(text: &str) -> Result<SocketAddr, String> {
+    let addr = match text.parse::<u16>() {
+        Ok(port) => SocketAddr::from(([127, 0, 0, 1], port)),
+        Err(_) => text.parse::<SocketAddr>().map_err(|e| {
+            format!("`{text}` is not a port or an ip:port address ({e}); write `9200` (loopback) or `10.0.0.5:9200`")
+        })?,
+    };
+    if addr.port() == 0 {
+        return Err(format!(
+            "`{text}` has port 0, which would move on every start; pick a fixed port"
+        ));
+    }
+    Ok(addr)
 }
 
 fn check_advertise(text: &str) -> Result<SocketAddr, String> {
@@ -323,6 +353,26 @@ mod tests {
         assert_eq!(c.mounts_root, PathBuf::from("/"));
         assert_eq!(c.reconcile_interval, Duration::from_millis(10_000));
         assert_eq!(c.trusted.len(), 1);
+    }
+
+    #[test]
+    fn http_is_off_by_default_loopback_for_a_bare_port_and_refuses_port_0() {
+        // Issue 13 part 4: mesh-host's /metrics listens only when `http` says, on loopback
+        // unless an address is given.
+        let f = Path::new("h.toml");
+        let b = Path::new(".");
+        let c = HostConfig::parse(&text(""), f, b).expect("valid");
+        assert_eq!(c.http(), None);
+        let c = HostConfig::parse(&text("http = \"9200\""), f, b).expect("valid");
+        assert_eq!(c.http(), Some(SocketAddr::from(([127, 0, 0, 1], 9200))));
+        let c = HostConfig::parse(&text("http = \"10.0.0.5:9200\""), f, b).expect("valid");
+        assert_eq!(c.http(), Some(SocketAddr::from(([10, 0, 0, 5], 9200))));
+        for bad in ["0", "127.0.0.1:0", "nine", "10.0.0.5"] {
+            let e = HostConfig::parse(&text(&format!("http = \"{bad}\"")), f, b)
+                .expect_err("refused")
+                .to_string();
+            assert!(e.contains("`http`") && e.contains("h.toml"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod layout;
 pub mod leftovers;
 pub mod listener;
 pub mod logs;
+pub mod metrics;
 pub mod probe;
 pub mod reporter;
 pub mod runtime;

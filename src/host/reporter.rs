@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 
 use super::durable::{self, StorageError};
+use super::metrics::ReportCounters;
 use crate::core::report::Report;
 
 /// Most reports kept waiting for the sink; beyond it the oldest is dropped.
@@ -65,6 +66,8 @@ pub struct Reporter {
     delivering: Mutex<()>,
     dropped: AtomicU64,
     queue_max: usize,
+    /// The same events for `/metrics`.
+    counters: ReportCounters,
 }
 
 impl Reporter {
@@ -96,12 +99,18 @@ impl Reporter {
             delivering: Mutex::new(()),
             dropped: AtomicU64::new(0),
             queue_max,
+            counters: ReportCounters::default(),
         })
     }
 
     /// Reports dropped from a full queue (or refused by a controller) since this host started.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// What became of reports, for `/metrics`.
+    pub fn counters(&self) -> &ReportCounters {
+        &self.counters
     }
 
     /// Reports waiting for the sink.
@@ -124,6 +133,7 @@ impl Reporter {
         let bytes = mesh_codec::encode("report", &report)
             .map_err(|e| ReportError::Encode(e.to_string()))?;
         durable::write_atomic(&self.queue_path(next), &bytes, report_file_mode)?;
+        self.counters.queued();
         self.trim()?;
         Ok(report)
     }
@@ -150,15 +160,18 @@ impl Reporter {
                 Ok(Ok(())) => {
                     durable::remove_if_present(&path)?;
                     delivered += 1;
+                    self.counters.delivered();
                 }
                 Ok(Err(SinkError::Rejected(reason))) => {
                     self.drop_one(&path, &format!("controller refused it: {reason}"))?;
                 }
                 Ok(Err(SinkError::Unavailable(reason))) => {
+                    self.counters.failed();
                     tracing::debug!(report_sequence = report.report_sequence, %reason, "report stays queued");
                     break;
                 }
                 Err(_) => {
+                    self.counters.failed();
                     tracing::debug!(
                         report_sequence = report.report_sequence,
                         "report delivery timed out; stays queued"
@@ -186,6 +199,7 @@ impl Reporter {
     fn drop_one(&self, path: &Path, why: &str) -> Result<(), ReportError> {
         durable::remove_if_present(path)?;
         let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+        self.counters.dropped();
         tracing::warn!(path = %path.display(), why, dropped, "report dropped");
         Ok(())
     }

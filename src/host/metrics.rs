@@ -1,0 +1,447 @@
+//! mesh-host's own `/metrics` (issue 13 part 4), on the optional `http` address of host.toml:
+//! envelopes received, accepted and refused by reason; reports queued, delivered, failed (a
+//! delivery that did not get through and stays queued) and dropped; the report queue's length;
+//! modules by state and their restarts. Counters are bumped where the work happens
+//! ([`EnvelopeCounters`] by the agent, [`ReportCounters`] by the reporter); module states and the
+//! queue are read at scrape time. Encoded by prometheus-client in the text exposition format,
+//! as meshd's (`src/controller/metrics.rs`), and served by a small read-only HTTP/1.1 server with
+//! every wait bounded (`/metrics`, `/healthz`; nothing else, nothing that changes state).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::agent::{Agent, Applied, HostError};
+use crate::core::envelope::Refusal;
+use crate::core::report::ModuleStatus;
+
+/// One label, fixed at compile time: no label value ever comes from input.
+type Label = [(&'static str, &'static str); 1];
+
+/// Most HTTP connections served at once; more are closed at accept.
+pub const http_connections_max: usize = 8;
+/// How long a client gets to send its request headers.
+pub const http_header_read_ms: u64 = 5_000;
+/// How long one connection may last, request and answer together.
+pub const http_connection_ms_max: u64 = 10_000;
+/// Pause after a failed accept (out of file descriptors, say) before the next.
+pub const http_accept_retry_ms: u64 = 100;
+/// The content type of `/metrics`, as meshd's.
+pub const metrics_content_type: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Why an envelope was refused, as the `reason` label: one word per kind of refusal.
+pub const refusal_reasons: [&str; 8] = [
+    "malformed",
+    "unknown_signer",
+    "bad_signature",
+    "wrong_machine",
+    "older",
+    "declaration",
+    "stopping",
+    "error",
+];
+
+/// Every module state's word, as the `state` label (`ModuleState::word`).
+pub const module_states: [&str; 6] = [
+    "starting", "waiting", "ready", "running", "failed", "stopped",
+];
+
+/// What happened to envelopes; shared (cheap clones of the same atomics) by the agent, which
+/// counts, and [`HostMetrics`], which reports.
+#[derive(Clone, Debug, Default)]
+pub struct EnvelopeCounters {
+    received: Counter,
+    accepted: Counter,
+    refused: Family<Label, Counter>,
+}
+
+impl EnvelopeCounters {
+    pub fn new() -> EnvelopeCounters {
+        let c = EnvelopeCounters::default();
+        for reason in refusal_reasons {
+            let _ = c.refused.get_or_create(&[("reason", reason)]);
+        }
+        c
+    }
+
+    /// Counts one envelope by how [`Agent::receive`] ended.
+    pub fn count(&self, result: &Result<Applied, HostError>) {
+        self.received.inc();
+        match result {
+            Ok(_) => {
+                self.accepted.inc();
+            }
+            Err(e) => {
+                self.refused
+                    .get_or_create(&[("reason", refusal_reason(e))])
+                    .inc();
+            }
+        }
+    }
+}
+
+/// The `reason` label of a refused envelope.
+pub fn refusal_reason(error: &HostError) -> &'static str {
+    match error {
+        HostError::Refused(Refusal::Malformed(_)) => "malformed",
+        HostError::Refused(Refusal::UnknownSigner(_)) => "unknown_signer",
+        HostError::Refused(Refusal::BadSignature(_)) => "bad_signature",
+        HostError::Refused(Refusal::WrongMachine { .. }) => "wrong_machine",
+        HostError::Refused(Refusal::Older { .. }) => "older",
+        HostError::Declaration { .. } => "declaration",
+        HostError::ShuttingDown => "stopping",
+        HostError::State(_) | HostError::Report(_) | HostError::Genesis { .. } => "error",
+    }
+}
+
+/// What happened to reports, counted by the reporter.
+#[derive(Clone, Debug, Default)]
+pub struct ReportCounters {
+    queued: Counter,
+    delivered: Counter,
+    failed: Counter,
+    dropped: Counter,
+}
+
+impl ReportCounters {
+    /// A report numbered and written to the queue.
+    pub fn queued(&self) {
+        self.queued.inc();
+    }
+
+    /// A report a replica took.
+    pub fn delivered(&self) {
+        self.delivered.inc();
+    }
+
+    /// A delivery that did not get through (no replica answered, or too late); it stays queued.
+    pub fn failed(&self) {
+        self.failed.inc();
+    }
+
+    /// A report gone without delivery: the queue was full, a controller refused it, or it was
+    /// unreadable.
+    pub fn dropped(&self) {
+        self.dropped.inc();
+    }
+}
+
+/// Every metric of one host.
+pub struct HostMetrics {
+    registry: Registry,
+    modules: Family<Label, Gauge>,
+    restarts: Gauge,
+    queue: Gauge,
+}
+
+impl HostMetrics {
+    /// The registry over `envelopes` and `reports` (the agent's counters) and the gauges filled
+    /// at scrape time.
+    pub fn new(envelopes: &EnvelopeCounters, reports: &ReportCounters) -> HostMetrics {
+        let mut m = HostMetrics {
+            registry: Registry::default(),
+            modules: Family::default(),
+            restarts: Gauge::default(),
+            queue: Gauge::default(),
+        };
+        let r = &mut m.registry;
+        r.register(
+            "mesh_host_envelopes_received",
+            "Envelopes this host was given (from replicas, and a genesis), whatever became of them",
+            envelopes.received.clone(),
+        );
+        r.register(
+            "mesh_host_envelopes_accepted",
+            "Envelopes verified, newer than the high-water mark and applied",
+            envelopes.accepted.clone(),
+        );
+        r.register(
+            "mesh_host_envelopes_refused",
+            "Envelopes refused, by reason: malformed, unknown_signer, bad_signature, wrong_machine, older (not above the high-water mark), declaration (a declaration this host cannot apply), stopping, error (state trouble)",
+            envelopes.refused.clone(),
+        );
+        r.register(
+            "mesh_host_reports_queued",
+            "Reports numbered and written to the on-disk queue",
+            reports.queued.clone(),
+        );
+        r.register(
+            "mesh_host_reports_delivered",
+            "Reports a controller replica took",
+            reports.delivered.clone(),
+        );
+        r.register(
+            "mesh_host_reports_failed",
+            "Deliveries that did not get through (no replica answered in time); the report stays queued",
+            reports.failed.clone(),
+        );
+        r.register(
+            "mesh_host_reports_dropped",
+            "Reports gone without delivery: the queue was full, a controller refused one, or one was unreadable",
+            reports.dropped.clone(),
+        );
+        r.register(
+            "mesh_host_report_queue",
+            "Reports in the on-disk queue waiting for a replica",
+            m.queue.clone(),
+        );
+        r.register(
+            "mesh_host_modules",
+            "Modules of the declaration in force, by state: starting, waiting, ready, running, failed, stopped",
+            m.modules.clone(),
+        );
+        r.register(
+            "mesh_host_module_restarts",
+            "Restarts of the modules now supervised, summed (a module's count starts again when a declaration restarts it)",
+            m.restarts.clone(),
+        );
+        for state in module_states {
+            let _ = m.modules.get_or_create(&[("state", state)]);
+        }
+        m
+    }
+
+    /// The text exposition, with `modules` and the queue length as of now.
+    pub fn encode(
+        &self,
+        modules: &[ModuleStatus],
+        queued: usize,
+    ) -> Result<String, std::fmt::Error> {
+        for state in module_states {
+            let count = modules.iter().filter(|m| m.state.word() == state).count();
+            self.modules
+                .get_or_create(&[("state", state)])
+                .set(gauge_value(count as u64));
+        }
+        let restarts: u64 = modules.iter().map(|m| u64::from(m.restarts)).sum();
+        self.restarts.set(gauge_value(restarts));
+        self.queue.set(gauge_value(queued as u64));
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+fn gauge_value(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Why the metrics server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error(
+        "cannot listen for HTTP on {addr} (`http` in host.toml): {source}; pick a free port or remove `http`"
+    )]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// The running server; [`MetricsServer::stop`] ends it and every connection it has open.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+struct Scrape {
+    agent: Weak<Agent>,
+    metrics: HostMetrics,
+}
+
+impl MetricsServer {
+    /// Listens on `addr` and serves `agent`'s metrics (held weakly: a scrape never keeps a
+    /// stopping host alive).
+    pub async fn start(
+        addr: SocketAddr,
+        agent: &Arc<Agent>,
+    ) -> Result<MetricsServer, MetricsError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| MetricsError::Bind { addr, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| MetricsError::Bind { addr, source })?;
+        let metrics = HostMetrics::new(agent.envelope_counters(), agent.report_counters());
+        let scrape = Arc::new(Scrape {
+            agent: Arc::downgrade(agent),
+            metrics,
+        });
+        tracing::info!(%addr, "serving /metrics over HTTP");
+        let task = tokio::spawn(accept(listener, scrape));
+        Ok(MetricsServer { addr, task })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting and drops every open connection.
+    pub async fn stop(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+async fn accept(listener: TcpListener, scrape: Arc<Scrape>) {
+    let limit = Arc::new(Semaphore::new(http_connections_max));
+    // Owned here, so aborting this task ends every connection too.
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => match Arc::clone(&limit).try_acquire_owned() {
+                    Ok(permit) => {
+                        connections.spawn(connection(stream, Arc::clone(&scrape), permit));
+                    }
+                    Err(_) => tracing::warn!(
+                        limit = http_connections_max,
+                        "HTTP connection refused: too many open"
+                    ),
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "HTTP accept failed");
+                    tokio::time::sleep(Duration::from_millis(http_accept_retry_ms)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+async fn connection(stream: TcpStream, scrape: Arc<Scrape>, _permit: OwnedSemaphorePermit) {
+    let serve = hyper::service::service_fn(move |request| {
+        let scrape = Arc::clone(&scrape);
+        async move { Ok::<_, Infallible>(respond(&scrape, request)) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(http_header_read_ms))
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), serve);
+    let limit = Duration::from_millis(http_connection_ms_max);
+    match tokio::time::timeout(limit, conn).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "HTTP connection ended with an error"),
+        Err(_) => tracing::debug!(ms = http_connection_ms_max, "HTTP connection timed out"),
+    }
+}
+
+fn respond(scrape: &Scrape, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "read-only: GET only\n");
+    }
+    let Some(agent) = scrape.agent.upgrade() else {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "mesh-host is stopping\n");
+    };
+    match request.uri().path() {
+        "/metrics" => {
+            let queued = match agent.reports_queued() {
+                Ok(n) => n,
+                Err(e) => {
+                    return text(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        &format!("cannot count the report queue: {e}\n"),
+                    );
+                }
+            };
+            match scrape.metrics.encode(&agent.modules_now(), queued) {
+                Ok(body) => with_type(StatusCode::OK, body, metrics_content_type),
+                Err(e) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("cannot encode the metrics: {e}\n"),
+                ),
+            }
+        }
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found; mesh-host serves /metrics and /healthz\n",
+        ),
+    }
+}
+
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    with_type(status, body.to_string(), "text/plain; charset=utf-8")
+}
+
+fn with_type(
+    status: StatusCode,
+    body: String,
+    content_type: &'static str,
+) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::report::ModuleState;
+
+    fn module(name: &str, state: ModuleState, restarts: u32) -> ModuleStatus {
+        ModuleStatus {
+            name: name.into(),
+            state,
+            restarts,
+            pid: None,
+            last_exit: None,
+        }
+    }
+
+    #[test]
+    fn every_series_exists_from_the_start_and_modules_are_counted_by_state() {
+        let envelopes = EnvelopeCounters::new();
+        let reports = ReportCounters::default();
+        let m = HostMetrics::new(&envelopes, &reports);
+        envelopes.count(&Err(HostError::ShuttingDown));
+        reports.queued();
+        let modules = [
+            module("a", ModuleState::Ready, 2),
+            module("b", ModuleState::Ready, 0),
+            module(
+                "c",
+                ModuleState::Failed {
+                    error: "exit 3".into(),
+                },
+                5,
+            ),
+        ];
+        let text = m.encode(&modules, 4).expect("encode");
+        for line in [
+            "mesh_host_envelopes_received_total 1",
+            "mesh_host_envelopes_accepted_total 0",
+            "mesh_host_envelopes_refused_total{reason=\"stopping\"} 1",
+            "mesh_host_envelopes_refused_total{reason=\"older\"} 0",
+            "mesh_host_reports_queued_total 1",
+            "mesh_host_reports_delivered_total 0",
+            "mesh_host_report_queue 4",
+            "mesh_host_modules{state=\"ready\"} 2",
+            "mesh_host_modules{state=\"failed\"} 1",
+            "mesh_host_modules{state=\"waiting\"} 0",
+            "mesh_host_module_restarts 7",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
+    }
+}
