@@ -102,6 +102,7 @@ impl LogStore {
         }
         // A tail entry is newer than a disk entry at its index (re-appended after a truncation).
         entries.extend(tail);
+        no_hole(&entries)?;
         Ok(entries.into_values().collect())
     }
 
@@ -155,6 +156,25 @@ impl LogStore {
         let state = txn.open_table(tables::RAFT_STATE)?;
         get(&state, key, what)
     }
+}
+
+/// Refuses entries read with a hole between two of them. openraft checks only the first and last
+/// entry of a range it applies, so a hole would be applied as if it were not there and panic its
+/// core (issue 11 part 6, decision 0200); the store says what is wrong instead.
+fn no_hole(entries: &BTreeMap<u64, Entry>) -> Result<(), StoreError> {
+    let mut indexes = entries.keys().copied();
+    let Some(mut before) = indexes.next() else {
+        return Ok(());
+    };
+    for index in indexes {
+        if before.checked_add(1) != Some(index) {
+            return Err(StoreError::Invalid(format!(
+                "the raft log holds entries {before} and {index} with nothing between; the store is damaged: move it aside and start the replica on an empty store, or restore it from a snapshot"
+            )));
+        }
+        before = index;
+    }
+    Ok(())
 }
 
 /// Writes `value` under `key` of `raft_state` in its own transaction.
