@@ -149,6 +149,17 @@ impl Faults {
         peers.get(&peer).map_or(0, |f| f.held.len())
     }
 
+    /// Messages held for `peer` whose sender still waits for them (has not given up).
+    pub fn held_waiting(&self, peer: SocketAddr) -> usize {
+        let peers = self
+            .peers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        peers
+            .get(&peer)
+            .map_or(0, |f| f.held.iter().filter(|h| !h.go.is_closed()).count())
+    }
+
     /// Messages dropped by the hooks since the endpoint started.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
