@@ -12,6 +12,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+
+/// The allocator meshd runs with (decision 0184), so the memory figures are meshd's.
+#[global_allocator]
+static allocator: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+/// jemalloc's settings, read at its start: a background thread returns freed pages after a second
+/// instead of at the next allocation (decision 0184). A thin pointer to a NUL-terminated string,
+/// as jemalloc's `malloc_conf` is a `const char *`.
+// SAFETY: jemalloc reads this symbol once, as a C string; it is NUL-terminated and immutable.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static malloc_conf: &[u8; 60] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 use ed25519_dalek::SigningKey;
 use mesh::controller::api::{Answer, Body, PushOutcome, PushTarget, Request};
 use mesh::controller::config::{ReplicaConfig, ReplicaConfigFile, TlsFile, write_signing_key};
@@ -40,6 +50,8 @@ const kill_runs: usize = 20;
 const push_hosts: [usize; 3] = [100, 300, 1_000];
 const memory_machines: usize = 10_000;
 const memory_modules_per_machine: usize = 10;
+/// How long the memory section waits, idle, before its settled RSS figure.
+const settle_s: u64 = 5;
 /// How long any awaited condition (a leader, reports) may take before the bench gives up.
 const wait_deadline_ms: u64 = 120_000;
 const request_timeout_ms: u64 = 120_000;
@@ -1097,30 +1109,39 @@ async fn memory() -> Result<()> {
     let bed = Bed::start(1, 0, raft, 1).await?;
     bed.wait_leader(&[1], 0).await?;
     let (rss1, _) = rss_kib();
-    let request = {
-        let mesh = big_mesh();
-        Request::Apply {
-            mesh,
-            why: "bench memory".into(),
-            drain: false,
+    // As meshctl sends it: a model over one request's size goes as an upload (decision 0185).
+    let sending = mesh::cli::apply::requests_for(big_mesh(), "bench memory".into(), false)
+        .map_err(|e| anyhow!("{e}"))?;
+    let requests = match sending {
+        mesh::cli::apply::Sending::Inline(request) => vec![request],
+        mesh::cli::apply::Sending::Upload { chunks, apply, .. } => {
+            chunks.into_iter().chain([apply]).collect()
         }
     };
-    let bytes = mesh_codec::encode("request", &request)?.len();
+    let mut bytes = 0;
+    for request in &requests {
+        bytes += mesh_codec::encode("request", request)?.len();
+    }
     println!(
-        "memory: model {memory_machines} machines x {memory_modules_per_machine} modules, apply request {:.1} MiB encoded",
-        bytes as f64 / (1 << 20) as f64
+        "memory: model {memory_machines} machines x {memory_modules_per_machine} modules, {:.1} MiB encoded in {} requests",
+        bytes as f64 / (1 << 20) as f64,
+        requests.len()
     );
-    let applied = bed.ok(1, &request).await;
-    drop(request);
-    if let Err(e) = applied {
-        println!("memory: the model was not applied: {e}");
-        return bed.shutdown().await;
+    for request in requests {
+        if let Err(e) = bed.ok(1, &request).await {
+            println!("memory: the model was not applied: {e}");
+            return bed.shutdown().await;
+        }
     }
     let (rss2, _) = rss_kib();
     // Status composes every machine (the leader's compose cache), as the first push would.
     let status = bed.ok(1, &Request::Status).await?;
     drop(status);
     let (rss3, hwm) = rss_kib();
+    // What it holds once idle: an allocator hands freed pages back on its own schedule.
+    tokio::time::sleep(Duration::from_secs(settle_s)).await;
+    let (settled, _) = rss_kib();
+    println!("memory: RSS {settle_s} s after status, idle: {} MiB", settled / 1024);
     let rss4 = trimmed_rss_kib();
     println!(
         "memory: RSS before start {} MiB, replica started {} MiB, model applied {} MiB, status composed {} MiB (peak {} MiB), after malloc_trim {} MiB, load {}",
