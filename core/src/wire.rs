@@ -10,6 +10,9 @@
 //!   [`ReportReply`]. A replica refuses at the transport level (handler `Err`) only a report that
 //!   will never be taken, whoever is asked (undecodable, wrong machine); the host drops it. Anything
 //!   that may pass (no leader yet, not the leader, store busy) is a [`ReportReply::NotLeader`].
+//! - `MessageKind::Logs` request (replicas only, G10): body = an encoded [`LogsAsk`]. Answer: an
+//!   encoded [`LogsAnswer`], bounded by [`log_lines_max`] lines and [`log_answer_bytes_max`]
+//!   bytes; a handler `Err` names what is wrong (no such module) in one line.
 
 use serde::{Deserialize, Serialize};
 
@@ -124,4 +127,75 @@ mod tests {
         assert_eq!(err.frame, "ace");
         assert!(err.to_string().contains("g14"), "{err}");
     }
+}
+
+/// Codec label of an encoded [`LogsAsk`].
+pub const logs_ask_what: &str = "logs request";
+/// Codec label of an encoded [`LogsAnswer`].
+pub const logs_answer_what: &str = "logs answer";
+/// Most lines one answer carries per module stream.
+pub const log_lines_max: u32 = 10_000;
+/// Most bytes of log text one answer carries, over all its chunks.
+pub const log_answer_bytes_max: u64 = 1024 * 1024;
+/// A longer line is cut here (at a character boundary) and marked with `…`.
+pub const log_line_bytes_max: usize = 16 * 1024;
+/// Most cursors one ask may carry (two streams of each module a machine may run).
+pub const log_cursors_max: usize = 1024;
+
+/// Which output of a module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum LogStream {
+    Stdout,
+    Stderr,
+}
+
+impl LogStream {
+    /// `stdout` or `stderr`, as in the log file's name.
+    pub fn word(self) -> &'static str {
+        match self {
+            LogStream::Stdout => "stdout",
+            LogStream::Stderr => "stderr",
+        }
+    }
+}
+
+/// Where a reader got to in one module stream: the byte offset after the last line it has.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogCursor {
+    pub module: String,
+    pub stream: LogStream,
+    pub offset: u64,
+}
+
+/// What a replica asks a host for on behalf of `meshctl logs`: the last `lines` of each stream
+/// of `module` (every module when `None`), or, for a stream that has a cursor in `from`, the
+/// lines after it (`--follow`), at most `lines` of them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogsAsk {
+    pub module: Option<String>,
+    pub lines: u32,
+    pub from: Vec<LogCursor>,
+}
+
+/// Complete lines of one module stream, from byte `start` to byte `end` of its log file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogChunk {
+    pub module: String,
+    pub stream: LogStream,
+    pub start: u64,
+    /// The cursor for the next ask.
+    pub end: u64,
+    pub lines: Vec<String>,
+    /// More complete lines follow `end` already: ask again at once.
+    pub more: bool,
+    /// The file was rotated (or truncated) since the cursor: these lines start the new file, and
+    /// what the old one got after the cursor is not shown.
+    pub rotated: bool,
+}
+
+/// A host's answer: a chunk per module stream asked about, in module then stream order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogsAnswer {
+    pub machine: String,
+    pub chunks: Vec<LogChunk>,
 }

@@ -1,6 +1,8 @@
 //! The host's side of QUIC: envelopes that passed the transport's writers table (G10: only
 //! replicas may send them) go to [`Agent::receive`], and the outcome goes back as an
-//! [`EnvelopeReply`]. Everything else a permitted peer may send a host is refused by name.
+//! [`EnvelopeReply`]; a replica's log request (`MessageKind::Logs`, for `meshctl logs`) is answered
+//! from the modules' log files ([`super::logs::answer`]). Everything else a permitted peer may send
+//! a host is refused by name.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,7 +16,9 @@ use super::agent::{Agent, Applied, HostError};
 use super::config::HostConfig;
 use super::durable::{self, StorageError};
 use crate::core::envelope::Refusal;
-use crate::core::wire::{EnvelopeReply, envelope_reply_what};
+use crate::core::wire::{
+    EnvelopeReply, LogsAsk, envelope_reply_what, logs_answer_what, logs_ask_what,
+};
 
 /// Fatal errors waiting for the process to notice; one is enough to stop it.
 pub const fatal_depth_max: usize = 1;
@@ -174,6 +178,28 @@ impl EnvelopeHandler {
     }
 }
 
+impl EnvelopeHandler {
+    /// The modules of the declaration in force: their logs, and no other file, may be read.
+    async fn logs(&self, body: Vec<u8>) -> Result<Vec<u8>, String> {
+        let ask: LogsAsk = mesh_codec::decode(logs_ask_what, &body)
+            .map_err(|e| format!("mesh-host could not read the log request: {e}"))?;
+        let modules: Vec<String> = match self.agent.applied().await {
+            Some((_, declaration)) => declaration.modules.iter().map(|m| m.name.clone()).collect(),
+            None => Vec::new(),
+        };
+        let root = self.agent.config().root().to_path_buf();
+        let machine = self.agent.config().name().to_string();
+        let answer = tokio::task::spawn_blocking(move || {
+            super::logs::answer(&root, &machine, &modules, &ask)
+        })
+        .await
+        .map_err(|e| format!("mesh-host's log reader stopped: {e}"))?
+        .map_err(|e| e.to_string())?;
+        mesh_codec::encode(logs_answer_what, &answer)
+            .map_err(|e| format!("mesh-host could not encode its answer: {e}"))
+    }
+}
+
 impl Handler for EnvelopeHandler {
     fn request(
         &self,
@@ -184,8 +210,9 @@ impl Handler for EnvelopeHandler {
         Box::pin(async move {
             match kind {
                 MessageKind::Envelope => self.envelope(from, body).await,
+                MessageKind::Logs => self.logs(body).await,
                 other => Err(format!(
-                    "mesh-host answers only envelopes, not {other}; send it to a controller replica"
+                    "mesh-host answers only envelopes and log requests, not {other}; send it to a controller replica"
                 )),
             }
         })

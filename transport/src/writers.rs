@@ -20,6 +20,9 @@ pub enum MessageKind {
     Command,
     /// An operator command relayed by a follower replica to the leader.
     Forward,
+    /// A replica asking a host for its modules' output (`meshctl logs`, relayed: operators never
+    /// dial hosts).
+    Logs,
 }
 
 impl fmt::Display for MessageKind {
@@ -30,6 +33,7 @@ impl fmt::Display for MessageKind {
             MessageKind::Report { machine } => write!(f, "report for machine {machine}"),
             MessageKind::Command => write!(f, "command"),
             MessageKind::Forward => write!(f, "forward"),
+            MessageKind::Logs => write!(f, "logs"),
         }
     }
 }
@@ -68,17 +72,20 @@ impl Permissions {
         use MessageKind as K;
         use Principal as P;
         let refusal: Option<&'static str> = match (&self.principal, kind) {
-            (P::Replica(_), K::Raft | K::Envelope | K::Forward) => None,
+            (P::Replica(_), K::Raft | K::Envelope | K::Forward | K::Logs) => None,
             (P::Replica(_), K::Report { .. }) => Some("only a host writes its own reports"),
             (P::Replica(_), K::Command) => {
                 Some("replicas relay operator commands as forward, never issue them")
             }
             (P::Host(name), K::Report { machine }) if name == machine => None,
             (P::Host(_), K::Report { .. }) => Some("a host writes only its own machine's reports"),
-            (P::Host(_), K::Raft | K::Envelope | K::Forward | K::Command) => {
+            (P::Host(_), K::Raft | K::Envelope | K::Forward | K::Command | K::Logs) => {
                 Some("a host may only send its own reports")
             }
             (P::Operator(_), K::Command) => None,
+            (P::Operator(_), K::Logs) => {
+                Some("an operator asks a replica for logs (`meshctl logs`), which asks the host")
+            }
             (P::Operator(_), K::Raft | K::Envelope | K::Forward | K::Report { .. }) => {
                 Some("an operator may only send commands")
             }
@@ -110,6 +117,7 @@ mod tests {
             },
             MessageKind::Command,
             MessageKind::Forward,
+            MessageKind::Logs,
         ]
     }
 
@@ -117,18 +125,18 @@ mod tests {
     fn writers_table_allows_exactly_each_principals_own_kinds() {
         // G10: one writer per subject, checked for every message kind against every principal kind.
         let expected_table = [
-            // raft, envelope, report(ace), report(g14), command, forward
+            // raft, envelope, report(ace), report(g14), command, forward, logs
             (
                 Principal::Replica(1),
-                [true, true, false, false, false, true],
+                [true, true, false, false, false, true, true],
             ),
             (
                 Principal::Host("ace".into()),
-                [false, false, true, false, false, false],
+                [false, false, true, false, false, false, false],
             ),
             (
                 Principal::Operator("alice".into()),
-                [false, false, false, false, true, false],
+                [false, false, false, false, true, false, false],
             ),
         ];
         for (principal, row) in &expected_table {
