@@ -343,6 +343,26 @@ fn push_json_tags_every_outcome_with_its_kind() {
 }
 
 #[test]
+fn push_json_streams_one_event_document_per_line_before_the_answer() {
+    // Decision 0190: `push --json` prints `begin`, then a `line` per machine as it settles, each
+    // one document on its own line; the answer document (pinned by `push`) comes last.
+    use mesh::cli::push::Live;
+    use mesh::controller::api::PushEvent;
+    let view = push_view();
+    let mut live = Live::new(true, false);
+    let mut out = Vec::new();
+    let machines = view.lines.iter().map(|l| l.machine.clone()).collect();
+    live.event(PushEvent::Begin { epoch: 3, machines }, &mut out);
+    live.event(PushEvent::Line(view.lines[0].clone()), &mut out);
+    let text = String::from_utf8(out).expect("utf-8");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_matches_fixture("push_event_begin", lines[0]);
+    assert_matches_fixture("push_event_line", lines[1]);
+    assert_eq!(live.rest(via().expect("via"), &view), "", "the answer document is printed apart");
+}
+
+#[test]
 fn push_wait_json_adds_how_each_machine_settled() {
     let status = status_view();
     let waited = vec![

@@ -2,13 +2,14 @@
 //! replicas in id order until one answers (G13: any replica will do; a follower forwards).
 
 use mesh_transport::{
-    Endpoint, Identity, MessageKind, Peer, PkiError, Principal, TransportConfig, TransportError,
+    Endpoint, Identity, MessageKind, Part, Peer, PkiError, Principal, TransportConfig,
+    TransportError,
 };
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::context::Context;
-use crate::controller::api::{Answer, Call, Request};
+use crate::controller::api::{Answer, Call, PushEvent, Request, push_event_what};
 
 /// How long to wait for a replica to complete a handshake before trying the next one.
 pub const dial_timeout_ms: u64 = 3_000;
@@ -89,8 +90,34 @@ pub fn ask(context: &Context, request: &Request) -> Result<Answer, ClientError> 
     runtime.block_on(ask_async(context, request))
 }
 
+/// [`ask`], asking for a streamed answer: each event the replica sends before its answer goes
+/// to `events` as it arrives (a push's lines, decision 0190). A replica that answers once (an
+/// older one) sends none; the answer carries everything either way.
+pub fn ask_streamed(
+    context: &Context,
+    request: &Request,
+    events: Events<'_>,
+) -> Result<Answer, ClientError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ClientError::Runtime)?;
+    runtime.block_on(ask_inner(context, request, Some(events)))
+}
+
+/// Where the events of a streamed answer go.
+pub type Events<'a> = &'a mut (dyn FnMut(PushEvent) + Send);
+
 /// [`ask`] inside a running tokio runtime.
 pub async fn ask_async(context: &Context, request: &Request) -> Result<Answer, ClientError> {
+    ask_inner(context, request, None).await
+}
+
+async fn ask_inner<'e>(
+    context: &Context,
+    request: &Request,
+    mut events: Option<&mut (dyn FnMut(PushEvent) + Send + 'e)>,
+) -> Result<Answer, ClientError> {
     let ctx_name = context.path.display().to_string();
     let identity = load_identity(context)?;
     let call = Call::new(request.clone()).ok_or_else(|| {
@@ -113,7 +140,8 @@ pub async fn ask_async(context: &Context, request: &Request) -> Result<Answer, C
                 ep
             }
         };
-        match ask_one(&ep, id, addr, body.clone(), may_ask_again(request)).await {
+        let again = may_ask_again(request);
+        match ask_one(&ep, id, addr, body.clone(), again, events.as_deref_mut()).await {
             Ok(answer) => {
                 ep.close().await;
                 return Ok(answer);
@@ -164,12 +192,13 @@ fn may_ask_again(request: &Request) -> bool {
     )
 }
 
-async fn ask_one(
+async fn ask_one<'e>(
     ep: &Endpoint,
     id: u64,
     addr: SocketAddr,
     body: Vec<u8>,
     again: bool,
+    events: Option<&mut (dyn FnMut(PushEvent) + Send + 'e)>,
 ) -> Result<Answer, Attempt> {
     // A short handshake first, so a dead replica costs seconds, not the whole request timeout.
     let dial = Duration::from_millis(dial_timeout_ms);
@@ -178,7 +207,11 @@ async fn ask_one(
         .map_err(|e| Attempt::Next(e.to_string()))?;
     let peer = Peer::expecting(addr, Principal::Replica(id));
     let timeout = Duration::from_millis(request_timeout_ms);
-    let bytes = match ep.request(peer, MessageKind::Command, body, timeout).await {
+    let sent = match events {
+        Some(events) => ask_stream(ep, peer, body, timeout, events).await,
+        None => ep.request(peer, MessageKind::Command, body, timeout).await,
+    };
+    let bytes = match sent {
         Ok(bytes) => bytes,
         Err(TransportError::Refused { reason, .. }) => {
             return Err(Attempt::Final(ClientError::Refused { id, addr, reason }));
@@ -200,6 +233,34 @@ async fn ask_one(
             reason: e.to_string(),
         })
     })
+}
+
+/// Longest wait for the next part of a streamed answer: a push's first event comes once the
+/// leader has the push lock (it waits up to a minute for the push before it) and a lease round.
+pub const stream_idle_ms: u64 = crate::controller::relay::stream_idle_ms;
+
+/// Sends `body` asking for a streamed answer and hands each event to `events` as it comes.
+async fn ask_stream<'e>(
+    ep: &Endpoint,
+    peer: Peer,
+    body: Vec<u8>,
+    timeout: Duration,
+    events: &mut (dyn FnMut(PushEvent) + Send + 'e),
+) -> Result<Vec<u8>, TransportError> {
+    let idle = Duration::from_millis(stream_idle_ms).min(timeout);
+    let mut answer = ep
+        .request_stream(peer, MessageKind::Command, body, timeout, idle)
+        .await?;
+    loop {
+        match answer.next().await? {
+            Part::Chunk(chunk) => match mesh_codec::decode::<PushEvent>(push_event_what, &chunk) {
+                Ok(event) => events(event),
+                // A newer replica's event: the answer carries what it said.
+                Err(e) => tracing::debug!(error = %e, "an event meshctl cannot read was skipped"),
+            },
+            Part::Answer(bytes) => return Ok(bytes),
+        }
+    }
 }
 
 /// Where the one client endpoint binds, port 0 (the OS picks): `[::]` when any replica is on IPv6,

@@ -11,8 +11,8 @@ use super::push::{WaitOutcome, Waited};
 use super::render::Via;
 use super::{CliError, Output};
 use crate::controller::api::{
-    ApiError, HistoryItem, MachineView, PlanView, PlannedChange, PushLine, PushOutcome, PushTarget,
-    PushView, ReplicaView, SettingsView, StatusView,
+    ApiError, HistoryItem, MachineView, PlanView, PlannedChange, PushEvent, PushLine, PushOutcome,
+    PushTarget, PushView, ReplicaView, SettingsView, StatusView,
 };
 use crate::core::report::{Exit, Health, ModuleState, ModuleStatus};
 use crate::core::settings::{Layer, Scope};
@@ -631,6 +631,49 @@ pub struct WaitJson {
     /// For a timeout, what was seen last.
     pub detail: Option<String>,
     pub modules: Vec<ModuleJson>,
+}
+
+/// `push --json` prints one of these per event as it happens, before the answer document:
+/// `{"schema", "event": {"kind": "begin" | "line", …}}` (decision 0190).
+#[derive(Debug, Serialize)]
+pub struct EventDocument<T: Serialize> {
+    pub schema: &'static str,
+    pub event: T,
+}
+
+/// A streamed push's event, tagged `kind`.
+#[derive(Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum PushEventJson {
+    /// The push planned: every machine it will print a line for, sends then holds.
+    Begin { epoch: u64, machines: Vec<String> },
+    /// One machine settled; the same entry the answer's `machines` holds for it.
+    Line { line: PushMachineJson },
+}
+
+impl From<&PushEvent> for PushEventJson {
+    fn from(e: &PushEvent) -> PushEventJson {
+        match e {
+            PushEvent::Begin { epoch, machines } => PushEventJson::Begin {
+                epoch: *epoch,
+                machines: machines.clone(),
+            },
+            PushEvent::Line(line) => PushEventJson::Line {
+                line: PushMachineJson::from(line),
+            },
+        }
+    }
+}
+
+/// The event document of `event`, on one line.
+pub fn push_event_document(event: &PushEvent) -> Result<String, CliError> {
+    let doc = EventDocument {
+        schema,
+        event: PushEventJson::from(event),
+    };
+    let text =
+        serde_json::to_string(&doc).map_err(|e| CliError::Render(format!("as JSON: {e}")))?;
+    Ok(format!("{text}\n"))
 }
 
 impl PushJson {

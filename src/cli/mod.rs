@@ -13,6 +13,7 @@ pub mod help;
 pub mod history;
 pub mod init;
 pub mod json;
+pub mod logs;
 pub mod machines;
 pub mod plan;
 pub mod procs;
@@ -96,6 +97,9 @@ pub enum Command {
     /// Certificates: renew, reload, list, revoke.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
+    /// Module output from a machine, read by its mesh-host through a replica: the last
+    /// `--lines` of each stream, then new lines with `--follow`.
+    Logs(logs::LogsArgs),
     /// Write load through the operator API, shaped like `etcdctl check perf`: `--load s|m|l|xl`;
     /// prints writes/s, p50, p99, slowest and stddev, exits 1 below the load's target.
     Bench(bench::BenchArgs),
@@ -123,6 +127,7 @@ impl Command {
             | Command::Dev(_)
             | Command::Machines(_)
             | Command::Certs(_)
+            | Command::Logs(_)
             | Command::Bench(_)
             | Command::Completions(_)
             | Command::Help(_) => false,
@@ -236,6 +241,7 @@ fn run_command(cli: Cli) -> Result<Output, CliError> {
         Command::Snapshot(cmd) => snapshot::run(ctx.as_deref(), &cmd),
         Command::Machines(cmd) => machines::run(ctx.as_deref(), &cmd),
         Command::Certs(cmd) => certs::run(ctx.as_deref(), &cmd),
+        Command::Logs(args) => logs::run(ctx.as_deref(), &args),
         Command::Bench(args) => bench::run(ctx.as_deref(), &args),
         Command::Completions(args) => help::completions(args.shell).map(Output::done),
         Command::Help(args) => help::help(&args).map(Output::done),

@@ -1,11 +1,14 @@
 //! `meshctl push`: send declarations to one machine (and what it cascades to, G1), to every machine
-//! that is `--behind`, or to `--all`. One line per machine; exit 1 if any send was not confirmed
-//! applied (failed, refused, or sent without an answer), else 3 if anything was held. A bare push
-//! and a push without `--why` are refused here (G7). With `--wait`, meshctl then polls `status`
-//! until every machine sent reports its modules for that send ready, or any failing (exit 4), or
-//! the timeout passes (exit 5); it judges nothing itself: the replica sums up each report's health.
+//! that is `--behind`, or to `--all`. One line per machine, printed the moment the replica streams
+//! it (decision 0190; a progress line on stderr when it is a terminal), then a summary; exit 1 if
+//! any send was not confirmed applied (failed, refused, or sent without an answer), else 3 if
+//! anything was held. A bare push and a push without `--why` are refused here (G7). With `--wait`,
+//! meshctl then polls `status` until every machine sent reports its modules for that send ready,
+//! or any failing (exit 4), or the timeout passes (exit 5); it judges nothing itself: the replica
+//! sums up each report's health.
 
-use std::io::Write;
+use std::collections::BTreeSet;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -16,7 +19,7 @@ use super::{
     CliError, Output, exit_done, exit_failed, exit_held, exit_module_failed, exit_wait_timeout,
 };
 use crate::controller::api::{
-    Body, MachineView, PushLine, PushOutcome, PushTarget, PushView, Request, StatusView,
+    Body, MachineView, PushEvent, PushLine, PushOutcome, PushTarget, PushView, Request, StatusView,
 };
 use crate::core::report::{Settled, settled};
 
@@ -26,6 +29,8 @@ pub const wait_ms_default: u64 = 60_000;
 pub const wait_ms_max: u64 = 3_600_000;
 /// Pause between two `status` polls while waiting.
 pub const wait_poll_ms: u64 = 250;
+/// A push to at least this many machines shows a progress line on a terminal (stderr).
+pub const progress_machines_min: usize = 5;
 
 const push_help: &str = "Exit codes: 0 every machine sent applied it (and with --wait, reported \
 its modules ready); 1 a send was not confirmed applied: failed (no [hosts] address, the push \
@@ -126,26 +131,32 @@ pub fn request(args: &PushArgs) -> Result<Request, CliError> {
 
 pub fn run(ctx: Option<&Path>, args: &PushArgs) -> Result<Output, CliError> {
     let request = request(args)?;
-    let (via, body) = render::ask(ctx, &request)?;
+    let context = super::context::resolve(ctx)?;
+    // Each machine's line is printed the moment the replica sends it (decision 0190).
+    let mut live = Live::new(args.json, std::io::stderr().is_terminal());
+    let answer = {
+        let mut events = |event: PushEvent| live.event(event, &mut std::io::stdout());
+        super::client::ask_streamed(&context, &request, &mut events)
+    };
+    live.clear_progress();
+    let (via, body) = render::split(answer?)?;
     let Body::Push(view) = body else {
         return Err(render::unexpected(via, "push", &body));
     };
+    let rest = live.rest(via, &view);
     let Some(timeout) = args.wait else {
         let code = exit_code(&view, None);
         if args.json {
             return json::output(Some(via), json::PushJson::new(&view, None), code);
         }
-        return Ok(Output {
-            text: render_text(via, &view),
-            code,
-        });
+        return Ok(Output { text: rest, code });
     };
     let waited = if args.json {
         wait(ctx, &view, timeout, &mut std::io::sink())
     } else {
         let mut stdout = std::io::stdout().lock();
         // The push's own lines first: the wait may take a while.
-        let _ = stdout.write_all(render_text(via, &view).as_bytes());
+        let _ = stdout.write_all(rest.as_bytes());
         let _ = stdout.flush();
         wait(ctx, &view, timeout, &mut stdout)
     };
@@ -370,7 +381,8 @@ fn wait_line(w: &Waited, width: usize) -> String {
     }
 }
 
-/// The lines `push` prints: one per machine, holds with the command that releases them.
+/// The lines `push` prints: one per machine, holds with the command that releases them, then
+/// the summary line.
 pub fn render_text(via: Via, v: &PushView) -> String {
     let mut out = format!("push at epoch {}\n", v.epoch);
     if v.lines.is_empty() {
@@ -380,8 +392,181 @@ pub fn render_text(via: Via, v: &PushView) -> String {
     for line in &v.lines {
         out.push_str(&push_line(line, width));
     }
+    out.push_str(&summary_line(v));
     out.push_str(&via.note());
     out
+}
+
+/// `pushed 3 machines: 2 applied, 1 held`.
+pub fn summary_line(v: &PushView) -> String {
+    let mut counts = [0usize; 5];
+    for l in &v.lines {
+        counts[kind_index(&l.outcome)] += 1;
+    }
+    let names = [
+        "applied",
+        "sent, not confirmed",
+        "held",
+        "refused",
+        "failed",
+    ];
+    let parts: Vec<String> = counts
+        .iter()
+        .zip(names)
+        .filter(|(n, _)| **n > 0)
+        .map(|(n, name)| format!("{n} {name}"))
+        .collect();
+    if parts.is_empty() {
+        return "pushed 0 machines\n".into();
+    }
+    let n = v.lines.len();
+    let machines = if n == 1 { "machine" } else { "machines" };
+    format!("pushed {n} {machines}: {}\n", parts.join(", "))
+}
+
+fn kind_index(o: &PushOutcome) -> usize {
+    match o {
+        PushOutcome::Applied { .. } => 0,
+        PushOutcome::Sent { .. } => 1,
+        PushOutcome::Held { .. } => 2,
+        PushOutcome::Refused { .. } => 3,
+        PushOutcome::Failed { .. } => 4,
+    }
+}
+
+/// What a streamed push has printed so far: the header and each machine's line as it came (or,
+/// with `--json`, one event document per line), and a progress line on a terminal.
+pub struct Live {
+    json: bool,
+    /// Where the progress line goes: stderr when it is a terminal, else nowhere.
+    progress: Option<Box<dyn Write + Send>>,
+    header: bool,
+    width: usize,
+    total: usize,
+    printed: BTreeSet<String>,
+    counts: [usize; 5],
+    progress_shown: bool,
+}
+
+impl Live {
+    /// `terminal`: stderr is one, so a push to many machines shows its progress there.
+    pub fn new(json: bool, terminal: bool) -> Live {
+        let progress: Option<Box<dyn Write + Send>> = match terminal {
+            true => Some(Box::new(std::io::stderr())),
+            false => None,
+        };
+        Live::with_progress(json, progress)
+    }
+
+    /// [`Live::new`] with the progress line written to `progress`.
+    pub fn with_progress(json: bool, progress: Option<Box<dyn Write + Send>>) -> Live {
+        Live {
+            json,
+            progress,
+            header: false,
+            width: 0,
+            total: 0,
+            printed: BTreeSet::new(),
+            counts: [0; 5],
+            progress_shown: false,
+        }
+    }
+
+    /// Prints one event to `out` (stdout) as it arrives.
+    pub fn event(&mut self, event: PushEvent, out: &mut dyn Write) {
+        self.clear_progress();
+        if self.json
+            && let Ok(line) = json::push_event_document(&event)
+        {
+            let _ = out.write_all(line.as_bytes());
+        }
+        match event {
+            PushEvent::Begin { epoch, machines } => {
+                self.width = machines.iter().map(String::len).max().unwrap_or(0);
+                self.total = machines.len();
+                if !self.json && !self.header {
+                    let _ = writeln!(out, "push at epoch {epoch}");
+                }
+                self.header = true;
+            }
+            PushEvent::Line(line) => {
+                if !self.printed.insert(line.machine.clone()) {
+                    return;
+                }
+                self.counts[kind_index(&line.outcome)] += 1;
+                if !self.json {
+                    let _ = out.write_all(push_line(&line, self.width).as_bytes());
+                }
+            }
+        }
+        let _ = out.flush();
+        self.show_progress();
+    }
+
+    fn show_progress(&mut self) {
+        if self.total < progress_machines_min {
+            return;
+        }
+        let [applied, sent, held, refused, failed] = self.counts;
+        let done = self.printed.len();
+        let total = self.total;
+        let Some(err) = self.progress.as_mut() else {
+            return;
+        };
+        let _ = write!(
+            err,
+            "\r[{done}/{total}] {applied} applied, {sent} sent, {held} held, {refused} refused, {failed} failed"
+        );
+        let _ = err.flush();
+        self.progress_shown = true;
+    }
+
+    /// Takes the progress line off the terminal (before a line, and at the end).
+    pub fn clear_progress(&mut self) {
+        if self.progress_shown
+            && let Some(err) = self.progress.as_mut()
+        {
+            let _ = write!(err, "\r\x1b[2K");
+            let _ = err.flush();
+            self.progress_shown = false;
+        }
+    }
+
+    /// What is left to print once the answer came: the header if no event came (an older
+    /// replica answers once), the lines the stream skipped, the summary line and who answered.
+    /// Empty with `--json` (the answer document follows).
+    pub fn rest(&self, via: Via, v: &PushView) -> String {
+        if self.json {
+            return String::new();
+        }
+        if !self.header && self.printed.is_empty() {
+            return render_text(via, v);
+        }
+        let mut out = String::new();
+        if v.lines.is_empty() {
+            out.push_str("nothing to send: every machine named is up to date\n");
+        }
+        let width = self
+            .width
+            .max(v.lines.iter().map(|l| l.machine.len()).max().unwrap_or(0));
+        let missed: Vec<&PushLine> = v
+            .lines
+            .iter()
+            .filter(|l| !self.printed.contains(&l.machine))
+            .collect();
+        if !missed.is_empty() && !self.printed.is_empty() {
+            out.push_str(&format!(
+                "({} line(s) not streamed in time, from the answer:)\n",
+                missed.len()
+            ));
+        }
+        for line in missed {
+            out.push_str(&push_line(line, width));
+        }
+        out.push_str(&summary_line(v));
+        out.push_str(&via.note());
+        out
+    }
 }
 
 fn push_line(l: &PushLine, width: usize) -> String {
@@ -548,6 +733,105 @@ mod tests {
             last: "no report".into(),
         };
         assert_eq!(exit_code(&view, Some(&[waited(late)])), 1);
+    }
+
+    #[test]
+    fn streamed_text_prints_each_line_once_as_it_comes_then_the_skipped_ones_and_the_summary() {
+        // Issue 13: each line is printed the moment it arrives; a line the stream skipped is
+        // printed from the answer, none twice, then the summary line.
+        let d = Digest([3; 32]);
+        let line = |m: &str| PushLine {
+            machine: m.into(),
+            outcome: PushOutcome::Applied {
+                reason: "named".into(),
+                sequence: 1,
+                digest: d,
+            },
+        };
+        let view = PushView {
+            epoch: 4,
+            lines: vec![line("ace"), line("g14"), line("novox")],
+        };
+        let via = Via {
+            replica: 2,
+            forwarded_by: None,
+        };
+        let mut live = Live::new(false, false);
+        let mut out = Vec::new();
+        let machines = vec!["ace".into(), "g14".into(), "novox".into()];
+        live.event(PushEvent::Begin { epoch: 4, machines }, &mut out);
+        live.event(PushEvent::Line(line("g14")), &mut out);
+        live.event(PushEvent::Line(line("g14")), &mut out);
+        let streamed = String::from_utf8(out).expect("utf-8");
+        assert_eq!(
+            streamed,
+            format!("push at epoch 4\n{}", push_line(&line("g14"), 5))
+        );
+        let rest = live.rest(via, &view);
+        assert!(rest.contains("2 line(s) not streamed in time"), "{rest}");
+        assert!(!rest.contains("g14"), "printed twice: {rest}");
+        assert!(rest.contains("ace ") && rest.contains("novox"), "{rest}");
+        assert!(rest.contains("pushed 3 machines: 3 applied\n"), "{rest}");
+        // An older replica sends no events: everything comes from the answer.
+        let old = Live::new(false, false).rest(via, &view);
+        assert_eq!(old, render_text(via, &view));
+    }
+
+    /// A writer tests read back.
+    #[derive(Clone, Default)]
+    struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_push_to_many_machines_keeps_a_progress_line_cleared_before_each_line_and_at_the_end() {
+        // Issue 13: the progress line is only for pushes to many machines, on the terminal
+        // (stderr), and never left mixed into a line on stdout.
+        let line = |m: &str| PushLine {
+            machine: m.into(),
+            outcome: PushOutcome::Failed {
+                reason: "named".into(),
+                error: "no address".into(),
+            },
+        };
+        let err = Shared::default();
+        let mut live = Live::with_progress(false, Some(Box::new(err.clone())));
+        let mut out = Vec::new();
+        let machines: Vec<String> = (0..progress_machines_min)
+            .map(|i| format!("m{i}"))
+            .collect();
+        live.event(PushEvent::Begin { epoch: 1, machines }, &mut out);
+        live.event(PushEvent::Line(line("m0")), &mut out);
+        live.clear_progress();
+        let shown = String::from_utf8(err.0.lock().expect("lock").clone()).expect("utf-8");
+        let clear = "\r\x1b[2K";
+        assert_eq!(
+            shown,
+            format!(
+                "\r[0/5] 0 applied, 0 sent, 0 held, 0 refused, 0 failed{clear}\r[1/5] 0 applied, 0 sent, 0 held, 0 refused, 1 failed{clear}"
+            )
+        );
+        // Fewer machines: no progress line at all.
+        let err = Shared::default();
+        let mut live = Live::with_progress(false, Some(Box::new(err.clone())));
+        let few = vec!["m0".to_string()];
+        live.event(
+            PushEvent::Begin {
+                epoch: 1,
+                machines: few,
+            },
+            &mut out,
+        );
+        live.event(PushEvent::Line(line("m0")), &mut out);
+        assert!(err.0.lock().expect("lock").is_empty());
     }
 
     #[test]

@@ -9,9 +9,10 @@ use crate::core::declaration::Digest;
 use crate::core::model::Mesh;
 use crate::core::report::{Health, ModuleStatus};
 use crate::core::settings::{Layer, Scope};
+pub use crate::core::wire::{LogsAnswer, LogsAsk};
 pub use crate::store::command::RequestId;
-pub use crate::store::staging::{Chunk, UploadId, upload_chunk_bytes, upload_chunk_bytes_max};
 use crate::store::command::{HeldMount, ModelChange, SendRecord, SettingsChange};
+pub use crate::store::staging::{Chunk, UploadId, upload_chunk_bytes, upload_chunk_bytes_max};
 
 /// What `meshctl` sends: a request with the id it keeps across retries, so a request asked again
 /// (of another replica, after a lost answer) is answered with its first outcome, not run twice.
@@ -119,6 +120,9 @@ pub enum Request {
         why: String,
         drain: bool,
     },
+    /// `meshctl logs`: the replica asked relays `ask` to `machine`'s mesh-host and answers with
+    /// what it read (`controller/logs.rs`). Answered by the replica asked.
+    Logs { machine: String, ask: LogsAsk },
 }
 
 /// What a push is aimed at. A bare push (no machine, no flag) never reaches the wire: meshctl refuses it.
@@ -197,6 +201,8 @@ pub enum Body {
         received: u32,
         chunks_total: u32,
     },
+    /// Module output read by a machine's host, bounded in lines and bytes.
+    Logs(LogsAnswer),
 }
 
 /// Why a request failed. Each maps to an exit code in meshctl (see `exit_code`).
@@ -352,6 +358,18 @@ pub struct PlannedMint {
 pub struct PushView {
     pub epoch: u64,
     pub lines: Vec<PushLine>,
+}
+
+/// Codec label of a [`PushEvent`].
+pub const push_event_what: &str = "push event";
+
+/// What a streamed push says before its answer (decision 0190), each event one chunk of the
+/// answer's stream: `Begin` once the push planned, then a `Line` per machine as it settles. The
+/// answer still carries every line (a chunk may have been skipped for a slow reader).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum PushEvent {
+    Begin { epoch: u64, machines: Vec<String> },
+    Line(PushLine),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

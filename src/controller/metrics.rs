@@ -279,6 +279,7 @@ pub(crate) fn request_kind(request: &Request) -> &'static str {
         Request::CertsRevoke { .. } => "certs_revoke",
         Request::ApplyChunk { .. } => "apply_chunk",
         Request::ApplyUpload { .. } => "apply",
+        Request::Logs { .. } => "logs",
     }
 }
 

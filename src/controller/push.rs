@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use mesh_transport::{MessageKind, Peer, Principal, TransportError};
+use mesh_transport::{MessageKind, Peer, Principal, Sink, TransportError};
 use openraft::ServerState;
 
-use super::api::{ApiError, Body, PlanView, PushTarget, RequestId};
+use super::api::{ApiError, Body, PlanView, PushEvent, PushTarget, RequestId, push_event_what};
 use super::engine::{
     Action, Begin, Event, HostAnswer, Lease, PushEngine, PushJob, check_why, plan_dry,
 };
@@ -53,6 +53,21 @@ fn engine_lease(lease: &mesh_raft::Lease) -> Lease {
 
 type Task<'a> = Pin<Box<dyn Future<Output = Event> + Send + 'a>>;
 
+/// Offers one event to a streamed push's reader, if it reads one.
+fn offer(lines: &Sink, event: &PushEvent) {
+    if !lines.is_open() {
+        return;
+    }
+    match mesh_codec::encode(push_event_what, event) {
+        Ok(bytes) => {
+            lines.offer(bytes);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "a push event could not be encoded; the answer has it")
+        }
+    }
+}
+
 impl Service {
     /// `Request::Plan`: everything a push of `target` would do, each machine diffed against its
     /// last send (G7). Plans exactly as the push does, with placeholder secrets; writes nothing.
@@ -71,7 +86,8 @@ impl Service {
         Ok(Body::Plan(view))
     }
 
-    /// `Request::Push`.
+    /// `Request::Push`; each machine's line goes to `lines` as it settles (decision 0190).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn push(
         &self,
         actor: &str,
@@ -80,6 +96,7 @@ impl Service {
         why: String,
         moves: Vec<String>,
         saved: Option<Box<PlanView>>,
+        lines: &Sink,
     ) -> Result<Body, ApiError> {
         let job = PushJob {
             target,
@@ -89,7 +106,7 @@ impl Service {
             keep: None,
             request: Some(id),
         };
-        Ok(self.run_push(actor, job).await?.0)
+        Ok(self.run_push_streamed(actor, job, lines).await?.0)
     }
 
     /// Runs one push to its answer; for a genesis (`job.keep`) also the sealed kept envelope.
@@ -97,6 +114,16 @@ impl Service {
         &self,
         actor: &str,
         job: PushJob,
+    ) -> Result<(Body, Option<Vec<u8>>), ApiError> {
+        self.run_push_streamed(actor, job, &Sink::closed()).await
+    }
+
+    /// [`Service::run_push`], offering its events to `lines` as they happen.
+    async fn run_push_streamed(
+        &self,
+        actor: &str,
+        job: PushJob,
+        lines: &Sink,
     ) -> Result<(Body, Option<Vec<u8>>), ApiError> {
         check_why(&job.why)?;
         let wait = Duration::from_millis(push_queue_wait_ms);
@@ -142,7 +169,17 @@ impl Service {
             };
             PushEngine::begin(now, begin)
         })?;
-        self.drive(actor, lease.epoch, engine, actions).await
+        if !actions.iter().any(|a| matches!(a, Action::Answer(_))) {
+            let machines = engine.machines();
+            offer(
+                lines,
+                &PushEvent::Begin {
+                    epoch: lease.epoch,
+                    machines,
+                },
+            );
+        }
+        self.drive(actor, lease.epoch, engine, actions, lines).await
     }
 
     /// Carries out the engine's actions until it answers.
@@ -152,6 +189,7 @@ impl Service {
         epoch: u64,
         mut engine: PushEngine,
         mut actions: Vec<Action>,
+        lines: &Sink,
     ) -> Result<(Body, Option<Vec<u8>>), ApiError> {
         let mut tasks: FuturesUnordered<Task<'_>> = FuturesUnordered::new();
         let mut now_events: VecDeque<Event> = VecDeque::new();
@@ -181,6 +219,8 @@ impl Service {
                     }
                     Action::Line(line) => {
                         tracing::debug!(machine = %line.machine, outcome = ?line.outcome, "push line");
+                        // Never waits: a slow reader gets the line from the answer instead.
+                        offer(lines, &PushEvent::Line(line));
                     }
                     Action::Stopped { epoch, reason } => {
                         self.metrics.lease_lost();

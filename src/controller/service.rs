@@ -12,7 +12,7 @@ use mesh_raft::{
     ReplicaSpec, VoteFence,
 };
 use mesh_transport::{
-    BoxFuture, Endpoint, Handler, Identity, MessageKind, Peer, Principal, TransportError,
+    BoxFuture, Endpoint, Handler, Identity, MessageKind, Peer, Principal, Sink, TransportError,
 };
 use openraft::ServerState;
 use tokio::task::JoinHandle;
@@ -574,9 +574,21 @@ impl Service {
         id: RequestId,
         request: Request,
     ) -> Result<Body, ApiError> {
+        self.handle_streamed(actor, id, request, &Sink::closed())
+            .await
+    }
+
+    /// [`Service::handle`]; a push offers its lines to `lines` as they happen (decision 0190).
+    pub(crate) async fn handle_streamed(
+        &self,
+        actor: &str,
+        id: RequestId,
+        request: Request,
+        lines: &Sink,
+    ) -> Result<Body, ApiError> {
         let kind = request_kind(&request);
         let started = std::time::Instant::now();
-        let answer = self.handle_uncounted(actor, id, request).await;
+        let answer = self.handle_uncounted(actor, id, request, lines).await;
         self.metrics.request(kind, started.elapsed(), &answer);
         answer
     }
@@ -586,6 +598,7 @@ impl Service {
         actor: &str,
         id: RequestId,
         request: Request,
+        lines: &Sink,
     ) -> Result<Body, ApiError> {
         // Asked again (its answer was lost): the first outcome, and nothing runs twice.
         let first = self.state()?.remembered(&id).cloned();
@@ -601,7 +614,7 @@ impl Service {
                 why,
                 moves,
                 plan,
-            } => self.push(actor, id, target, why, moves, plan).await,
+            } => self.push(actor, id, target, why, moves, plan, lines).await,
             Request::SettingsShow { scope, history } => self.settings_show(scope, history),
             Request::SettingsSet {
                 scope,
@@ -621,6 +634,7 @@ impl Service {
             Request::Genesis { machine, why } => self.genesis(actor, id, machine, why).await,
             Request::CertsReload => self.reload_certs().map(Body::CertsReloaded),
             Request::CertsList => self.certs_view().map(Body::Certs),
+            Request::Logs { machine, ask } => self.logs(machine, ask).await,
             Request::CertsRevoke { target, why } => self.revoke(actor, id, target, why).await,
             Request::ApplyChunk {
                 upload,
@@ -652,18 +666,21 @@ impl Service {
 
     /// An operator's command: handled here when leading, else forwarded to a leader that answers
     /// (G13, decision 0110).
-    async fn command(&self, operator: &str, body: &[u8]) -> Answer {
+    async fn command(&self, operator: &str, body: &[u8], lines: &Sink) -> Answer {
         let Call { id, request } = match mesh_codec::decode(request_what, body) {
             Ok(r) => r,
             Err(e) => return self.answer(Err(ApiError::Invalid(format!("bad request: {e}")))),
         };
         let actor = format!("operator:{operator}");
         // About this replica itself: answered here, leader or not (decision 0170).
-        if matches!(request, Request::CertsReload | Request::CertsList) {
+        if matches!(
+            request,
+            Request::CertsReload | Request::CertsList | Request::Logs { .. }
+        ) {
             return self.answer(self.handle(&actor, id, request).await);
         }
         if self.is_leader() {
-            return self.answer(self.handle(&actor, id, request).await);
+            return self.answer(self.handle_streamed(&actor, id, request, lines).await);
         }
         // Status is a read every replica can answer: it does not wait out an election.
         let find = if request == Request::Status {
@@ -677,7 +694,7 @@ impl Service {
             id,
             request,
         };
-        match self.forward_to_leader(&forwarded, find).await {
+        match self.forward_to_leader(&forwarded, find, lines).await {
             Ok(Some(mut answer)) => {
                 answer.forwarded_by = Some(self.id);
                 answer
@@ -687,7 +704,7 @@ impl Service {
                 let Forwarded {
                     actor, id, request, ..
                 } = forwarded;
-                self.answer(self.handle(&actor, id, request).await)
+                self.answer(self.handle_streamed(&actor, id, request, lines).await)
             }
             Err(_) if forwarded.request == Request::Status => self.answer(self.status().await),
             Err(e) => self.answer(Err(e)),
@@ -703,6 +720,7 @@ impl Service {
         &self,
         forwarded: &Forwarded,
         find: Duration,
+        lines: &Sink,
     ) -> Result<Option<Answer>, ApiError> {
         let deadline = tokio::time::Instant::now() + find;
         let mut metrics = self.replica.metrics();
@@ -718,7 +736,9 @@ impl Service {
             if let Some(leader) = leader {
                 match self.probe_leader(leader, &mut metrics).await {
                     // Once written, never again elsewhere: it may have run there.
-                    Ok(addr) => return self.forward(leader, addr, forwarded).await.map(Some),
+                    Ok(addr) => {
+                        return self.forward(leader, addr, forwarded, lines).await.map(Some);
+                    }
                     Err(e) => why = e,
                 }
             }
@@ -779,27 +799,31 @@ impl Service {
         leader: u64,
         addr: std::net::SocketAddr,
         forwarded: &Forwarded,
+        lines: &Sink,
     ) -> Result<Answer, ApiError> {
         let body = mesh_codec::encode(forwarded_what, forwarded)
             .map_err(|e| ApiError::Failed(format!("cannot encode the forwarded request: {e}")))?;
         let peer = Peer::expecting(addr, Principal::Replica(leader));
         let timeout = Duration::from_millis(forward_timeout_ms);
-        let bytes = self
-            .endpoint
-            .request(peer, MessageKind::Forward, body, timeout)
-            .await
-            .map_err(|e: TransportError| {
-                ApiError::Unavailable(format!(
-                    "replica {} could not reach the leader {leader}: {e}",
-                    self.id
-                ))
-            })?;
+        let sent = if matches!(forwarded.request, Request::Push { .. }) {
+            super::relay::relay(&self.endpoint, peer, body, timeout, lines).await
+        } else {
+            self.endpoint
+                .request(peer, MessageKind::Forward, body, timeout)
+                .await
+        };
+        let bytes = sent.map_err(|e: TransportError| {
+            ApiError::Unavailable(format!(
+                "replica {} could not reach the leader {leader}: {e}",
+                self.id
+            ))
+        })?;
         mesh_codec::decode(answer_what, &bytes)
             .map_err(|e| ApiError::Failed(format!("the leader's answer is unreadable: {e}")))
     }
 
     /// A request another replica forwarded: handled only when this replica leads (no second hop).
-    async fn forwarded(&self, from: u64, body: &[u8]) -> Answer {
+    async fn forwarded(&self, from: u64, body: &[u8], lines: &Sink) -> Answer {
         let forwarded: Forwarded = match mesh_codec::decode(forwarded_what, body) {
             Ok(f) => f,
             Err(e) => return self.answer(Err(ApiError::Invalid(format!("bad forward: {e}")))),
@@ -819,7 +843,7 @@ impl Service {
         let Forwarded {
             actor, id, request, ..
         } = forwarded;
-        self.answer(self.handle(&actor, id, request).await)
+        self.answer(self.handle_streamed(&actor, id, request, lines).await)
     }
 
     fn answer(&self, body: Result<Body, ApiError>) -> Answer {
@@ -956,6 +980,17 @@ impl Handler for Serving {
         kind: MessageKind,
         body: Vec<u8>,
     ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
+        self.request_streamed(from, kind, body, Sink::closed())
+    }
+
+    /// Only a push streams (its lines, decision 0190); every other answer is one frame.
+    fn request_streamed(
+        &self,
+        from: Principal,
+        kind: MessageKind,
+        body: Vec<u8>,
+        lines: Sink,
+    ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
         Box::pin(async move {
             let Some(service) = self.0.upgrade() else {
                 return Err("the replica is stopping".to_string());
@@ -967,10 +1002,10 @@ impl Handler for Serving {
                     mesh_raft::answer_raft_rpc(raft, &timings, &body, Some(&service.fence)).await
                 }
                 (MessageKind::Command, Principal::Operator(name)) => {
-                    encode_answer(&service.command(&name, &body).await)
+                    encode_answer(&service.command(&name, &body, &lines).await)
                 }
                 (MessageKind::Forward, Principal::Replica(id)) => {
-                    encode_answer(&service.forwarded(id, &body).await)
+                    encode_answer(&service.forwarded(id, &body, &lines).await)
                 }
                 (MessageKind::Report { machine }, Principal::Host(_)) => {
                     let reply = service.report(&machine, &body).await?;

@@ -242,6 +242,14 @@ impl PushEngine {
         self.step == Step::Done
     }
 
+    /// Every machine the push will give a line, sends in plan order then holds (what a
+    /// streamed push announces before its lines).
+    pub(crate) fn machines(&self) -> Vec<String> {
+        let mut machines: Vec<String> = self.plan.sends.iter().map(|s| s.machine.clone()).collect();
+        machines.extend(holds_by_machine(&self.plan.holds).into_keys());
+        machines
+    }
+
     /// When the engine wants a [`Event::Tick`]: the instant it will ask for the lease again.
     pub(crate) fn wake_at(&self) -> Option<Instant> {
         (self.work_remains() && !self.renewing && self.stopped.is_none())
