@@ -7,6 +7,7 @@
 
 pub mod actors;
 pub mod checkers;
+pub mod fuzz;
 pub mod history;
 pub mod nemesis;
 pub mod rng;

@@ -29,10 +29,34 @@ pub enum CodecError {
 }
 
 fn config() -> impl bincode::config::Config {
+    config_limited::<{ value_bytes_max }>()
+}
+
+fn config_limited<const LIMIT: usize>() -> impl bincode::config::Config {
     bincode::config::standard()
         .with_little_endian()
         .with_variable_int_encoding()
-        .with_limit::<{ value_bytes_max }>()
+        .with_limit::<LIMIT>()
+}
+
+/// Decodes from `bytes` with bincode's limit on claimed bytes at the smallest tier at least as
+/// large as the input. bincode allocates a string or byte buffer at the length it claims before it
+/// reads it, and every such buffer must be in the input, so a 5-byte input that claims 380 MiB is
+/// refused instead of allocating it (found by `mesh-chaos fuzz`, decision 0201). Containers of
+/// other types claim nothing through serde (serde reserves at most 1 MiB on a claimed length).
+fn decode_tiered<T: DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<(T, usize), bincode::error::DecodeError> {
+    use bincode::serde::decode_from_slice as from;
+    const tiers: [usize; 5] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 128 << 20];
+    match tiers.iter().position(|t| bytes.len() <= *t) {
+        Some(0) => from(bytes, config_limited::<{ tiers[0] }>()),
+        Some(1) => from(bytes, config_limited::<{ tiers[1] }>()),
+        Some(2) => from(bytes, config_limited::<{ tiers[2] }>()),
+        Some(3) => from(bytes, config_limited::<{ tiers[3] }>()),
+        Some(_) => from(bytes, config_limited::<{ tiers[4] }>()),
+        None => from(bytes, config()),
+    }
 }
 
 /// Encodes `value` canonically: the same value always gives the same bytes (maps must be ordered).
@@ -58,11 +82,10 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
             max: value_bytes_max,
         });
     }
-    let (value, used) =
-        bincode::serde::decode_from_slice(bytes, config()).map_err(|e| CodecError::Decode {
-            what,
-            reason: e.to_string(),
-        })?;
+    let (value, used) = decode_tiered(bytes).map_err(|e| CodecError::Decode {
+        what,
+        reason: e.to_string(),
+    })?;
     if used != bytes.len() {
         return Err(CodecError::Trailing {
             what,
@@ -85,11 +108,10 @@ pub fn decode_prefix<T: DeserializeOwned>(
             max: value_bytes_max,
         });
     }
-    let (value, _) =
-        bincode::serde::decode_from_slice(bytes, config()).map_err(|e| CodecError::Decode {
-            what,
-            reason: e.to_string(),
-        })?;
+    let (value, _) = decode_tiered(bytes).map_err(|e| CodecError::Decode {
+        what,
+        reason: e.to_string(),
+    })?;
     Ok(value)
 }
 
