@@ -148,10 +148,13 @@ pub fn answer(
     };
     asked.sort_unstable();
     asked.dedup();
-    if let Some(stray) = ask
-        .from
-        .iter()
-        .find(|c| !asked.contains(&c.module.as_str()))
+    // Following every module, one that left the declaration is no longer read; following one
+    // module, a cursor for another is a mistake.
+    if ask.module.is_some()
+        && let Some(stray) = ask
+            .from
+            .iter()
+            .find(|c| !asked.contains(&c.module.as_str()))
     {
         return Err(missing(&stray.module));
     }
@@ -441,6 +444,24 @@ mod tests {
         let e =
             answer(dir.path(), "ace", &modules, &ask(Some("db"), 5, vec![])).expect_err("symlink");
         assert!(e.to_string().contains("db.stdout.log"), "{e}");
+        // A module gone from the declaration: following every module goes on without it.
+        let gone = LogCursor {
+            module: "web".into(),
+            stream: LogStream::Stdout,
+            offset: 3,
+        };
+        let e = answer(
+            dir.path(),
+            "ace",
+            &modules,
+            &ask(Some("db"), 5, vec![gone.clone()]),
+        )
+        .expect_err("a cursor for another module");
+        assert!(e.to_string().contains("`web`"), "{e}");
+        std::fs::remove_file(logs.join("db.stdout.log")).expect("unlink");
+        let all =
+            answer(dir.path(), "ace", &modules, &ask(None, 5, vec![gone])).expect("without web");
+        assert!(all.chunks.iter().all(|c| c.module == "db"), "{all:?}");
         let e = answer(dir.path(), "ace", &modules, &ask(None, 0, vec![])).expect_err("zero lines");
         assert!(e.to_string().contains("1 to"), "{e}");
     }
