@@ -85,6 +85,52 @@ fn dual(ip: IpAddr) -> anyhow::Result<Vec<IpAddr>> {
     ])
 }
 
+/// A meshctl started by [`Bed::meshctl_spawn`]: its stdout line by line as it prints them.
+pub struct Streaming {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Streaming {
+    /// The next line meshctl prints, within `wait`; `None` when it printed none in that time (or
+    /// closed its stdout).
+    pub fn next_line(&self, wait: Duration) -> Option<String> {
+        self.lines.recv_timeout(wait).ok()
+    }
+
+    /// Whether meshctl is still running (it has not answered yet).
+    pub fn running(&mut self) -> anyhow::Result<bool> {
+        Ok(self.child.try_wait().context("meshctl's status")?.is_none())
+    }
+
+    /// Waits (up to `wait`) for meshctl to exit; its exit code and the lines it printed after
+    /// those already read.
+    pub fn finish(mut self, wait: Duration) -> anyhow::Result<(Option<i32>, Vec<String>)> {
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            if let Some(status) = self.child.try_wait().context("meshctl's status")? {
+                // The reader ends at the end of meshctl's output: take everything up to it.
+                let mut rest = Vec::new();
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(2)) {
+                    rest.push(line);
+                }
+                return Ok((status.code(), rest));
+            }
+            if std::time::Instant::now() >= deadline {
+                bail!("meshctl did not exit within {} ms", wait.as_millis());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A running mesh: replicas, machines, their logs, and the context to reach them.
 pub struct Bed {
     pub dir: PathBuf,
@@ -418,6 +464,49 @@ impl Bed {
             .ok_or_else(|| anyhow!("no replica {id} in this bed"))?;
         child.signal(signal).context("signal replica")?;
         Ok(())
+    }
+
+    /// Sends `signal` to machine `name`'s mesh-host (SIGSTOP makes a host that takes an envelope
+    /// and never answers; SIGCONT lets it go on).
+    pub fn signal_host(&self, name: &str, signal: Signal) -> anyhow::Result<()> {
+        let child = self
+            .hosts
+            .get(name)
+            .ok_or_else(|| anyhow!("no running host {name} in this bed"))?;
+        child.signal(signal).context("signal host")?;
+        Ok(())
+    }
+
+    /// Starts meshctl with the bed's context and its stdout piped, for a test that reads its
+    /// output while it runs (streamed push lines). The caller waits for it or it is killed on drop.
+    pub fn meshctl_spawn(&self, args: &[&str]) -> anyhow::Result<Streaming> {
+        if self.prefix.contains_key("meshctl") {
+            bail!("meshctl_spawn runs on the loopback bed only");
+        }
+        let mut child = Command::new(&self.bins.meshctl)
+            .arg("--context")
+            .arg(&self.context)
+            .args(args)
+            .env_remove("MESH_CONTEXT")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("start meshctl")?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("meshctl's stdout was not piped"))?;
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Streaming { child, lines })
     }
 
     /// SIGKILLs replica `id` and forgets it, in the bed and in its context (a dead replica first in
