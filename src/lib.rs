@@ -9,5 +9,6 @@ pub mod durable;
 pub mod hex;
 pub mod host;
 pub mod logging;
+pub mod readonly_http;
 pub mod store;
 pub mod timefmt;

@@ -7,43 +7,30 @@
 //! as meshd's (`src/controller/metrics.rs`), and served by a small read-only HTTP/1.1 server with
 //! every wait bounded (`/metrics`, `/healthz`; nothing else, nothing that changes state).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_TYPE, HeaderValue};
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::{Request, StatusCode};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::net::TcpListener;
 
 use super::agent::{Agent, Applied, HostError};
 use crate::core::envelope::Refusal;
 use crate::core::report::ModuleStatus;
+use crate::readonly_http::{Answer, Limits, Server, metrics_content_type, text, with_type};
 
 /// One label, fixed at compile time: no label value ever comes from input.
 type Label = [(&'static str, &'static str); 1];
 
 /// Most HTTP connections served at once; more are closed at accept.
 pub const http_connections_max: usize = 8;
-/// How long a client gets to send its request headers.
-pub const http_header_read_ms: u64 = 5_000;
 /// How long one connection may last, request and answer together.
 pub const http_connection_ms_max: u64 = 10_000;
-/// Pause after a failed accept (out of file descriptors, say) before the next.
-pub const http_accept_retry_ms: u64 = 100;
-/// The content type of `/metrics`, as meshd's.
-pub const metrics_content_type: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Why an envelope was refused, as the `reason` label: one word per kind of refusal.
 pub const refusal_reasons: [&str; 8] = [
@@ -255,10 +242,7 @@ pub enum MetricsError {
 }
 
 /// The running server; [`MetricsServer::stop`] ends it and every connection it has open.
-pub struct MetricsServer {
-    addr: SocketAddr,
-    task: JoinHandle<()>,
-}
+pub struct MetricsServer(Server);
 
 struct Scrape {
     agent: Weak<Agent>,
@@ -272,81 +256,37 @@ impl MetricsServer {
         addr: SocketAddr,
         agent: &Arc<Agent>,
     ) -> Result<MetricsServer, MetricsError> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| MetricsError::Bind { addr, source })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| MetricsError::Bind { addr, source })?;
+        let bind = |source| MetricsError::Bind { addr, source };
+        let listener = TcpListener::bind(addr).await.map_err(bind)?;
         let metrics = HostMetrics::new(agent.envelope_counters(), agent.report_counters());
         let scrape = Arc::new(Scrape {
             agent: Arc::downgrade(agent),
             metrics,
         });
-        tracing::info!(%addr, "serving /metrics over HTTP");
-        let task = tokio::spawn(accept(listener, scrape));
-        Ok(MetricsServer { addr, task })
+        let limits = Limits {
+            connections_max: http_connections_max,
+            connection_ms_max: http_connection_ms_max,
+        };
+        let server = Server::start(listener, limits, move |request| {
+            let scrape = Arc::clone(&scrape);
+            async move { respond(&scrape, request) }
+        })
+        .map_err(bind)?;
+        tracing::info!(addr = %server.local_addr(), "serving /metrics over HTTP");
+        Ok(MetricsServer(server))
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.0.local_addr()
     }
 
     /// Stops accepting and drops every open connection.
     pub async fn stop(self) {
-        self.task.abort();
-        let _ = self.task.await;
+        self.0.stop().await;
     }
 }
 
-async fn accept(listener: TcpListener, scrape: Arc<Scrape>) {
-    let limit = Arc::new(Semaphore::new(http_connections_max));
-    // Owned here, so aborting this task ends every connection too.
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => match Arc::clone(&limit).try_acquire_owned() {
-                    Ok(permit) => {
-                        connections.spawn(connection(stream, Arc::clone(&scrape), permit));
-                    }
-                    Err(_) => tracing::warn!(
-                        limit = http_connections_max,
-                        "HTTP connection refused: too many open"
-                    ),
-                },
-                Err(e) => {
-                    tracing::warn!(error = %e, "HTTP accept failed");
-                    tokio::time::sleep(Duration::from_millis(http_accept_retry_ms)).await;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-}
-
-async fn connection(stream: TcpStream, scrape: Arc<Scrape>, _permit: OwnedSemaphorePermit) {
-    let serve = hyper::service::service_fn(move |request| {
-        let scrape = Arc::clone(&scrape);
-        async move { Ok::<_, Infallible>(respond(&scrape, request)) }
-    });
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(http_header_read_ms))
-        .keep_alive(false)
-        .serve_connection(TokioIo::new(stream), serve);
-    let limit = Duration::from_millis(http_connection_ms_max);
-    match tokio::time::timeout(limit, conn).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::debug!(error = %e, "HTTP connection ended with an error"),
-        Err(_) => tracing::debug!(ms = http_connection_ms_max, "HTTP connection timed out"),
-    }
-}
-
-fn respond(scrape: &Scrape, request: Request<Incoming>) -> Response<Full<Bytes>> {
-    if request.method() != Method::GET && request.method() != Method::HEAD {
-        return text(StatusCode::METHOD_NOT_ALLOWED, "read-only: GET only\n");
-    }
+fn respond(scrape: &Scrape, request: Request<Incoming>) -> Answer {
     let Some(agent) = scrape.agent.upgrade() else {
         return text(StatusCode::SERVICE_UNAVAILABLE, "mesh-host is stopping\n");
     };
@@ -375,23 +315,6 @@ fn respond(scrape: &Scrape, request: Request<Incoming>) -> Response<Full<Bytes>>
             "not found; mesh-host serves /metrics and /healthz\n",
         ),
     }
-}
-
-fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
-    with_type(status, body.to_string(), "text/plain; charset=utf-8")
-}
-
-fn with_type(
-    status: StatusCode,
-    body: String,
-    content_type: &'static str,
-) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
 }
 
 #[cfg(test)]
