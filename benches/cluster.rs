@@ -1141,7 +1141,10 @@ async fn memory() -> Result<()> {
     // What it holds once idle: an allocator hands freed pages back on its own schedule.
     tokio::time::sleep(Duration::from_secs(settle_s)).await;
     let (settled, _) = rss_kib();
-    println!("memory: RSS {settle_s} s after status, idle: {} MiB", settled / 1024);
+    println!(
+        "memory: RSS {settle_s} s after status, idle: {} MiB",
+        settled / 1024
+    );
     let rss4 = trimmed_rss_kib();
     println!(
         "memory: RSS before start {} MiB, replica started {} MiB, model applied {} MiB, status composed {} MiB (peak {} MiB), after malloc_trim {} MiB, load {}",

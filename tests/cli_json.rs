@@ -359,7 +359,11 @@ fn push_json_streams_one_event_document_per_line_before_the_answer() {
     assert_eq!(lines.len(), 2, "{text}");
     assert_matches_fixture("push_event_begin", lines[0]);
     assert_matches_fixture("push_event_line", lines[1]);
-    assert_eq!(live.rest(via().expect("via"), &view), "", "the answer document is printed apart");
+    assert_eq!(
+        live.rest(via().expect("via"), &view),
+        "",
+        "the answer document is printed apart"
+    );
 }
 
 #[test]

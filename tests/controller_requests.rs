@@ -8,9 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use controller_common::*;
-use mesh::controller::api::{
-    Answer, Body, Call, HistoryItem, HistoryQuery, Request, RequestId,
-};
+use mesh::controller::api::{Answer, Body, Call, HistoryItem, HistoryQuery, Request, RequestId};
 use mesh::core::settings::Scope;
 use mesh_transport::{MessageKind, Peer, Principal};
 
@@ -66,10 +64,16 @@ async fn a_request_asked_again_through_another_replica_runs_once_with_its_first_
         request: set("region", "eu"),
     };
     let first = ask_call(&bed, leader, &call).await;
-    assert!(matches!(first.body, Ok(Body::SettingsSet { .. })), "{first:?}");
+    assert!(
+        matches!(first.body, Ok(Body::SettingsSet { .. })),
+        "{first:?}"
+    );
     // The same id again, through a follower (it forwards), as meshctl does after a lost answer.
     let again = ask_call(&bed, follower, &call).await;
-    assert_eq!(again.body, first.body, "the retry is answered with the first outcome");
+    assert_eq!(
+        again.body, first.body,
+        "the retry is answered with the first outcome"
+    );
     assert_eq!(again.forwarded_by, Some(follower));
     assert_eq!(
         settings_rows(&bed, leader).await,
@@ -80,7 +84,10 @@ async fn a_request_asked_again_through_another_replica_runs_once_with_its_first_
     // A new id is a new request.
     let other = Call::new(set("region", "us")).expect("an id");
     let third = ask_call(&bed, leader, &other).await;
-    assert!(matches!(third.body, Ok(Body::SettingsSet { .. })), "{third:?}");
+    assert!(
+        matches!(third.body, Ok(Body::SettingsSet { .. })),
+        "{third:?}"
+    );
     assert_eq!(settings_rows(&bed, leader).await, before + 2);
 }
 

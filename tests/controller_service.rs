@@ -536,7 +536,13 @@ async fn g3_leader_paused_past_its_lease_stops_the_push_and_nothing_leaves() {
             other => panic!("{machine} was acted on: {other:?}"),
         }
     }
-    let state = bed.service(1).app().state().expect("state").as_ref().clone();
+    let state = bed
+        .service(1)
+        .app()
+        .state()
+        .expect("state")
+        .as_ref()
+        .clone();
     assert!(state.provisions.is_empty(), "no mint was committed");
     assert!(state.last_sends.is_empty(), "no send was recorded");
     assert!(

@@ -395,13 +395,19 @@ async fn a_request_id_runs_once_and_a_retry_gets_its_first_outcome_even_after_a_
         }),
     };
     let first = one.propose(one.term, None, set("eu")).await;
-    assert!(matches!(first, Outcome::Applied(Applied::Settings { .. })), "{first:?}");
+    assert!(
+        matches!(first, Outcome::Applied(Applied::Settings { .. })),
+        "{first:?}"
+    );
     let after_first = one.app.state().expect("state").as_ref().clone();
     let history = MeshApp::settings_history(one.replica.database()).expect("history");
 
     // Even a retry that differs (it cannot, but a bug could) does not run: the id decides.
     let again = one.propose(one.term, None, set("us")).await;
-    assert_eq!(again, first, "a retried request is answered with its first outcome");
+    assert_eq!(
+        again, first,
+        "a retried request is answered with its first outcome"
+    );
     assert_eq!(
         *one.app.state().expect("state"),
         after_first,
@@ -423,7 +429,12 @@ async fn a_request_id_runs_once_and_a_retry_gets_its_first_outcome_even_after_a_
     assert_eq!(later, first, "the request's outcome survives a restart");
     let state = restarted.app.state().expect("state");
     assert_eq!(
-        state.mesh.settings.layers.get(&Scope::Mesh).and_then(|l| l.get("region")),
+        state
+            .mesh
+            .settings
+            .layers
+            .get(&Scope::Mesh)
+            .and_then(|l| l.get("region")),
         Some(&"eu".to_string())
     );
 }
@@ -455,9 +466,15 @@ fn remembered_requests_are_bounded_and_the_oldest_is_forgotten_first() {
     }
     assert_eq!(state.requests.len(), requests_remembered_max);
     assert_eq!(state.request_order.len(), requests_remembered_max);
-    assert!(state.remembered(&RequestId(id_of(0))).is_none(), "the oldest is forgotten");
+    assert!(
+        state.remembered(&RequestId(id_of(0))).is_none(),
+        "the oldest is forgotten"
+    );
     assert!(state.remembered(&RequestId(id_of(4))).is_none());
-    assert!(state.remembered(&RequestId(id_of(5))).is_some(), "the newest are kept");
+    assert!(
+        state.remembered(&RequestId(id_of(5))).is_some(),
+        "the newest are kept"
+    );
     assert!(
         state
             .remembered(&RequestId(id_of(requests_remembered_max + 4)))

@@ -68,7 +68,8 @@ pub const UPLOADS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("uploads
 
 /// The chunks of those uploads (since 0008): (upload id, chunk index) → the chunk's bytes as sent
 /// (a slice of the encoded model, not encoded again).
-pub const UPLOAD_CHUNKS: TableDefinition<(&[u8], u32), &[u8]> = TableDefinition::new("upload_chunks");
+pub const UPLOAD_CHUNKS: TableDefinition<(&[u8], u32), &[u8]> =
+    TableDefinition::new("upload_chunks");
 
 /// Table shapes that a later migration replaced. Only migrations and fixture tests use them.
 pub mod superseded {

@@ -62,7 +62,10 @@ mod byte_strings {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<u8>>, D::Error> {
         let wire: Vec<serde_bytes::ByteBuf> = Vec::deserialize(d)?;
-        Ok(wire.into_iter().map(serde_bytes::ByteBuf::into_vec).collect())
+        Ok(wire
+            .into_iter()
+            .map(serde_bytes::ByteBuf::into_vec)
+            .collect())
     }
 }
 
@@ -103,7 +106,10 @@ mod byte_strings_tests {
         // encoding must give the same bytes and read them back.
         let commands: Vec<Vec<u8>> = vec![vec![], vec![1, 2, 3], (0..=255u8).collect()];
         let ours = mesh_codec::encode("command", &Command(commands.clone())).expect("encode");
-        assert_eq!(ours, mesh_codec::encode("plain", &commands).expect("encode"));
+        assert_eq!(
+            ours,
+            mesh_codec::encode("plain", &commands).expect("encode")
+        );
         let back: Command = mesh_codec::decode("command", &ours).expect("decode");
         assert_eq!(back.0, commands);
         let answer = mesh_codec::encode("response", &Response(commands.clone())).expect("encode");

@@ -122,7 +122,10 @@ pub enum Request {
     },
     /// `meshctl logs`: the replica asked relays `ask` to `machine`'s mesh-host and answers with
     /// what it read (`controller/logs.rs`). Answered by the replica asked.
-    Logs { machine: String, ask: LogsAsk },
+    Logs {
+        machine: String,
+        ask: LogsAsk,
+    },
 }
 
 /// What a push is aimed at. A bare push (no machine, no flag) never reaches the wire: meshctl refuses it.

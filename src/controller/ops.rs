@@ -7,8 +7,9 @@ use std::time::Duration;
 use mesh_raft::{Probed, probe_replica};
 
 use super::api::{
-    ApiError, Body, Request, RequestId, HistoryItem, HistoryPage, HistoryQuery, MachineView, ReplicaSaid, ReplicaView,
-    SettingsView, StatusView, history_page_bytes_max, history_page_items_max, snapshot_chunk_bytes,
+    ApiError, Body, HistoryItem, HistoryPage, HistoryQuery, MachineView, ReplicaSaid, ReplicaView,
+    Request, RequestId, SettingsView, StatusView, history_page_bytes_max, history_page_items_max,
+    snapshot_chunk_bytes,
 };
 use super::push::known_of;
 use super::service::{Service, now_ms};
@@ -66,9 +67,9 @@ impl Service {
             let state = self.state()?;
             let mut mesh = mesh.clone();
             let draining = keep_draining(&state, &mut mesh, drain)?;
-            let changes = self
-                .work
-                .with(&state, |work| should_be_changes(&state, work.cache(), &mesh))??;
+            let changes = self.work.with(&state, |work| {
+                should_be_changes(&state, work.cache(), &mesh)
+            })??;
             let command = Command::Once {
                 request: id,
                 command: Box::new(super::upload::apply_command(

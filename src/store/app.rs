@@ -266,7 +266,10 @@ fn write_changes(
                 let mut t = txn.open_table(tables::REVOKED)?;
                 match state.revoked.get(key) {
                     Some(e) => {
-                        t.insert(key.as_str(), mesh_codec::encode("deny entry", e)?.as_slice())?;
+                        t.insert(
+                            key.as_str(),
+                            mesh_codec::encode("deny entry", e)?.as_slice(),
+                        )?;
                     }
                     None => {
                         t.remove(key.as_str())?;
@@ -385,11 +388,18 @@ fn read_snapshot(txn: &ReadTransaction) -> Result<DomainSnapshot, AppError> {
 }
 
 /// An upload's head row, or (the upload gone from the state) its head and every chunk row.
-fn write_upload(txn: &WriteTransaction, state: &DomainState, id: &UploadId) -> Result<(), AppError> {
+fn write_upload(
+    txn: &WriteTransaction,
+    state: &DomainState,
+    id: &UploadId,
+) -> Result<(), AppError> {
     let mut heads = txn.open_table(tables::UPLOADS)?;
     match state.uploads.get(id) {
         Some(u) => {
-            heads.insert(id.0.as_slice(), mesh_codec::encode("upload head", &u.head)?.as_slice())?;
+            heads.insert(
+                id.0.as_slice(),
+                mesh_codec::encode("upload head", &u.head)?.as_slice(),
+            )?;
         }
         None => {
             heads.remove(id.0.as_slice())?;
@@ -405,7 +415,10 @@ fn write_upload(txn: &WriteTransaction, state: &DomainState, id: &UploadId) -> R
 fn read_uploads(txn: &ReadTransaction, state: &mut DomainState) -> Result<(), AppError> {
     let id_of = |bytes: &[u8]| -> Result<UploadId, AppError> {
         let id: [u8; 16] = bytes.try_into().map_err(|_| {
-            AppError::Other(format!("a stored upload id is {} bytes, not 16", bytes.len()))
+            AppError::Other(format!(
+                "a stored upload id is {} bytes, not 16",
+                bytes.len()
+            ))
         })?;
         Ok(UploadId(id))
     };
@@ -470,7 +483,8 @@ fn clear_domain_tables(txn: &WriteTransaction) -> Result<(), AppError> {
     clear(txn, tables::REQUESTS)?;
     clear(txn, tables::REVOKED)?;
     clear(txn, tables::UPLOADS)?;
-    txn.open_table(tables::UPLOAD_CHUNKS)?.retain(|_, _| false)?;
+    txn.open_table(tables::UPLOAD_CHUNKS)?
+        .retain(|_, _| false)?;
     Ok(())
 }
 
@@ -498,10 +512,12 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
     changed.extend(state.revoked.keys().cloned().map(Changed::Revoked));
     for (id, upload) in &state.uploads {
         changed.push(Changed::Upload(*id));
-        changed.extend(upload.chunks.keys().map(|&index| Changed::UploadChunk {
-            upload: *id,
-            index,
-        }));
+        changed.extend(
+            upload
+                .chunks
+                .keys()
+                .map(|&index| Changed::UploadChunk { upload: *id, index }),
+        );
     }
     write_changes(txn, state, &changed, at)?;
     let mut sends = txn.open_table(tables::SENDS)?;

@@ -49,7 +49,10 @@ pub enum Changed {
     SettingsHistory(SettingsChange),
     ModelHistory(ModelChange),
     Provision(String),
-    Send { machine: String, sequence: u64 },
+    Send {
+        machine: String,
+        sequence: u64,
+    },
     Account(String),
     Holds(String),
     EpochFloor,
@@ -134,7 +137,10 @@ impl DomainState {
 
     /// Keeps `applied` as request `id`'s outcome, forgetting the oldest beyond the limit.
     fn remember_request(&mut self, id: RequestId, applied: &Applied, changed: &mut Vec<Changed>) {
-        let order = self.request_order.last_key_value().map_or(0, |(o, _)| o + 1);
+        let order = self
+            .request_order
+            .last_key_value()
+            .map_or(0, |(o, _)| o + 1);
         self.requests.insert(
             id,
             Remembered {
@@ -275,7 +281,9 @@ impl DomainState {
                     machine: machine.clone(),
                 })
             }
-            Command::Revoke { target, why } => super::revoked::revoke(self, p, target, why, changed),
+            Command::Revoke { target, why } => {
+                super::revoked::revoke(self, p, target, why, changed)
+            }
             Command::RaiseEpochFloor { epoch } => {
                 if *epoch > self.epoch_floor {
                     self.epoch_floor = *epoch;

@@ -239,7 +239,10 @@ mod tests {
         };
         for response in [Ok(body), Err(refused)] {
             let ours = encode_response(&response).expect("encode");
-            assert_eq!(ours, mesh_codec::encode("plain", &response).expect("encode"));
+            assert_eq!(
+                ours,
+                mesh_codec::encode("plain", &response).expect("encode")
+            );
             assert_eq!(decode_response(&ours).expect("decode"), response);
         }
     }

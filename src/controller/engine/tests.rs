@@ -719,12 +719,21 @@ fn a_push_whose_request_already_recorded_other_sends_sends_nothing() {
         sequences: vec![("m0".into(), 1)],
     });
     let out = engine.handle(t0, earlier);
-    assert!(sends(&out).is_empty(), "another run's records licence no send");
-    assert!(matches!(answer(&out), Some(Err(ApiError::Refused(_)))), "{out:?}");
+    assert!(
+        sends(&out).is_empty(),
+        "another run's records licence no send"
+    );
+    assert!(
+        matches!(answer(&out), Some(Err(ApiError::Refused(_)))),
+        "{out:?}"
+    );
 
     let (mut engine, _) = begin(&state, with_id(), lease_at(2, t0), t0);
     let own = Event::Committed(Applied::Sent {
-        sequences: records.iter().map(|r| (r.machine.clone(), r.sequence)).collect(),
+        sequences: records
+            .iter()
+            .map(|r| (r.machine.clone(), r.sequence))
+            .collect(),
     });
     let out = engine.handle(t0, own);
     assert_eq!(sends(&out).len(), 2, "its own records send");
