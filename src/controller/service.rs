@@ -697,6 +697,15 @@ impl Service {
         match self.forward_to_leader(&forwarded, find, lines).await {
             Ok(Some(mut answer)) => {
                 answer.forwarded_by = Some(self.id);
+                // The certificates this replica saw (the operator's own, say) warn too, not only
+                // those the leader handshook with.
+                if let Ok(Body::Status(view)) = &mut answer.body {
+                    for cert in self.certs_expiring() {
+                        if !view.certs_expiring.contains(&cert) {
+                            view.certs_expiring.push(cert);
+                        }
+                    }
+                }
                 answer
             }
             // This replica was elected while looking.
