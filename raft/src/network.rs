@@ -260,38 +260,67 @@ pub async fn probe(
     timeout: Duration,
 ) -> Result<Probed, NetworkFault> {
     let fault = |what: String| NetworkFault::BadReply { target, what };
-    let request = RaftRequest {
-        from: own_id(endpoint),
-        timings: *timings,
-        call: RaftCall::Probe,
+    let call = Direct {
+        endpoint,
+        timings,
+        target,
+        addr,
+        timeout,
     };
-    let body = mesh_codec::encode("raft request", &request)
-        .map_err(|e| fault(format!("probe could not be encoded: {e}")))?;
-    let peer = Peer::expecting(addr, Principal::Replica(target));
-    let bytes = endpoint
-        .request(peer, MessageKind::Raft, body, timeout)
-        .await
-        .map_err(|source| NetworkFault::Transport { target, source })?;
-    match mesh_codec::decode("raft reply", &bytes) {
-        Ok(RaftReply::Probe(probed)) if probed.id == target => Ok(probed),
-        Ok(RaftReply::Probe(probed)) => {
+    match call.ask(RaftCall::Probe, "probe").await? {
+        RaftReply::Probe(probed) if probed.id == target => Ok(probed),
+        RaftReply::Probe(probed) => {
             Err(fault(format!("answered a probe as replica {}", probed.id)))
         }
-        Ok(RaftReply::TimingsDiffer {
-            replica,
-            timings: theirs,
-        }) => {
-            let differ = TimingsDiffer {
-                own: request.from,
-                ours: *timings,
-                peer: replica,
-                theirs,
-            };
-            log_loudly(&differ, false);
-            Err(NetworkFault::TimingsDiffer(differ))
+        _ => Err(fault("answered a probe with another kind of reply".into())),
+    }
+}
+
+/// One Raft-kind request straight to replica `target` at `addr` (not through openraft): a probe
+/// or an elect-now. A peer running other timings is answered as [`NetworkFault::TimingsDiffer`]
+/// and logged loudly.
+struct Direct<'a> {
+    endpoint: &'a Endpoint,
+    timings: &'a Timings,
+    target: NodeId,
+    addr: SocketAddr,
+    timeout: Duration,
+}
+
+impl Direct<'_> {
+    async fn ask(&self, call: RaftCall, what: &str) -> Result<RaftReply, NetworkFault> {
+        let target = self.target;
+        let fault = |what: String| NetworkFault::BadReply { target, what };
+        let request = RaftRequest {
+            from: own_id(self.endpoint),
+            timings: *self.timings,
+            call,
+        };
+        let body = mesh_codec::encode("raft request", &request)
+            .map_err(|e| fault(format!("{what} could not be encoded: {e}")))?;
+        let peer = Peer::expecting(self.addr, Principal::Replica(target));
+        let bytes = self
+            .endpoint
+            .request(peer, MessageKind::Raft, body, self.timeout)
+            .await
+            .map_err(|source| NetworkFault::Transport { target, source })?;
+        match mesh_codec::decode("raft reply", &bytes) {
+            Ok(RaftReply::TimingsDiffer {
+                replica,
+                timings: theirs,
+            }) => {
+                let differ = TimingsDiffer {
+                    own: request.from,
+                    ours: *self.timings,
+                    peer: replica,
+                    theirs,
+                };
+                log_loudly(&differ, false);
+                Err(NetworkFault::TimingsDiffer(differ))
+            }
+            Ok(reply) => Ok(reply),
+            Err(e) => Err(fault(format!("reply could not be decoded: {e}"))),
         }
-        Ok(_) => Err(fault("answered a probe with another kind of reply".into())),
-        Err(e) => Err(fault(format!("reply could not be decoded: {e}"))),
     }
 }
 
@@ -333,34 +362,19 @@ pub async fn elect_now(
     timeout: Duration,
 ) -> Result<(), NetworkFault> {
     let fault = |what: String| NetworkFault::BadReply { target, what };
-    let request = RaftRequest {
-        from: own_id(endpoint),
-        timings: *timings,
-        call: RaftCall::ElectNow,
+    let call = Direct {
+        endpoint,
+        timings,
+        target,
+        addr,
+        timeout,
     };
-    let body = mesh_codec::encode("raft request", &request)
-        .map_err(|e| fault(format!("elect-now could not be encoded: {e}")))?;
-    let peer = Peer::expecting(addr, Principal::Replica(target));
-    let bytes = endpoint
-        .request(peer, MessageKind::Raft, body, timeout)
-        .await
-        .map_err(|source| NetworkFault::Transport { target, source })?;
-    match mesh_codec::decode("raft reply", &bytes) {
-        Ok(RaftReply::ElectNow(Ok(()))) => Ok(()),
-        Ok(RaftReply::ElectNow(Err(why))) => Err(fault(why)),
-        Ok(RaftReply::TimingsDiffer {
-            replica,
-            timings: theirs,
-        }) => Err(NetworkFault::TimingsDiffer(TimingsDiffer {
-            own: request.from,
-            ours: *timings,
-            peer: replica,
-            theirs,
-        })),
-        Ok(_) => Err(fault(
+    match call.ask(RaftCall::ElectNow, "elect-now").await? {
+        RaftReply::ElectNow(Ok(())) => Ok(()),
+        RaftReply::ElectNow(Err(why)) => Err(fault(why)),
+        _ => Err(fault(
             "answered elect-now with another kind of reply".into(),
         )),
-        Err(e) => Err(fault(format!("reply could not be decoded: {e}"))),
     }
 }
 
