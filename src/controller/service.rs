@@ -254,7 +254,13 @@ async fn keep_floor(service: Weak<Service>, dir: std::path::PathBuf, mut written
     };
     while metrics.changed().await.is_ok() {
         let Some(s) = service.upgrade() else { return };
-        if let Some(fatal) = s.replica.metrics().borrow().running_state.as_ref().err() {
+        let fatal = metrics
+            .borrow()
+            .running_state
+            .as_ref()
+            .err()
+            .map(|f| f.to_string());
+        if let Some(fatal) = fatal {
             s.fail(format!("openraft stopped: {fatal}"));
             return;
         }
