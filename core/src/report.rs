@@ -170,6 +170,32 @@ impl Report {
             report_sequence: self.report_sequence,
         }
     }
+
+    /// Whether `other` says what this report says, its report sequence aside: same machine,
+    /// envelope, applied digest, module states (restarts, pids and last exits too), refusals and
+    /// proof. Such a report only says "still here"; the leader keeps that in memory and files
+    /// nothing (decision 0216). Every field is named, so a new one must be decided here.
+    pub fn says_the_same(&self, other: &Report) -> bool {
+        let Report {
+            machine,
+            epoch,
+            sequence,
+            report_sequence: _,
+            applied,
+            modules,
+            refused_older,
+            last_refusal,
+            proof,
+        } = self;
+        *machine == other.machine
+            && *epoch == other.epoch
+            && *sequence == other.sequence
+            && *applied == other.applied
+            && *modules == other.modules
+            && *refused_older == other.refused_older
+            && *last_refusal == other.last_refusal
+            && *proof == other.proof
+    }
 }
 
 /// What the controller keeps per machine from its reports. Only a report strictly newer than
@@ -204,6 +230,27 @@ impl Account {
             self.filed_ms = Some(filed_ms);
         }
         filed
+    }
+
+    /// Files `report` if it is strictly newer than the last one filed and than `heard`, the
+    /// highest position the leader heard from the host without filing it (decision 0216): a
+    /// report at or below either is refused and counted once, and changes nothing else (G5).
+    pub fn file_above(
+        &mut self,
+        report: Report,
+        heard: Option<ReportPosition>,
+        filed_ms: u64,
+    ) -> Filed {
+        let got = report.position();
+        let high = self.last.max(heard);
+        if let Some(high) = high
+            && got <= high
+        {
+            self.refused_older += 1;
+            self.last_refused = Some(got);
+            return Filed::RefusedOlder { got, last: high };
+        }
+        self.file_at(report, filed_ms)
     }
 
     /// Files `report` if it is strictly newer than the last one filed (G5).
@@ -333,6 +380,56 @@ mod tests {
             Filed::RefusedOlder { .. }
         ));
         assert_eq!(account.filed_ms, Some(1_000));
+    }
+
+    #[test]
+    fn g5_a_report_at_or_below_the_heard_position_is_refused_and_counted_once() {
+        // Decision 0216: a report the leader heard but did not file still orders the account.
+        let mut account = Account::default();
+        assert_eq!(
+            account.file_above(report(1, 1, 5), None, 10),
+            Filed::Accepted
+        );
+        let heard = Some(report(1, 1, 9).position());
+        let late = account.file_above(report(1, 1, 7), heard, 20);
+        assert_eq!(
+            late,
+            Filed::RefusedOlder {
+                got: report(1, 1, 7).position(),
+                last: report(1, 1, 9).position()
+            }
+        );
+        assert_eq!(account.refused_older, 1);
+        assert_eq!(account.last, Some(report(1, 1, 5).position()));
+        assert_eq!(account.filed_ms, Some(10));
+        assert_eq!(account.file_above(report(1, 1, 9), heard, 30), late_at(9));
+        assert_eq!(account.refused_older, 2);
+        assert_eq!(
+            account.file_above(report(1, 1, 10), heard, 40),
+            Filed::Accepted
+        );
+        assert_eq!(account.last, Some(report(1, 1, 10).position()));
+    }
+
+    fn late_at(r: u64) -> Filed {
+        Filed::RefusedOlder {
+            got: report(1, 1, r).position(),
+            last: report(1, 1, 9).position(),
+        }
+    }
+
+    #[test]
+    fn a_report_says_the_same_whatever_its_report_sequence_but_not_with_another_restart() {
+        let a = report(1, 2, 3);
+        let mut b = report(1, 2, 4);
+        assert!(a.says_the_same(&b));
+        b.modules.push(module("web", ModuleState::Ready));
+        assert!(!a.says_the_same(&b));
+        let mut c = a.clone();
+        c.modules.push(module("web", ModuleState::Ready));
+        c.modules[0].restarts = 1;
+        assert!(!c.says_the_same(&b));
+        assert!(!report(1, 3, 3).says_the_same(&a));
     }
 
     proptest! {
