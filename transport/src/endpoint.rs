@@ -120,9 +120,18 @@ pub enum TransportError {
     ResetAfterWrite { addr: SocketAddr },
 }
 
+/// A message on its way: its header encoded in the mesh/2 layout, with the kind and version it
+/// carries, so each connection can take it in its own framing.
+struct Message<'a> {
+    kind: &'a MessageKind,
+    version: u16,
+    bytes: &'a [u8],
+}
+
 /// Decides, after the connection is up and right before the first byte of a request is
 /// written, whether it may be written, and for how long writing may go on (a leader's lease,
-/// G3): dialling, backoff and handshakes all happen before it is asked.
+/// G3): dialling, backoff and handshakes all happen before it is asked. When that time runs out
+/// before the answer came, it is asked again: refused, the request's stream is reset.
 pub type WriteGate<'a> = &'a (dyn Fn() -> Result<Duration, String> + Send + Sync);
 
 #[derive(Default)]
@@ -260,6 +269,7 @@ impl Endpoint {
             faults: self.inner.faults.clone(),
             handler,
             open: self.inner.open.clone(),
+            principal: self.inner.principal.clone(),
         };
         tokio::spawn(crate::serve::accept_loop(self.inner.quinn.clone(), context));
         true
@@ -434,11 +444,16 @@ impl Endpoint {
         }
         let body_len = body.len();
         // Encoding bytes and a kind fails only past the codec's size limit.
-        let bytes =
-            frame::encode_header(&Header { kind, body }).map_err(|_| too_large(body_len))?;
+        let bytes = frame::encode_header(&Header::new(kind.clone(), body))
+            .map_err(|_| too_large(body_len))?;
         frame::check_len(bytes.len(), max).map_err(|_| too_large(bytes.len()))?;
         let deadline = Instant::now() + timeout;
-        let attempt = self.send_through_faults(&peer, &bytes, deadline, &what, gate);
+        let message = Message {
+            kind: &kind,
+            version: crate::version::current(&kind),
+            bytes: &bytes,
+        };
+        let attempt = self.send_through_faults(&peer, &message, deadline, &what, gate);
         match tokio::time::timeout_at(deadline, attempt).await {
             Ok(result) => result,
             Err(_) => {
@@ -454,7 +469,7 @@ impl Endpoint {
     async fn send_through_faults(
         &self,
         peer: &Peer,
-        bytes: &[u8],
+        message: &Message<'_>,
         deadline: Instant,
         what: &Outgoing,
         gate: Option<WriteGate<'_>>,
@@ -475,7 +490,7 @@ impl Endpoint {
                 let _ = go.await;
             }
         }
-        self.send_with_redial(peer, bytes, deadline, what, gate)
+        self.send_with_redial(peer, message, deadline, what, gate)
             .await
     }
 
@@ -485,7 +500,7 @@ impl Endpoint {
     async fn send_with_redial(
         &self,
         peer: &Peer,
-        bytes: &[u8],
+        message: &Message<'_>,
         deadline: Instant,
         what: &Outgoing,
         gate: Option<WriteGate<'_>>,
@@ -493,7 +508,7 @@ impl Endpoint {
         let (conn, principal, reused) = self.connection(peer.addr, deadline).await?;
         check_expected(peer, &principal)?;
         let result = self
-            .exchange(&conn, peer.addr, bytes, deadline, what, gate)
+            .exchange(&conn, peer.addr, message, deadline, what, gate)
             .await;
         let result = match result {
             Err(Attempt::Stale(reason)) if reused => {
@@ -501,7 +516,7 @@ impl Endpoint {
                 self.forget_connection(peer.addr).await;
                 let (conn, principal, _) = self.connection(peer.addr, deadline).await?;
                 check_expected(peer, &principal)?;
-                self.exchange(&conn, peer.addr, bytes, deadline, what, gate)
+                self.exchange(&conn, peer.addr, message, deadline, what, gate)
                     .await
             }
             result => result,
@@ -517,11 +532,26 @@ impl Endpoint {
         &self,
         conn: &Connection,
         addr: SocketAddr,
-        bytes: &[u8],
+        message: &Message<'_>,
         deadline: Instant,
         what: &Outgoing,
         gate: Option<WriteGate<'_>>,
     ) -> Result<Vec<u8>, Attempt> {
+        // In the framing this connection negotiated (decision 0240): a mesh/1 peer gets the
+        // header without its version, or nothing when the body is newer than mesh/1 carries.
+        let bytes = frame::for_framing(
+            message.bytes,
+            message.kind,
+            message.version,
+            crate::version::framing_of(conn),
+            &addr.to_string(),
+        )
+        .map_err(|e| {
+            Attempt::Failed(TransportError::Refused {
+                addr,
+                reason: e.to_string(),
+            })
+        })?;
         match what {
             Outgoing::Request => {
                 self.exchange_request(conn, addr, bytes, deadline, gate)
@@ -591,18 +621,25 @@ impl Endpoint {
         let left = deadline.saturating_duration_since(Instant::now());
         let read = frame::read_frame(&mut recv, max, left);
         tokio::pin!(read);
-        let answer = match write_by {
-            None => read.await,
-            Some(write_by) => {
+        let answer = match (write_by, gate) {
+            (Some(mut write_by), Some(gate)) => loop {
                 tokio::select! {
-                    answer = &mut read => answer,
+                    answer = &mut read => break answer,
                     () = tokio::time::sleep_until(write_by) => {
-                        // Past the gate: no retransmission of the request may leave either.
-                        let _ = send.reset(quinn::VarInt::from_u32(0));
-                        read.await
+                        // The gate's time ran out with no answer yet: it is asked again (a lease
+                        // renewed meanwhile lets the request's retransmissions go on, decision
+                        // 0221); closed, nothing more of the request may leave.
+                        match gate() {
+                            Ok(more) if !more.is_zero() => write_by = Instant::now() + more,
+                            _ => {
+                                let _ = send.reset(quinn::VarInt::from_u32(0));
+                                break read.await;
+                            }
+                        }
                     }
                 }
-            }
+            },
+            _ => read.await,
         };
         let answer = answer.map_err(|e| Attempt::after_write(addr, e))?;
         match frame::decode_response(&answer) {

@@ -1,12 +1,18 @@
 //! Framing on QUIC streams: a 4-byte big-endian length, then that many bytes. The length is
 //! checked against the limit before any buffer is sized from it, and every read and write has a
 //! deadline. Frame bodies go through `mesh_codec`.
+//!
+//! A request's [`Header`] has two layouts, one per framing (decision 0240, `version.rs`): in
+//! `mesh/2` the body's version, the kind and the body; in `mesh/1` the kind and the body, every
+//! body being version 1. The `mesh/2` bytes are the version followed by exactly the `mesh/1`
+//! bytes, so a header encoded once goes to a `mesh/1` peer with its version prefix cut off.
 
 use std::time::Duration;
 
 use quinn::{ReadError, ReadExactError, RecvStream, SendStream, WriteError};
 use serde::{Deserialize, Serialize};
 
+use crate::version::{self, Framing};
 use crate::writers::MessageKind;
 
 /// Bytes in the length prefix.
@@ -16,12 +22,33 @@ pub const length_prefix_bytes: usize = 4;
 /// bytes actually arrive, so a peer announcing large frames costs nothing until it sends them.
 pub const frame_reserve_bytes_max: usize = 64 * 1024;
 
-/// A request or one-way message: what it claims to be, and its opaque body.
+/// A request or one-way message: the version of its body's format, what it claims to be, and
+/// its opaque body. Field order is the `mesh/2` wire order: the version comes first.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Header {
+    pub version: u16,
     pub kind: MessageKind,
     #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
+}
+
+impl Header {
+    /// A message of `kind` in the body version this build writes for it.
+    pub fn new(kind: MessageKind, body: Vec<u8>) -> Header {
+        Header {
+            version: version::current(&kind),
+            kind,
+            body,
+        }
+    }
+}
+
+/// The `mesh/1` header: no version; its body is version 1 of its kind.
+#[derive(Deserialize)]
+struct HeaderV1 {
+    kind: MessageKind,
+    #[serde(with = "serde_bytes")]
+    body: Vec<u8>,
 }
 
 /// The answer to a request that was not served: refused by the writers table, by the handler,
@@ -172,12 +199,48 @@ pub fn check_len(len: usize, frame_bytes_max: usize) -> Result<u32, FrameError> 
     }
 }
 
+/// The header in the `mesh/2` layout; [`for_framing`] gives the bytes for a `mesh/1` peer.
 pub fn encode_header(header: &Header) -> Result<Vec<u8>, FrameError> {
     Ok(mesh_codec::encode("frame header", header)?)
 }
 
+/// A header in the `mesh/2` layout.
 pub fn decode_header(bytes: &[u8]) -> Result<Header, FrameError> {
-    Ok(mesh_codec::decode("frame header", bytes)?)
+    decode_header_framed(bytes, Framing::V2)
+}
+
+/// A header in the layout of `framing`; a `mesh/1` header's body is version 1.
+pub fn decode_header_framed(bytes: &[u8], framing: Framing) -> Result<Header, FrameError> {
+    match framing {
+        Framing::V2 => Ok(mesh_codec::decode("frame header", bytes)?),
+        Framing::V1 => {
+            let HeaderV1 { kind, body } = mesh_codec::decode("frame header (mesh/1)", bytes)?;
+            Ok(Header {
+                version: 1,
+                kind,
+                body,
+            })
+        }
+    }
+}
+
+/// The bytes of a `mesh/2` header (from [`encode_header`]) as `framing` carries them: for
+/// `mesh/1` without the version prefix, refused when the body's version is one `mesh/1` cannot
+/// carry. `receiver` names the peer in that refusal.
+pub fn for_framing<'a>(
+    encoded: &'a [u8],
+    kind: &MessageKind,
+    version: u16,
+    framing: Framing,
+    receiver: &str,
+) -> Result<&'a [u8], version::VersionError> {
+    version::check_framing(kind, version, framing, receiver)?;
+    match framing {
+        Framing::V2 => Ok(encoded),
+        // A u16 under 251 is one byte in the codec's variable-length integers; check_framing
+        // allowed only version 1 here.
+        Framing::V1 => Ok(encoded.get(1..).unwrap_or_default()),
+    }
 }
 
 /// [`Response`] as it is encoded: the same bytes as the `Result` (variant 0 the body, 1 the
@@ -223,17 +286,23 @@ mod tests {
             body: Vec<u8>,
         }
         let body: Vec<u8> = (0..=255u8).cycle().take(3000).collect();
-        let header = Header {
-            kind: MessageKind::Command,
-            body: body.clone(),
-        };
+        let header = Header::new(MessageKind::Command, body.clone());
         let plain = PlainHeader {
             kind: MessageKind::Command,
             body: body.clone(),
         };
+        // mesh/2: the version, then exactly the mesh/1 bytes (decision 0240).
         let ours = encode_header(&header).expect("encode");
-        assert_eq!(ours, mesh_codec::encode("plain", &plain).expect("encode"));
+        let plain_bytes = mesh_codec::encode("plain", &plain).expect("encode");
+        assert_eq!(ours[0], 1, "version 1 is one byte");
+        assert_eq!(&ours[1..], plain_bytes.as_slice());
         assert_eq!(decode_header(&ours).expect("decode"), header);
+        let v1 = for_framing(&ours, &header.kind, 1, Framing::V1, "peer").expect("v1 carries v1");
+        assert_eq!(v1, plain_bytes.as_slice());
+        assert_eq!(
+            decode_header_framed(v1, Framing::V1).expect("decode"),
+            header
+        );
         let refused = Refused {
             reason: "no".into(),
         };
@@ -250,12 +319,12 @@ mod tests {
     #[test]
     fn header_and_response_round_trip_through_the_codec() {
         // Framing: frame bodies are mesh_codec values.
-        let header = Header {
-            kind: MessageKind::Report {
+        let header = Header::new(
+            MessageKind::Report {
                 machine: "ace".into(),
             },
-            body: vec![1, 2, 3],
-        };
+            vec![1, 2, 3],
+        );
         assert_eq!(
             decode_header(&encode_header(&header).expect("must succeed")).expect("must succeed"),
             header
@@ -284,6 +353,7 @@ mod tests {
     fn garbage_header_bytes_are_an_error_not_a_panic() {
         // No panics on any input.
         assert!(decode_header(&[0xff; 32]).is_err());
+        assert!(decode_header_framed(&[0xff; 32], Framing::V1).is_err());
         assert!(decode_response(&[7, 7, 7]).is_err());
     }
 }

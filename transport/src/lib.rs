@@ -12,6 +12,7 @@ pub mod serve;
 pub mod stream;
 pub mod tls;
 pub mod trust;
+pub mod version;
 pub mod writers;
 
 pub use config::{CheckedConfig, ConfigError, TransportConfig};
@@ -23,4 +24,5 @@ pub use principal::{Principal, PrincipalError};
 pub use serve::{BoxFuture, Counts, Handler};
 pub use stream::{Part, Sink, Streaming};
 pub use trust::{CertInfo, DenyList, Refusal, Revoked};
+pub use version::{Framing, Speaks, VersionError};
 pub use writers::{Denied, MessageKind, Permissions, permissions_for};

@@ -53,6 +53,9 @@ pub const stop_frame_too_large: u32 = 1;
 pub const stop_bad_frame: u32 = 2;
 /// Stream stop code: the writers table refused the message.
 pub const stop_denied: u32 = 3;
+/// Stream stop code: the message's body version is one this endpoint does not speak (decision
+/// 0240); a request's answer and the receiver's log name both versions.
+pub const stop_version: u32 = 6;
 /// Connection close code: the peer's certificate is no longer trusted (revoked, or its CA left
 /// the trusted set); the close reason says which certificate and what to do.
 pub const close_untrusted: u32 = 4;
@@ -64,6 +67,9 @@ pub fn stop_reason(code: VarInt) -> String {
         c if c == u64::from(stop_frame_too_large) => "frame over the peer's frame_bytes_max",
         c if c == u64::from(stop_bad_frame) => "bad frame",
         c if c == u64::from(stop_denied) => "denied by the writers table",
+        c if c == u64::from(stop_version) => {
+            "a message version the peer does not speak; its log names both versions"
+        }
         _ => "unknown reason",
     };
     format!("peer stopped the stream with code {code} ({what})")
@@ -121,6 +127,8 @@ pub(crate) struct ServeContext {
     pub(crate) faults: Arc<Faults>,
     pub(crate) handler: Arc<dyn Handler>,
     pub(crate) open: Arc<crate::open::OpenConns>,
+    /// This endpoint's own principal, named in version refusals.
+    pub(crate) principal: Principal,
 }
 
 /// The principal named by the certificate a connected peer presented.
@@ -199,6 +207,7 @@ async fn serve_connection(
     context: ServeContext,
 ) {
     let permissions = Arc::new(permissions_for(&principal));
+    let framing = crate::version::framing_of(&conn);
     // Bounds requests in flight on this connection, counting handlers still running after
     // their stream's credit went back to the peer.
     let in_flight = Arc::new(Semaphore::new(
@@ -211,14 +220,14 @@ async fn serve_connection(
         tokio::select! {
             bi = conn.accept_bi() => match bi {
                 Ok((send, recv)) => {
-                    let job = serve_request(send, recv, addr, permissions.clone(), context.clone());
+                    let job = serve_request(send, recv, addr, framing, permissions.clone(), context.clone());
                     tokio::spawn(async move { job.await; drop(permit) });
                 }
                 Err(e) => return closed(addr, &e),
             },
             uni = conn.accept_uni() => match uni {
                 Ok(recv) => {
-                    let job = serve_one_way(recv, addr, permissions.clone(), context.clone());
+                    let job = serve_one_way(recv, addr, framing, permissions.clone(), context.clone());
                     tokio::spawn(async move { job.await; drop(permit) });
                 }
                 Err(e) => return closed(addr, &e),
@@ -231,17 +240,19 @@ fn closed(addr: SocketAddr, e: &quinn::ConnectionError) {
     tracing::debug!(peer = %addr, reason = %e, "connection ended");
 }
 
-/// Reads and checks one frame: the header if the writers table allows it, else the refusal.
+/// Reads and checks one frame: the header if the writers table allows it and its body version
+/// is one this endpoint speaks, else the refusal.
 async fn read_checked(
     recv: &mut RecvStream,
     addr: SocketAddr,
+    framing: crate::version::Framing,
     permissions: &Permissions,
     context: &ServeContext,
 ) -> Result<Header, (u32, String)> {
     let max = context.config.frame_bytes_max();
     let timeout = context.config.request_timeout();
     let header = match frame::read_frame(recv, max, timeout).await {
-        Ok(bytes) => frame::decode_header(&bytes),
+        Ok(bytes) => frame::decode_header_framed(&bytes, framing),
         Err(e) => Err(e),
     };
     let header = match header {
@@ -262,6 +273,13 @@ async fn read_checked(
         tracing::warn!(peer = %addr, reason = %denied, "message denied by the writers table");
         return Err((stop_denied, denied.to_string()));
     }
+    let sender = permissions.principal();
+    if let Err(e) = crate::version::check(&header.kind, header.version, sender, &context.principal)
+    {
+        context.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(peer = %addr, reason = %e, "message version refused");
+        return Err((stop_version, e.to_string()));
+    }
     Ok(header)
 }
 
@@ -269,49 +287,51 @@ async fn serve_request(
     mut send: SendStream,
     mut recv: RecvStream,
     addr: SocketAddr,
+    framing: crate::version::Framing,
     permissions: Arc<Permissions>,
     context: ServeContext,
 ) {
-    let response: Response = match read_checked(&mut recv, addr, &permissions, &context).await {
-        Ok(_) if context.faults.is_cut_off(addr) => return stay_silent(&context).await,
-        Ok(header)
-            if crate::stream::may_stream(&header.kind)
-                && crate::stream::asked(&mut recv, context.config.request_timeout()).await =>
-        {
-            context
-                .counters
-                .requests_served
-                .fetch_add(1, Ordering::Relaxed);
-            let from = permissions.principal().clone();
-            let max = context.config.frame_bytes_max();
-            let (sink, rx) = crate::stream::Sink::open(max);
-            let job = context
-                .handler
-                .request_streamed(from, header.kind, header.body, sink);
-            let timeout = context.config.request_timeout();
-            match crate::stream::serve(&mut send, addr, max, timeout, rx, job).await {
-                Some(response) => response,
-                None => return,
+    let response: Response =
+        match read_checked(&mut recv, addr, framing, &permissions, &context).await {
+            Ok(_) if context.faults.is_cut_off(addr) => return stay_silent(&context).await,
+            Ok(header)
+                if crate::stream::may_stream(&header.kind)
+                    && crate::stream::asked(&mut recv, context.config.request_timeout()).await =>
+            {
+                context
+                    .counters
+                    .requests_served
+                    .fetch_add(1, Ordering::Relaxed);
+                let from = permissions.principal().clone();
+                let max = context.config.frame_bytes_max();
+                let (sink, rx) = crate::stream::Sink::open(max);
+                let job = context
+                    .handler
+                    .request_streamed(from, header.kind, header.body, sink);
+                let timeout = context.config.request_timeout();
+                match crate::stream::serve(&mut send, addr, max, timeout, rx, job).await {
+                    Some(response) => response,
+                    None => return,
+                }
             }
-        }
-        Ok(header) => {
-            context
-                .counters
-                .requests_served
-                .fetch_add(1, Ordering::Relaxed);
-            let from = permissions.principal().clone();
-            let answer = context
-                .handler
-                .request(from, header.kind, header.body)
-                .await;
-            answer.map_err(|reason| Refused { reason })
-        }
-        Err((code, reason)) => {
-            // Tell the sender to stop writing (a large frame may still be arriving), then answer.
-            let _ = recv.stop(VarInt::from_u32(code));
-            Err(Refused { reason })
-        }
-    };
+            Ok(header) => {
+                context
+                    .counters
+                    .requests_served
+                    .fetch_add(1, Ordering::Relaxed);
+                let from = permissions.principal().clone();
+                let answer = context
+                    .handler
+                    .request(from, header.kind, header.body)
+                    .await;
+                answer.map_err(|reason| Refused { reason })
+            }
+            Err((code, reason)) => {
+                // Tell the sender to stop writing (a large frame may still be arriving), then answer.
+                let _ = recv.stop(VarInt::from_u32(code));
+                Err(Refused { reason })
+            }
+        };
     answer(&mut send, addr, &response, &context).await;
 }
 
@@ -348,10 +368,11 @@ async fn answer(
 async fn serve_one_way(
     mut recv: RecvStream,
     addr: SocketAddr,
+    framing: crate::version::Framing,
     permissions: Arc<Permissions>,
     context: ServeContext,
 ) {
-    match read_checked(&mut recv, addr, &permissions, &context).await {
+    match read_checked(&mut recv, addr, framing, &permissions, &context).await {
         // Already read and acknowledged by QUIC; the cut can only keep it from the handler.
         Ok(_) if context.faults.is_cut_off(addr) => {}
         Ok(header) => {

@@ -291,8 +291,9 @@ impl Endpoint {
             return Err(too_large(body.len()));
         }
         let body_len = body.len();
-        let bytes =
-            frame::encode_header(&Header { kind, body }).map_err(|_| too_large(body_len))?;
+        let bytes = frame::encode_header(&Header::new(kind.clone(), body))
+            .map_err(|_| too_large(body_len))?;
+        let version = crate::version::current(&kind);
         frame::check_len(bytes.len(), max).map_err(|_| too_large(bytes.len()))?;
         let deadline = Instant::now() + timeout;
         let timed_out = || TransportError::Timeout {
@@ -310,12 +311,21 @@ impl Endpoint {
                     let _ = go.await;
                 }
             }
+            let framed = |conn: &quinn::Connection| {
+                let framing = crate::version::framing_of(conn);
+                frame::for_framing(&bytes, &kind, version, framing, &addr.to_string()).map_err(
+                    |e| TransportError::Refused {
+                        addr,
+                        reason: e.to_string(),
+                    },
+                )
+            };
             let (conn, reused) = self.connection_to(&peer, deadline).await?;
-            match write_ask(&conn, &bytes, max, deadline).await {
+            match write_ask(&conn, framed(&conn)?, max, deadline).await {
                 Err(Opened::Stale) if reused => {
                     self.forget(addr).await;
                     let (conn, _) = self.connection_to(&peer, deadline).await?;
-                    write_ask(&conn, &bytes, max, deadline)
+                    write_ask(&conn, framed(&conn)?, max, deadline)
                         .await
                         .map_err(|e| e.into_error(addr))
                 }

@@ -22,8 +22,14 @@ use crate::pki::Identity;
 use crate::principal::Principal;
 use crate::trust::{CertInfo, DenyList, Live, Refusal};
 
-/// ALPN protocol id; a peer speaking another protocol (or another version) fails the handshake.
-pub const alpn_protocol: &[u8] = b"mesh/1";
+/// ALPN protocols offered, one per framing this build speaks, preferred first (decision 0240,
+/// `version.rs`); a peer with none of them fails the handshake.
+fn alpn_protocols() -> Vec<Vec<u8>> {
+    crate::version::alpn_offered
+        .iter()
+        .map(|p| p.to_vec())
+        .collect()
+}
 
 /// Why TLS or QUIC could not be configured from an identity.
 #[derive(Debug, thiserror::Error)]
@@ -299,6 +305,25 @@ pub fn server_config_live(
     live: Arc<Live>,
     config: &CheckedConfig,
 ) -> Result<quinn::ServerConfig, TlsError> {
+    server_config_alpn(live, config, alpn_protocols())
+}
+
+/// [`server_config`] offering exactly `alpn`: tests stand up a peer of another framing
+/// (an older release's `mesh/1` only, or one this build does not speak) with it.
+pub fn server_config_offering(
+    identity: &Identity,
+    config: &CheckedConfig,
+    alpn: &[&[u8]],
+) -> Result<quinn::ServerConfig, TlsError> {
+    let alpn = alpn.iter().map(|p| p.to_vec()).collect();
+    server_config_alpn(Arc::new(identity.live()?), config, alpn)
+}
+
+fn server_config_alpn(
+    live: Arc<Live>,
+    config: &CheckedConfig,
+    alpn: Vec<Vec<u8>>,
+) -> Result<quinn::ServerConfig, TlsError> {
     let err = |reason: String| TlsError::Config {
         side: "server",
         reason,
@@ -313,7 +338,7 @@ pub fn server_config_live(
     // whose CA left the trusted set) after its first handshake would get back in on a ticket.
     tls.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     tls.send_tls13_tickets = 0;
-    tls.alpn_protocols = vec![alpn_protocol.to_vec()];
+    tls.alpn_protocols = alpn;
     let quic = QuicServerConfig::try_from(tls).map_err(|e| err(e.to_string()))?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
     server.transport_config(transport_config(config));
@@ -340,10 +365,32 @@ pub fn client_config_from_parts(
     client_config_live(Arc::new(live), config)
 }
 
+/// [`client_config_from_parts`] offering exactly `alpn`: tests dial as a peer of another
+/// framing (an older release's `mesh/1` only, or one this build does not speak).
+pub fn client_config_offering(
+    ca: &CertificateDer<'static>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    config: &CheckedConfig,
+    alpn: &[&[u8]],
+) -> Result<quinn::ClientConfig, TlsError> {
+    let live = Live::from_parts(std::slice::from_ref(ca), chain, key)?;
+    let alpn = alpn.iter().map(|p| p.to_vec()).collect();
+    client_config_alpn(Arc::new(live), config, alpn)
+}
+
 /// The dialling side reading `live` at every handshake.
 pub fn client_config_live(
     live: Arc<Live>,
     config: &CheckedConfig,
+) -> Result<quinn::ClientConfig, TlsError> {
+    client_config_alpn(live, config, alpn_protocols())
+}
+
+fn client_config_alpn(
+    live: Arc<Live>,
+    config: &CheckedConfig,
+    alpn: Vec<Vec<u8>>,
 ) -> Result<quinn::ClientConfig, TlsError> {
     let err = |reason: String| TlsError::Config {
         side: "client",
@@ -358,7 +405,7 @@ pub fn client_config_live(
         .with_client_cert_resolver(Arc::new(LiveCert { live }));
     // Every dial verifies the server in full (see server_config_live).
     tls.resumption = rustls::client::Resumption::disabled();
-    tls.alpn_protocols = vec![alpn_protocol.to_vec()];
+    tls.alpn_protocols = alpn;
     let quic = QuicClientConfig::try_from(tls).map_err(|e| err(e.to_string()))?;
     let mut client = quinn::ClientConfig::new(Arc::new(quic));
     client.transport_config(transport_config(config));

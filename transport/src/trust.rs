@@ -266,6 +266,9 @@ impl Refusal {
 /// `Other(OtherError(…))` wrapping rustls prints around it; anything else (no mesh refusal, so
 /// no way out named yet) gets the general hint.
 pub(crate) fn handshake_reason(raw: &str) -> String {
+    if crate::version::no_common_framing(raw) {
+        return crate::version::no_common_framing_reason(raw);
+    }
     const wrapped: &str = "Other(OtherError(";
     if let Some(at) = raw.find(wrapped) {
         let inner = &raw[at + wrapped.len()..];

@@ -205,10 +205,7 @@ pub async fn raw_request(
 
 /// The bytes of a well-formed request frame.
 pub fn request_frame(kind: MessageKind, body: &[u8]) -> Vec<u8> {
-    let header = mesh_transport::Header {
-        kind,
-        body: body.to_vec(),
-    };
+    let header = mesh_transport::Header::new(kind, body.to_vec());
     let encoded = mesh_transport::frame::encode_header(&header).expect("encode");
     let mut bytes = (encoded.len() as u32).to_be_bytes().to_vec();
     bytes.extend_from_slice(&encoded);
