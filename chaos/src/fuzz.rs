@@ -277,16 +277,13 @@ pub fn targets() -> Vec<Target> {
         })
         .collect();
     let headers: Vec<Vec<u8>> = [
-        Header {
-            kind: MessageKind::Raft,
-            body: vec![0; 8],
-        },
-        Header {
-            kind: MessageKind::Report {
+        Header::new(MessageKind::Raft, vec![0; 8]),
+        Header::new(
+            MessageKind::Report {
                 machine: fuzz_machine.into(),
             },
-            body: b"body".to_vec(),
-        },
+            b"body".to_vec(),
+        ),
     ]
     .iter()
     .filter_map(|h| encode_header(h).ok())
