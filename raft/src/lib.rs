@@ -9,6 +9,7 @@ pub mod gate;
 pub mod kv;
 mod log_store;
 pub mod network;
+mod recover;
 mod replica;
 pub mod router;
 mod state_machine;
@@ -26,6 +27,9 @@ pub use log_store::LogStore;
 pub use network::{
     PeerTimings, Probed, QuicNetwork, Role, TimingsDiffer, answer as answer_raft_rpc,
     check_peer_timings, elect_now, hand_over_over_quic, probe as probe_replica,
+};
+pub use recover::{
+    Inspected, RecoverError, Recovered, force_new_cluster, inspect, outside_membership,
 };
 pub use replica::{
     HandedOver, HandoverError, ProposeError, Proposed, RaiseTermError, Replica, ReplicaSpec,

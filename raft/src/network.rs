@@ -215,6 +215,9 @@ pub async fn answer(
 ) -> Result<Vec<u8>, String> {
     let request: RaftRequest =
         mesh_codec::decode("raft request", body).map_err(|e| e.to_string())?;
+    if let Some(refusal) = crate::recover::outside_membership(raft, request.from) {
+        return Err(refusal);
+    }
     let reply = if request.timings != *timings {
         let own = raft.metrics().borrow().id;
         log_loudly(
