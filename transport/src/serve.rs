@@ -146,7 +146,9 @@ pub(crate) fn peer_principal(conn: &Connection) -> Result<Principal, String> {
 }
 
 /// Most connections (including ones still in their handshake) served at once; more are refused.
-pub const connections_max: usize = 4096;
+/// A leader serves every host of its fleet on a connection the host keeps open (10,000 hosts in
+/// issue 14, decision 0215), plus replicas and operators.
+pub const connections_max: usize = 16_384;
 
 pub(crate) async fn accept_loop(endpoint: quinn::Endpoint, context: ServeContext) {
     let connections = Arc::new(Semaphore::new(connections_max));
