@@ -1,458 +1,462 @@
-//! Checkers: pure functions over a [`History`] that name every way a run broke a guarantee.
-//!
-//! - [`no_acknowledged_write_lost`]: every acknowledged KV write is on every replica at the end, in
-//!   log order.
-//! - [`no_stale_epoch_applied`] (G2): a host never applies an envelope at or below one it accepted.
-//! - [`no_stale_epoch_sent`] (G3): once a lease of term e was acquired, no envelope of an epoch below e
-//!   leaves, and a machine's envelopes leave in increasing `(epoch, sequence)` order.
-//! - [`accounts_never_regress`] (G5): reports filed in arrival order never move an account back.
-//!
-//! Each returns the violations it found; an empty list means the history passed.
+//! The checkers: pure functions from a run's history and the store's final state to the violations
+//! they found. Each one is named after the guarantee it checks; docs/chaos.md says how each was
+//! broken by hand once and seen to fail.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use mesh::core::envelope::Position;
-use mesh::core::report::{Account, Filed, Report, ReportPosition};
-use mesh_raft::NodeId;
+use mesh::core::report::ReportPosition;
+use mesh::store::command::SendRecord;
 
-use crate::history::{Event, History, LogPosition, OpId, Tick, shown};
+use crate::history::{Answered, Event, History, Op, OpId, Tick};
 
-/// One broken promise found in a history.
+/// The checkers, by name, in the order they run.
+pub const checker_names: [&str; 10] = [
+    "history complete",
+    "no stale epoch written",
+    "no host applies at or below its mark",
+    "every applied envelope has its send record",
+    "no push runs twice",
+    "a push names the machines it recorded",
+    "accounts never regress",
+    "each refusal counted once",
+    "acknowledged writes survive",
+    "converged after heal",
+];
+
+/// One broken guarantee, with the tick it was seen at (when there is one).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
-    /// The checker that found it.
     pub checker: &'static str,
-    /// The event that shows it, if one does.
-    pub at: Option<Tick>,
+    pub tick: Option<Tick>,
     pub what: String,
 }
 
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.at {
-            Some(t) => write!(f, "[{}] at #{t:06}: {}", self.checker, self.what),
-            None => write!(f, "[{}] {}", self.checker, self.what),
+        match self.tick {
+            Some(t) => write!(f, "{} at #{t:06}: {}", self.checker, self.what),
+            None => write!(f, "{}: {}", self.checker, self.what),
         }
     }
 }
 
-fn violation(checker: &'static str, at: Option<Tick>, what: String) -> Violation {
-    Violation { checker, at, what }
+fn violation(checker: &'static str, tick: Option<Tick>, what: String) -> Violation {
+    Violation {
+        checker,
+        tick,
+        what,
+    }
+}
+
+/// What the store held at the end of a run (read from the leader once every replica caught up,
+/// after the hosts stopped).
+#[derive(Clone, Debug, Default)]
+pub struct Final {
+    /// Every send record ever committed (the `sends` table).
+    pub sends: Vec<SendRecord>,
+    /// `module/db` settings.
+    pub settings: BTreeMap<String, String>,
+    /// `CHAOS_APPLY` of module `worker` in the model.
+    pub apply_tag: Option<u64>,
+    /// Per machine: the account's last position and its refusal count.
+    pub accounts: BTreeMap<String, (Option<ReportPosition>, u64)>,
+    /// Machines that did not apply their should-be within the deadline after the heal, and why.
+    pub not_converged: Vec<String>,
 }
 
 /// Runs every checker.
-pub fn check_all(history: &History) -> Vec<Violation> {
-    let mut found = complete(history);
-    found.extend(no_acknowledged_write_lost(history));
-    found.extend(no_stale_epoch_applied(history));
-    found.extend(no_stale_epoch_sent(history));
-    found.extend(accounts_never_regress(history));
-    found
+pub fn check_all(history: &History, last: &Final) -> Vec<Violation> {
+    let mut out = complete(history);
+    out.extend(no_stale_epoch_written(history));
+    out.extend(no_apply_at_or_below_mark(history));
+    out.extend(applied_has_send_record(history, last));
+    out.extend(no_push_runs_twice(last));
+    out.extend(push_names_recorded_machines(history, last));
+    out.extend(accounts_never_regress(history));
+    out.extend(each_refusal_counted_once(history, last));
+    out.extend(acknowledged_writes_survive(history, last));
+    out.extend(converged(last));
+    out
 }
 
-/// A history that dropped events cannot prove anything.
+/// A history that dropped events cannot be checked.
 pub fn complete(history: &History) -> Vec<Violation> {
     if history.dropped == 0 {
-        return Vec::new();
+        return vec![];
     }
     vec![violation(
-        "complete",
+        checker_names[0],
         None,
-        format!(
-            "{} events were dropped (history full); shorten the run or raise events_max",
-            history.dropped
-        ),
+        format!("{} events dropped: the history is incomplete", history.dropped),
     )]
 }
 
-/// A client write as the history tells it.
-#[derive(Clone, Debug)]
-struct Write {
-    invoked: Tick,
-    key: String,
-    value: String,
-    acked: Option<(Tick, LogPosition, Option<String>)>,
-}
-
-const writes_checker: &str = "no acknowledged write lost";
-
-/// Every acknowledged write is readable on every replica at the end, in log order: per key, the final
-/// value is the acknowledged write latest in the log or a write of unknown outcome not known to come
-/// before it; each acknowledged write replaced the acknowledged write just before it in the log (or
-/// a write of unknown outcome); no two acknowledged writes share a log position.
-pub fn no_acknowledged_write_lost(history: &History) -> Vec<Violation> {
-    let mut found = Vec::new();
-    let writes = collect_writes(history, &mut found);
-    let by_key = acked_by_key(&writes);
-    found.extend(log_positions_unique(&writes));
-    found.extend(replaced_in_log_order(&writes, &by_key));
-    found.extend(final_reads_hold_the_last_write(history, &writes, &by_key));
-    found
-}
-
-fn collect_writes(history: &History, found: &mut Vec<Violation>) -> BTreeMap<OpId, Write> {
-    let mut writes: BTreeMap<OpId, Write> = BTreeMap::new();
-    let mut values: BTreeMap<(String, String), OpId> = BTreeMap::new();
-    for (tick, event) in history.ticked() {
-        match event {
-            Event::WriteInvoked { op, key, value, .. } => {
-                if let Some(other) = values.insert((key.clone(), value.clone()), *op) {
-                    found.push(violation(
-                        writes_checker,
-                        Some(tick),
-                        format!(
-                            "ops {other} and {op} both write {key}={value}; values must be unique"
-                        ),
-                    ));
+/// G3: once a lease of term e was granted to any replica, no write gate lets an envelope of an
+/// epoch below e leave.
+pub fn no_stale_epoch_written(history: &History) -> Vec<Violation> {
+    let mut granted: Option<(u64, u64, Tick)> = None;
+    let mut out = Vec::new();
+    for (tick, e) in history.ticked() {
+        match e {
+            Event::LeaseGranted { replica, term } => {
+                if granted.is_none_or(|(t, _, _)| *term > t) {
+                    granted = Some((*term, *replica, tick));
                 }
-                writes.insert(
-                    *op,
-                    Write {
-                        invoked: tick,
-                        key: key.clone(),
-                        value: value.clone(),
-                        acked: None,
-                    },
-                );
             }
-            Event::WriteAcked { op, at, previous } => match writes.get_mut(op) {
-                Some(w) => w.acked = Some((tick, *at, previous.clone())),
-                None => found.push(violation(
-                    writes_checker,
-                    Some(tick),
-                    format!("op {op} acknowledged but never invoked"),
-                )),
-            },
-            _ => {}
-        }
-    }
-    writes
-}
-
-/// Per key, the acknowledged writes in log order.
-fn acked_by_key(writes: &BTreeMap<OpId, Write>) -> BTreeMap<String, Vec<&Write>> {
-    let mut by_key: BTreeMap<String, Vec<&Write>> = BTreeMap::new();
-    for w in writes.values() {
-        if w.acked.is_some() {
-            by_key.entry(w.key.clone()).or_default().push(w);
-        }
-    }
-    for list in by_key.values_mut() {
-        list.sort_by_key(|w| w.acked.as_ref().map(|(_, at, _)| at.key()));
-    }
-    by_key
-}
-
-fn log_positions_unique(writes: &BTreeMap<OpId, Write>) -> Vec<Violation> {
-    let mut found = Vec::new();
-    let mut seen: BTreeMap<(u64, u32), &Write> = BTreeMap::new();
-    for w in writes.values() {
-        let Some((tick, at, _)) = &w.acked else {
-            continue;
-        };
-        if let Some(other) = seen.insert(at.key(), w) {
-            found.push(violation(
-                writes_checker,
-                Some(*tick),
-                format!(
-                    "{}={} and {}={} were both acknowledged at {at}: one of them was overwritten in the log",
-                    other.key, other.value, w.key, w.value
-                ),
-            ));
-        }
-    }
-    found
-}
-
-/// Each acknowledged write's `previous` is the acknowledged write just before it in the log, or the
-/// value of a write whose outcome is unknown (which may have landed in between).
-fn replaced_in_log_order(
-    writes: &BTreeMap<OpId, Write>,
-    by_key: &BTreeMap<String, Vec<&Write>>,
-) -> Vec<Violation> {
-    let mut found = Vec::new();
-    for (key, acked) in by_key {
-        for (i, w) in acked.iter().enumerate() {
-            let Some((tick, at, previous)) = &w.acked else {
-                continue;
-            };
-            let before = i.checked_sub(1).map(|j| acked[j]);
-            let fine = match (previous, before) {
-                (None, None) => true,
-                (None, Some(_)) => false,
-                (Some(p), Some(b)) if *p == b.value => true,
-                (Some(p), _) => is_unknown_write(writes, key, p),
-            };
-            if !fine {
-                let expected = before.map(|b| b.value.as_str());
-                found.push(violation(
-                    writes_checker,
-                    Some(*tick),
-                    format!(
-                        "{key}={} at {at} replaced {previous:?}, but the acknowledged write before it in the log is {expected:?}: applied out of log order or a write was lost",
-                        w.value
-                    ),
-                ));
-            }
-        }
-    }
-    found
-}
-
-fn is_unknown_write(writes: &BTreeMap<OpId, Write>, key: &str, value: &str) -> bool {
-    writes
-        .values()
-        .any(|w| w.key == key && w.value == value && w.acked.is_none())
-}
-
-/// On every replica that was read at the end, each key with acknowledged writes holds the last one
-/// in the log, or a write of unknown outcome that no acknowledged write replaced.
-fn final_reads_hold_the_last_write(
-    history: &History,
-    writes: &BTreeMap<OpId, Write>,
-    by_key: &BTreeMap<String, Vec<&Write>>,
-) -> Vec<Violation> {
-    let mut reads: BTreeMap<NodeId, BTreeMap<&str, (Tick, Option<&str>)>> = BTreeMap::new();
-    for (tick, event) in history.ticked() {
-        if let Event::FinalRead {
-            replica,
-            key,
-            value,
-        } = event
-        {
-            reads
-                .entry(*replica)
-                .or_default()
-                .insert(key, (tick, value.as_deref()));
-        }
-    }
-    let mut found = Vec::new();
-    if reads.is_empty() && !by_key.is_empty() {
-        found.push(violation(
-            writes_checker,
-            None,
-            "writes were acknowledged but no replica was read at the end".to_string(),
-        ));
-    }
-    for (replica, held) in &reads {
-        for (key, acked) in by_key {
-            let Some(last) = acked.last() else { continue };
-            let read = held.get(key.as_str()).copied();
-            if let Some(what) = final_value_problem(writes, acked, last, read.map(|r| r.1)) {
-                let at = read.map(|r| r.0);
-                found.push(violation(
-                    writes_checker,
-                    at,
-                    format!("replica {replica}, key {key}: {what}"),
-                ));
-            }
-        }
-    }
-    found
-}
-
-fn final_value_problem(
-    writes: &BTreeMap<OpId, Write>,
-    acked: &[&Write],
-    last: &Write,
-    read: Option<Option<&str>>,
-) -> Option<String> {
-    let Some(read) = read else {
-        return Some("never read at the end".to_string());
-    };
-    let Some(value) = read else {
-        return Some(format!(
-            "is empty, but {} was acknowledged",
-            describe_ack(last)
-        ));
-    };
-    if value == last.value {
-        return None;
-    }
-    if let Some(w) = acked.iter().find(|w| w.value == value) {
-        return Some(format!(
-            "holds {} ({}), but the later {} is lost",
-            value,
-            describe_ack(w),
-            describe_ack(last)
-        ));
-    }
-    if !is_unknown_write(writes, &last.key, value) {
-        return Some(format!("holds {value}, which no client wrote"));
-    }
-    let replaced_by = acked
-        .iter()
-        .find(|w| matches!(&w.acked, Some((_, _, Some(p))) if p == value));
-    replaced_by.map(|w| {
-        format!(
-            "holds {value}, which {} replaced: that acknowledged write is lost",
-            describe_ack(w)
-        )
-    })
-}
-
-fn describe_ack(w: &Write) -> String {
-    match &w.acked {
-        Some((tick, at, _)) => format!("{}={} (acked at #{tick:06}, {at})", w.key, w.value),
-        None => format!("{}={} (invoked at #{:06})", w.key, w.value, w.invoked),
-    }
-}
-
-const applied_checker: &str = "no stale epoch applied";
-
-/// G2 at the host: per machine, each applied envelope is strictly above every one applied before it,
-/// and once an envelope of epoch e was applied, nothing of an epoch below e is applied afterwards.
-pub fn no_stale_epoch_applied(history: &History) -> Vec<Violation> {
-    let mut found = Vec::new();
-    let mut high: BTreeMap<&str, (Tick, Position)> = BTreeMap::new();
-    for (tick, event) in history.ticked() {
-        let Event::EnvelopeApplied {
-            machine, position, ..
-        } = event
-        else {
-            continue;
-        };
-        if let Some((then, accepted)) = high.get(machine.as_str()).copied() {
-            if position.epoch < accepted.epoch {
-                found.push(violation(
-                    applied_checker,
-                    Some(tick),
-                    format!(
-                        "host {machine} applied {position}, of an epoch older than {accepted} applied at #{then:06}"
-                    ),
-                ));
-                continue;
-            }
-            if *position <= accepted {
-                found.push(violation(
-                    applied_checker,
-                    Some(tick),
-                    format!(
-                        "host {machine} applied {position}, not above {accepted} applied at #{then:06}"
-                    ),
-                ));
-                continue;
-            }
-        }
-        high.insert(machine, (tick, *position));
-    }
-    found
-}
-
-const sent_checker: &str = "no stale epoch sent";
-
-/// G3 at the leader: once any replica acquired a lease of term e, no envelope of an epoch below e is
-/// sent afterwards; and per machine, each envelope sent is above every one sent before it (sequences
-/// come from the log, so a new leader continues where the old one stopped).
-pub fn no_stale_epoch_sent(history: &History) -> Vec<Violation> {
-    let mut found = Vec::new();
-    let mut newest_lease: Option<(Tick, NodeId, u64)> = None;
-    let mut high: BTreeMap<&str, (Tick, Position)> = BTreeMap::new();
-    for (tick, event) in history.ticked() {
-        match event {
-            Event::LeaseAcquired { replica, term }
-                if newest_lease.is_none_or(|(_, _, t)| *term > t) =>
-            {
-                newest_lease = Some((tick, *replica, *term));
-            }
-            Event::EnvelopeSent {
+            Event::WriteAllowed {
                 replica,
                 machine,
-                position,
+                epoch,
+                sequence,
             } => {
-                if let Some((then, holder, term)) = newest_lease
-                    && position.epoch < term
+                if let Some((term, by, at)) = granted
+                    && *epoch < term
                 {
-                    found.push(violation(
-                        sent_checker,
+                    out.push(violation(
+                        checker_names[1],
                         Some(tick),
                         format!(
-                            "replica {replica} sent {machine} {position} after replica {holder} acquired a lease of term {term} at #{then:06}"
+                            "replica {replica} wrote envelope {epoch}.{sequence} to {machine} after replica {by} was granted a lease in term {term} (#{at:06})"
                         ),
                     ));
                 }
-                if let Some((then, sent)) = high.get(machine.as_str()).copied()
-                    && *position <= sent
-                {
-                    found.push(violation(
-                        sent_checker,
-                        Some(tick),
-                        format!(
-                            "replica {replica} sent {machine} {position}, not above {sent} sent at #{then:06}"
-                        ),
-                    ));
-                    continue;
-                }
-                high.insert(machine, (tick, *position));
             }
             _ => {}
         }
     }
-    found
+    out
 }
 
-const accounts_checker: &str = "accounts never regress";
-
-/// G5: per machine, feeding the reports through [`Account::file`] in arrival order gives the verdict
-/// the controller recorded, and the controller's account position never decreases.
-pub fn accounts_never_regress(history: &History) -> Vec<Violation> {
-    let mut found = Vec::new();
-    let mut replayed: BTreeMap<&str, Account> = BTreeMap::new();
-    let mut recorded: BTreeMap<&str, (Tick, ReportPosition)> = BTreeMap::new();
-    for (tick, event) in history.ticked() {
-        let Event::ReportFiled {
+/// G2: each machine applies strictly increasing `(epoch, sequence)`, across its restarts.
+pub fn no_apply_at_or_below_mark(history: &History) -> Vec<Violation> {
+    let mut marks: BTreeMap<&str, (u64, u64, Tick)> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (tick, e) in history.ticked() {
+        if let Event::HostApplied {
             machine,
-            got,
-            accepted,
-            account,
-        } = event
+            epoch,
+            sequence,
+            ..
+        } = e
+        {
+            if let Some((me, ms, at)) = marks.get(machine.as_str())
+                && (*epoch, *sequence) <= (*me, *ms)
+            {
+                let how = if epoch < me {
+                    "an older epoch after a newer one"
+                } else {
+                    "at or below its mark"
+                };
+                out.push(violation(
+                    checker_names[2],
+                    Some(tick),
+                    format!(
+                        "{machine} applied {epoch}.{sequence}, {how} ({me}.{ms} applied at #{at:06})"
+                    ),
+                ));
+                continue;
+            }
+            marks.insert(machine, (*epoch, *sequence, tick));
+        }
+    }
+    out
+}
+
+/// G4: every envelope a host applied was recorded first: a committed send record of the same
+/// machine, epoch and sequence with the same digest.
+pub fn applied_has_send_record(history: &History, last: &Final) -> Vec<Violation> {
+    let records: BTreeMap<(&str, u64), &SendRecord> = last
+        .sends
+        .iter()
+        .map(|s| ((s.machine.as_str(), s.sequence), s))
+        .collect();
+    let mut out = Vec::new();
+    for (tick, e) in history.ticked() {
+        let Event::HostApplied {
+            machine,
+            epoch,
+            sequence,
+            digest,
+        } = e
         else {
             continue;
         };
-        let model = replayed.entry(machine).or_default();
-        let verdict = model.file(report_at(machine, *got));
-        let model_accepted = verdict == Filed::Accepted;
-        if model_accepted != *accepted {
-            found.push(violation(
-                accounts_checker,
+        match records.get(&(machine.as_str(), *sequence)) {
+            None => out.push(violation(
+                checker_names[3],
+                Some(tick),
+                format!("{machine} applied {epoch}.{sequence} but the store has no send record of it"),
+            )),
+            Some(r) if r.epoch != *epoch || r.digest.short() != *digest => out.push(violation(
+                checker_names[3],
                 Some(tick),
                 format!(
-                    "report {machine} {got} was {} but filing in arrival order {} it",
-                    if *accepted { "filed" } else { "refused" },
-                    if model_accepted { "files" } else { "refuses" },
+                    "{machine} applied {epoch}.{sequence} digest {digest}; the send record says {}.{} digest {}",
+                    r.epoch,
+                    r.sequence,
+                    r.digest.short()
                 ),
-            ));
-        }
-        if let Some((then, before)) = recorded.get(machine.as_str()).copied()
-            && account.is_none_or(|now| now < before)
-        {
-            found.push(violation(
-                accounts_checker,
-                Some(tick),
-                format!(
-                    "account of {machine} went back from {before} (#{then:06}) to {}",
-                    shown(account)
-                ),
-            ));
-        }
-        if let Some(now) = account {
-            recorded.insert(machine, (tick, *now));
+            )),
+            Some(_) => {}
         }
     }
-    found
+    out
 }
 
-fn report_at(machine: &str, at: ReportPosition) -> Report {
-    Report {
-        machine: machine.to_string(),
-        epoch: at.epoch,
-        sequence: at.sequence,
-        report_sequence: at.report_sequence,
-        applied: None,
-        modules: Vec::new(),
-        refused_older: 0,
-        last_refusal: None,
-        proof: None,
+/// One push (one `why`, unique per request) sends each machine at most once: a push that ran
+/// again (a retried or relayed request run twice) records a machine twice.
+pub fn no_push_runs_twice(last: &Final) -> Vec<Violation> {
+    let mut seen: BTreeMap<(&str, &str), &SendRecord> = BTreeMap::new();
+    let mut out = Vec::new();
+    for s in &last.sends {
+        if let Some(first) = seen.insert((s.why.as_str(), s.machine.as_str()), s) {
+            out.push(violation(
+                checker_names[4],
+                None,
+                format!(
+                    "push {:?} recorded {} twice: {}.{} and {}.{}",
+                    s.why, s.machine, first.epoch, first.sequence, s.epoch, s.sequence
+                ),
+            ));
+        }
     }
+    out
+}
+
+/// A push's answer names every machine the store recorded a send for under it, with the same
+/// sequence and digest; it claims no send the store does not have; a refused push recorded nothing.
+pub fn push_names_recorded_machines(history: &History, last: &Final) -> Vec<Violation> {
+    let mut pushes: BTreeMap<OpId, &str> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (tick, e) in history.ticked() {
+        match e {
+            Event::Invoked {
+                op,
+                what: Op::Push { why, .. },
+                ..
+            } => {
+                pushes.insert(*op, why);
+            }
+            Event::Done { op, answer } => {
+                let Some(why) = pushes.get(op) else { continue };
+                let recorded: BTreeMap<&str, &SendRecord> = last
+                    .sends
+                    .iter()
+                    .filter(|s| s.why == *why)
+                    .map(|s| (s.machine.as_str(), s))
+                    .collect();
+                match answer {
+                    Answered::Ok { lines } => {
+                        let named: BTreeMap<&str, &Option<(u64, String)>> =
+                            lines.iter().map(|(m, s)| (m.as_str(), s)).collect();
+                        for (m, r) in &recorded {
+                            match named.get(m) {
+                                None => out.push(violation(
+                                    checker_names[5],
+                                    Some(tick),
+                                    format!("push {why:?} recorded a send to {m} its answer does not name"),
+                                )),
+                                Some(Some((seq, digest)))
+                                    if *seq > 0 && (*seq != r.sequence || *digest != r.digest.short()) =>
+                                {
+                                    out.push(violation(
+                                        checker_names[5],
+                                        Some(tick),
+                                        format!(
+                                            "push {why:?} answered {m} sent as {seq} {digest}; the record is {} {}",
+                                            r.sequence,
+                                            r.digest.short()
+                                        ),
+                                    ))
+                                }
+                                Some(_) => {}
+                            }
+                        }
+                        for (m, sent) in &named {
+                            if sent.is_some() && !recorded.contains_key(m) {
+                                out.push(violation(
+                                    checker_names[5],
+                                    Some(tick),
+                                    format!("push {why:?} answered a send to {m} the store never recorded"),
+                                ));
+                            }
+                        }
+                    }
+                    Answered::Refused(reason) if !recorded.is_empty() => out.push(violation(
+                        checker_names[5],
+                        Some(tick),
+                        format!(
+                            "push {why:?} was refused ({reason}) yet recorded sends to {:?}",
+                            recorded.keys().collect::<Vec<_>>()
+                        ),
+                    )),
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// G5: on every replica, each machine's account position and refusal count never move back.
+pub fn accounts_never_regress(history: &History) -> Vec<Violation> {
+    let mut seen: BTreeMap<(u64, &str), (Option<ReportPosition>, u64, Tick)> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (tick, e) in history.ticked() {
+        let Event::AccountSeen {
+            replica,
+            machine,
+            last,
+            refused_older,
+        } = e
+        else {
+            continue;
+        };
+        if let Some((before, refused, at)) = seen.get(&(*replica, machine.as_str()))
+            && (*last < *before || refused_older < refused)
+        {
+            out.push(violation(
+                checker_names[6],
+                Some(tick),
+                format!(
+                    "replica {replica}'s account of {machine} moved back from {before:?} (refused {refused}, #{at:06}) to {last:?} (refused {refused_older})"
+                ),
+            ));
+        }
+        seen.insert((*replica, machine), (*last, *refused_older, tick));
+    }
+    out
+}
+
+/// G5: every report the leader refused as not newer is counted once. A report delivered after
+/// one at or past it was delivered must have been refused (the lower bound); the count may exceed
+/// those only by deliveries whose outcome is unknown (failed ones, and ones after a failed
+/// delivery at or past them).
+pub fn each_refusal_counted_once(history: &History, last: &Final) -> Vec<Violation> {
+    let mut best: BTreeMap<&str, ReportPosition> = BTreeMap::new();
+    let mut failed_best: BTreeMap<&str, ReportPosition> = BTreeMap::new();
+    let mut low: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut high: BTreeMap<&str, u64> = BTreeMap::new();
+    for (_, e) in history.ticked() {
+        let Event::ReportDelivered {
+            machine,
+            position,
+            ok,
+        } = e
+        else {
+            continue;
+        };
+        let m = machine.as_str();
+        if !ok {
+            *high.entry(m).or_default() += 1;
+            let f = failed_best.entry(m).or_insert(*position);
+            *f = (*f).max(*position);
+            continue;
+        }
+        if best.get(m).is_some_and(|b| *position <= *b) {
+            *low.entry(m).or_default() += 1;
+            *high.entry(m).or_default() += 1;
+        } else if failed_best.get(m).is_some_and(|f| *position <= *f) {
+            *high.entry(m).or_default() += 1;
+        }
+        let b = best.entry(m).or_insert(*position);
+        *b = (*b).max(*position);
+    }
+    let mut out = Vec::new();
+    for (m, (_, counted)) in &last.accounts {
+        let (l, h) = (
+            low.get(m.as_str()).copied().unwrap_or(0),
+            high.get(m.as_str()).copied().unwrap_or(0),
+        );
+        if *counted < l || *counted > h {
+            out.push(violation(
+                checker_names[7],
+                None,
+                format!(
+                    "{m}'s account counts {counted} refused reports; the deliveries allow {l} to {h}"
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// Every acknowledged operator write survives: each settings key and the model end as the last
+/// acknowledged write left them, or as a later write whose outcome is unknown; a refused write
+/// never shows.
+pub fn acknowledged_writes_survive(history: &History, last: &Final) -> Vec<Violation> {
+    // Per thing written ("setting <key>" or "model"): (value, op, answer) in invoke order.
+    let mut invoked: BTreeMap<OpId, (String, String)> = BTreeMap::new();
+    let mut writes: BTreeMap<String, Vec<(String, Option<Answered>)>> = BTreeMap::new();
+    let mut index: BTreeMap<OpId, (String, usize)> = BTreeMap::new();
+    for (_, e) in history.ticked() {
+        match e {
+            Event::Invoked { op, what, .. } => {
+                let (thing, value) = match what {
+                    Op::Set { key, value } => (format!("setting {key}"), value.clone()),
+                    Op::Apply { tag } => ("model".to_string(), tag.to_string()),
+                    Op::Push { .. } => continue,
+                };
+                let list = writes.entry(thing.clone()).or_default();
+                index.insert(*op, (thing.clone(), list.len()));
+                list.push((value.clone(), None));
+                invoked.insert(*op, (thing, value));
+            }
+            Event::Done { op, answer } => {
+                if let Some((thing, i)) = index.get(op)
+                    && let Some(w) = writes.get_mut(thing).and_then(|l| l.get_mut(*i))
+                {
+                    w.1 = Some(answer.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for (thing, list) in &writes {
+        let now = match thing.strip_prefix("setting ") {
+            Some(key) => last.settings.get(key).cloned(),
+            None => last.apply_tag.map(|t| t.to_string()),
+        };
+        let acked = list
+            .iter()
+            .rposition(|(_, a)| matches!(a, Some(Answered::Ok { .. })));
+        let mut allowed: BTreeSet<Option<String>> = BTreeSet::new();
+        match acked {
+            Some(i) => {
+                allowed.insert(Some(list[i].0.clone()));
+            }
+            // Nothing acknowledged: the value before the run, or any write that may have happened.
+            None => {
+                allowed.insert(None);
+            }
+        }
+        let from = acked.map_or(0, |i| i + 1);
+        for (value, answer) in &list[from..] {
+            if !matches!(answer, Some(Answered::Refused(_))) {
+                allowed.insert(Some(value.clone()));
+            }
+        }
+        if !allowed.contains(&now) {
+            out.push(violation(
+                checker_names[8],
+                None,
+                format!(
+                    "{thing} ends as {now:?}; the last acknowledged write {} leaves only {allowed:?}",
+                    acked.map_or("(none)".to_string(), |i| list[i].0.clone())
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// After the heal every machine applied its should-be within the deadline.
+pub fn converged(last: &Final) -> Vec<Violation> {
+    last.not_converged
+        .iter()
+        .map(|why| violation(checker_names[9], None, why.clone()))
+        .collect()
 }

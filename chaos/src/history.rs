@@ -1,9 +1,11 @@
-//! The history of a chaos run: every operation's invoke and complete events (client writes, leases,
-//! envelopes sent and received, reports filed, nemesis steps, final reads) in one total order.
+//! The history of a chaos run over the real controller: leases granted, envelope writes the lease
+//! allowed, declarations hosts applied, reports delivered, accounts seen on every replica, operator
+//! requests invoked and answered, nemesis steps, in one total order.
 //!
 //! Time is a logical counter: an event's tick is its index in the history. Every event is recorded
-//! under one lock, so the order of ticks is consistent with real time across tasks — which is what the
-//! checkers rely on ("after a newer lease was acquired, nothing older was sent").
+//! under one lock, and the replicas' and hosts' events are recorded synchronously where the real
+//! code emits them (a tracing event, `observe.rs`), so the order of ticks is consistent with real
+//! time across tasks: "after a lease of term 5 was granted, nothing of epoch 4 was written".
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -11,9 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use mesh::core::envelope::Position;
 use mesh::core::report::ReportPosition;
-use mesh_raft::NodeId;
 
 /// Events kept at most; beyond that, events are counted as dropped and the checkers refuse the run.
 pub const events_max: usize = 400_000;
@@ -21,184 +21,86 @@ pub const events_max: usize = 400_000;
 /// A logical timestamp: the index of the event in its history.
 pub type Tick = u64;
 
-/// Ties a client write's completion to its invocation.
+/// Ties an operator request's answer to its invocation.
 pub type OpId = u64;
 
-/// Where a command sits in the Raft log: ordered by `(index, position)`; `term` is the entry's term.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct LogPosition {
-    pub term: u64,
-    pub index: u64,
-    /// The command's place in the entry's batch.
-    pub position: u32,
+/// An operator request, as the checkers need it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// A model apply; `tag` is the value of the `CHAOS_APPLY` env of module `worker` in it.
+    Apply { tag: u64 },
+    /// `settings set module/db key=value`.
+    Set { key: String, value: String },
+    /// A push whose `why` is `why` (unique in the run).
+    Push { why: String, target: String, moves: Vec<String> },
 }
 
-impl LogPosition {
-    /// The log order key.
-    pub fn key(&self) -> (u64, u32) {
-        (self.index, self.position)
-    }
-}
-
-impl fmt::Display for LogPosition {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "log {}-{}.{}", self.term, self.index, self.position)
-    }
+/// What an operator request came back with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answered {
+    /// Acknowledged. For a push, the machines of its answer's lines: `(machine, sent)` where `sent`
+    /// is `Some((sequence, digest short))` for an applied, sent or refused line.
+    Ok { lines: Vec<(String, Option<(u64, String)>)> },
+    /// Refused or invalid: nothing was written (the API's promise).
+    Refused(String),
+    /// Unavailable, failed, or no answer: it may or may not have happened.
+    Unknown(String),
 }
 
 /// One thing that happened in a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// A client proposed `key = value` to replica `via`. Values are unique within a run.
-    WriteInvoked {
-        op: OpId,
-        client: u32,
-        via: NodeId,
-        key: String,
-        value: String,
-    },
-    /// The write committed at `at`; `previous` is the value it replaced when applied.
-    WriteAcked {
-        op: OpId,
-        at: LogPosition,
-        previous: Option<String>,
-    },
-    /// The write got no answer: it may or may not have been applied.
-    WriteUnknown { op: OpId, error: String },
-    /// `replica` holds a lease of `term` (G3).
-    LeaseAcquired { replica: NodeId, term: u64 },
-    /// `replica` committed `position.sequence` for `machine` through the log, under `position.epoch`.
-    SequenceCommitted {
-        replica: NodeId,
-        machine: String,
-        position: Position,
-        at: LogPosition,
-    },
-    /// `replica` sealed an envelope and let it leave, its lease checked open at this very tick.
-    EnvelopeSent {
-        replica: NodeId,
-        machine: String,
-        position: Position,
-    },
-    /// `replica` did not send a committed envelope because its lease had closed.
-    SendAbandoned {
-        replica: NodeId,
-        machine: String,
-        position: Position,
-        reason: String,
-    },
-    /// The host of `machine` verified, fenced and applied an envelope.
-    EnvelopeApplied {
-        machine: String,
-        signer: NodeId,
-        position: Position,
-    },
-    /// The host of `machine` refused an envelope that came over `link`'s connection.
-    EnvelopeRefused {
-        machine: String,
-        link: NodeId,
-        got: Option<Position>,
-        reason: String,
-    },
-    /// The controller filed (or refused) a report; `account` is the account's position afterwards.
-    ReportFiled {
-        machine: String,
-        got: ReportPosition,
-        accepted: bool,
-        account: Option<ReportPosition>,
-    },
-    /// A nemesis step, with the seed that chose it.
-    Nemesis {
-        seed: u64,
-        step: usize,
-        what: String,
-    },
-    /// What `replica` holds for `key` once the run healed and converged.
-    FinalRead {
-        replica: NodeId,
-        key: String,
-        value: Option<String>,
-    },
-    /// Anything else worth seeing when reading a failed run.
+    /// A nemesis step began (`on`) or ended.
+    Nemesis { step: usize, fault: String, what: String, on: bool },
+    /// A quorum round confirmed replica `replica`'s lease in `term` (its gate, G3).
+    LeaseGranted { replica: u64, term: u64 },
+    /// The write gate of `replica` let an envelope of `epoch` leave for `machine`.
+    WriteAllowed { replica: u64, machine: String, epoch: u64, sequence: u64 },
+    /// `machine`'s agent persisted its mark at the position and applies the declaration.
+    HostApplied { machine: String, epoch: u64, sequence: u64, digest: String },
+    /// `machine`'s sink handed a report to a controller (`ok`) or failed to.
+    ReportDelivered { machine: String, position: ReportPosition, ok: bool },
+    /// Replica `replica`'s applied state held this account for `machine`.
+    AccountSeen { replica: u64, machine: String, last: Option<ReportPosition>, refused_older: u64 },
+    /// An operator request was sent to replica `via`.
+    Invoked { op: OpId, via: u64, what: Op },
+    /// Its answer.
+    Done { op: OpId, answer: Answered },
+    /// A replica or host stopped (`up: false`) or came back from its files.
+    Restart { who: String, up: bool },
+    /// Anything else worth reading in a failure.
     Note { what: String },
 }
 
 impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Event::WriteInvoked {
-                op,
-                client,
-                via,
-                key,
-                value,
-            } => write!(f, "op {op}: client {client} writes {key}={value} via {via}"),
-            Event::WriteAcked { op, at, previous } => {
-                write!(f, "op {op}: acked at {at}, previous {previous:?}")
+            Event::Nemesis { step, fault, what, on } => {
+                let state = if *on { "on" } else { "off" };
+                write!(f, "nemesis step {step} {fault} {state}: {what}")
             }
-            Event::WriteUnknown { op, error } => write!(f, "op {op}: unknown: {error}"),
-            Event::LeaseAcquired { replica, term } => {
-                write!(f, "replica {replica} holds a lease of term {term}")
+            Event::LeaseGranted { replica, term } => {
+                write!(f, "replica {replica} lease granted in term {term}")
             }
-            Event::SequenceCommitted {
-                replica,
-                machine,
-                position,
-                at,
-            } => write!(
+            Event::WriteAllowed { replica, machine, epoch, sequence } => {
+                write!(f, "replica {replica} writes envelope {epoch}.{sequence} to {machine}")
+            }
+            Event::HostApplied { machine, epoch, sequence, digest } => {
+                write!(f, "{machine} applies {epoch}.{sequence} (digest {digest})")
+            }
+            Event::ReportDelivered { machine, position, ok } => {
+                write!(f, "{machine} report {position} delivered: {ok}")
+            }
+            Event::AccountSeen { replica, machine, last, refused_older } => write!(
                 f,
-                "replica {replica} committed {machine} {position} at {at}"
+                "replica {replica} account {machine}: last {}, refused {refused_older}",
+                shown(last)
             ),
-            Event::EnvelopeSent {
-                replica,
-                machine,
-                position,
-            } => write!(f, "replica {replica} sent {machine} {position}"),
-            Event::SendAbandoned {
-                replica,
-                machine,
-                position,
-                reason,
-            } => write!(
-                f,
-                "replica {replica} abandoned {machine} {position}: {reason}"
-            ),
-            Event::EnvelopeApplied {
-                machine,
-                signer,
-                position,
-            } => write!(f, "host {machine} applied {position} from {signer}"),
-            Event::EnvelopeRefused {
-                machine,
-                link,
-                got,
-                reason,
-            } => write!(
-                f,
-                "host {machine} refused {} from link {link}: {reason}",
-                shown(got)
-            ),
-            Event::ReportFiled {
-                machine,
-                got,
-                accepted,
-                account,
-            } => {
-                let verdict = if *accepted { "filed" } else { "refused" };
-                write!(
-                    f,
-                    "report {machine} {got} {verdict}; account at {}",
-                    shown(account)
-                )
+            Event::Invoked { op, via, what } => write!(f, "op {op} via replica {via}: {what:?}"),
+            Event::Done { op, answer } => write!(f, "op {op} answered {answer:?}"),
+            Event::Restart { who, up } => {
+                write!(f, "{who} {}", if *up { "restarted from its files" } else { "stopped" })
             }
-            Event::Nemesis { seed, step, what } => {
-                write!(f, "nemesis seed {seed} step {step}: {what}")
-            }
-            Event::FinalRead {
-                replica,
-                key,
-                value,
-            } => write!(f, "final replica {replica}: {key}={value:?}"),
             Event::Note { what } => write!(f, "note: {what}"),
         }
     }
@@ -373,4 +275,17 @@ fn push(history: &mut History, event: Event) -> Tick {
     }
     history.events.push(event);
     tick
+}
+
+impl Recorder {
+    /// A copy of the history's first `end` events (events recorded after the run's end are left
+    /// out: nothing the checkers read happens after it).
+    pub fn snapshot_until(&self, end: Tick) -> History {
+        let inner = self.lock();
+        let end = (end as usize).min(inner.history.events.len());
+        History {
+            events: inner.history.events[..end].to_vec(),
+            dropped: inner.history.dropped,
+        }
+    }
 }

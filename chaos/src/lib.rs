@@ -1,20 +1,22 @@
-//! Fault injection (pause, partition, drop/delay/hold/replay), history recording and the checkers that read it.
+//! Chaos runs over the real controller, and the decoders' fuzzer.
 //!
-//! A chaos run ([`run::run`]) starts three in-process replicas over the fault router, drives clients,
-//! leader actors and simulated hosts while the [`nemesis`] plays a seeded schedule of faults, records
-//! everything in a [`history::History`], and checks it with the [`checkers`]. A failing run panics
-//! with its seed; `CHAOS_SEED=<n>` replays it.
+//! A run ([`run::run`]) starts three real replica services and three real host agents in one
+//! process ([`bed`]), drives real operator requests ([`workload`]) while the [`nemesis`] plays a
+//! seeded schedule of named faults, records what the real code did ([`observe`], [`history`]) and
+//! checks it ([`checkers`]). `cargo run --release -p mesh-chaos -- --runs N` runs many
+//! (`main.rs`); `cargo run -p mesh-chaos -- fuzz` fuzzes the decoders ([`fuzz`]).
 
-pub mod actors;
+pub mod bed;
 pub mod checkers;
 pub mod fuzz;
 pub mod history;
 pub mod nemesis;
+pub mod observe;
 pub mod rng;
 pub mod run;
-pub mod sim;
+pub mod workload;
 
-pub use checkers::{Violation, check_all};
+pub use checkers::{Final, Violation, check_all};
 pub use history::{Event, History, Recorder};
-pub use nemesis::{Mix, Schedule};
-pub use run::{Outcome, RunSpec, run, try_run};
+pub use nemesis::{Fault, Mix, Schedule};
+pub use run::{Outcome, RunSpec, run};

@@ -1,176 +1,191 @@
-//! The nemesis: a seeded schedule of faults over the Raft router and the host links (isolate the
-//! leader, cut one direction, drop a share of messages, delay, hold and release, pause a leader
-//! between commit and send, hold or replay envelopes), played step by step, each step logged with
-//! the seed that chose it.
+//! The nemesis: a seeded schedule of named faults over the real endpoints' hooks (Raft links
+//! between replicas, envelope links to hosts, report links back), the replicas' lease clocks, and
+//! the processes (replica and host stop and restart from their files), played step by step and
+//! each step recorded. A schedule is a pure function of `(seed, mix, time)`; which replica a step
+//! hits is chosen when it is played (the leader then), from the step's own draw.
 
-use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use openraft::ServerState;
+use tokio::sync::RwLock;
 
-use mesh_raft::NodeId;
-use mesh_raft::router::Router;
-
-use crate::actors::{Pause, SharedReplica};
-use crate::history::{Event, Recorder, Tick};
+use crate::bed::{Cluster, machines, replicas_n};
+use crate::history::Event;
 use crate::rng::Rng;
-use crate::sim::Machines;
 
 /// Steps in one schedule at most.
-pub const steps_max: usize = 64;
+pub const steps_max: usize = 32;
 /// Shortest and longest time a fault stays on.
 pub const fault_ms_min: u64 = 200;
-pub const fault_ms_max: u64 = 900;
-/// How long an isolated leader stays cut off: long enough for the others to elect a new leader.
-pub const isolation_ms: u64 = 1_500;
-/// Longest wait for a leader actor to stop at its pause point before isolating anyway.
-pub const park_wait_ms: u64 = 1_000;
+pub const fault_ms_max: u64 = 700;
+/// How long a leader-deposing fault stays on at least: an election and a new lease fit in it.
+pub const depose_ms: u64 = 1_500;
 /// Calm between two steps, at most.
-pub const calm_ms_max: u64 = 150;
+pub const calm_ms_max: u64 = 200;
+/// Longest wait for another replica's lease while a leader is cut off.
+pub const depose_wait_ms: u64 = 4_000;
 
-/// One kind of fault. Which replicas it hits is decided when the step is played (the leader changes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// One kind of fault, by the name the schedule and the table show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Fault {
-    /// Cut the current leader off from everyone; optionally freeze its actor between commit and send
-    /// and hold its envelopes, so a deposed leader's work arrives late.
-    IsolateLeader { pause_actor: bool },
-    /// Cut one direction between the leader and a follower.
-    CutOneWay,
-    /// Lose a share of the messages between two replicas, both directions.
-    DropMessages { per_mille: u32 },
-    /// Delay the messages between two replicas, both directions.
-    Delay { ms: u64 },
-    /// Hold the messages of one direction and deliver them late, when the step ends.
-    HoldAndRelease,
-    /// Hold the leader's envelopes to the hosts and deliver them when the step ends.
-    HoldEnvelopes,
-    /// Delay the leader's envelopes, so later ones overtake them.
-    DelayEnvelopes { ms: u64 },
-    /// Deliver a share of every replica's envelopes twice.
-    ReplayEnvelopes { per_mille: u32 },
-    /// Freeze the leader's actor between commit and send, without isolating it.
-    PauseLeader,
+    /// Cut the leader off from the other replicas, both ways (hosts and operators still reach it).
+    IsolateLeader,
+    /// Drop the leader's messages to the other replicas only.
+    IsolateLeaderOut,
+    /// Drop the other replicas' messages to the leader only.
+    IsolateLeaderIn,
+    /// Cut one follower off from both others.
+    IsolateFollower,
+    /// Cut the link between the two followers: the leader still reaches both (a bridge).
+    Bridge,
+    /// Drop the next messages on random replica links, again and again.
+    Drops,
+    /// Delay every replica link by a jittered amount, redrawn every 50 ms.
+    DelayJitter,
+    /// Hold every message on one replica link, then release them newest first.
+    Reorder,
+    /// Hold every message on one replica link, then release them oldest first.
+    HoldRelease,
+    /// Hold the leader's envelopes before its write gate while it is cut off from the replicas,
+    /// until another replica holds a lease; then release them (paused between commit and send).
+    PausedLeader,
+    /// Jump the leader's lease clock past its lease (lease lost by a clock jump).
+    ClockJump,
+    /// Hold everything the leader sends for the step, jump its clock by as long, release
+    /// (suspended: boot time ran on while nothing of it did).
+    Suspend,
+    /// Hold one host's next report and deliver it after the one after it (report overtaking).
+    OvertakeReport,
+    /// Deliver the hosts' reports twice.
+    DuplicateReports,
+    /// Stop a replica (the leader half the time) as a crash looks, restart it from its files.
+    CrashReplica,
+    /// Stop a host and its modules, restart it from its files.
+    CrashHost,
+}
+
+impl Fault {
+    pub const all: [Fault; 16] = [
+        Fault::IsolateLeader,
+        Fault::IsolateLeaderOut,
+        Fault::IsolateLeaderIn,
+        Fault::IsolateFollower,
+        Fault::Bridge,
+        Fault::Drops,
+        Fault::DelayJitter,
+        Fault::Reorder,
+        Fault::HoldRelease,
+        Fault::PausedLeader,
+        Fault::ClockJump,
+        Fault::Suspend,
+        Fault::OvertakeReport,
+        Fault::DuplicateReports,
+        Fault::CrashReplica,
+        Fault::CrashHost,
+    ];
+
+    /// The fault's name in schedules and tables.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Fault::IsolateLeader => "isolate-leader",
+            Fault::IsolateLeaderOut => "isolate-leader-out",
+            Fault::IsolateLeaderIn => "isolate-leader-in",
+            Fault::IsolateFollower => "isolate-follower",
+            Fault::Bridge => "bridge",
+            Fault::Drops => "drops",
+            Fault::DelayJitter => "delay-jitter",
+            Fault::Reorder => "reorder",
+            Fault::HoldRelease => "hold-release",
+            Fault::PausedLeader => "paused-leader",
+            Fault::ClockJump => "clock-jump",
+            Fault::Suspend => "suspend",
+            Fault::OvertakeReport => "overtake-report",
+            Fault::DuplicateReports => "duplicate-reports",
+            Fault::CrashReplica => "crash-replica",
+            Fault::CrashHost => "crash-host",
+        }
+    }
+
+    fn deposes(&self) -> bool {
+        matches!(
+            self,
+            Fault::IsolateLeader
+                | Fault::IsolateLeaderOut
+                | Fault::PausedLeader
+                | Fault::Suspend
+                | Fault::CrashReplica
+        )
+    }
 }
 
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Fault::IsolateLeader { pause_actor: true } => write!(f, "isolate the paused leader"),
-            Fault::IsolateLeader { pause_actor: false } => write!(f, "isolate the leader"),
-            Fault::CutOneWay => write!(f, "cut one direction"),
-            Fault::DropMessages { per_mille } => write!(f, "drop {per_mille}‰ of messages"),
-            Fault::Delay { ms } => write!(f, "delay messages {ms} ms"),
-            Fault::HoldAndRelease => write!(f, "hold messages, release late"),
-            Fault::HoldEnvelopes => write!(f, "hold the leader's envelopes"),
-            Fault::DelayEnvelopes { ms } => write!(f, "delay the leader's envelopes {ms} ms"),
-            Fault::ReplayEnvelopes { per_mille } => write!(f, "replay {per_mille}‰ of envelopes"),
-            Fault::PauseLeader => write!(f, "pause the leader between commit and send"),
-        }
+        f.write_str(self.name())
     }
 }
 
-/// Which faults a schedule draws from, with weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which faults a schedule draws from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Mix {
-    /// Partitions of the Raft network: isolation, one-way cuts, drops, delays, holds.
+    /// The Raft links: isolation both ways and one way, partitions, drops, jitter, reorder, holds.
     Partitions,
-    /// Deposed leaders: isolation with the actor paused, held and delayed envelopes, replays.
+    /// Deposed leaders: paused between commit and send, clock jumps, suspend, isolation.
     StaleLeaders,
+    /// Processes and reports: replica and host crashes, overtaken and duplicated reports.
+    Processes,
     /// Everything, evenly.
     Everything,
 }
 
 impl Mix {
-    /// The fault every schedule of this mix starts with, right after the first lease, so that a
-    /// test named after it meets it whatever else the seed draws.
-    fn headline(&self) -> Option<Fault> {
+    pub const all: [Mix; 4] = [Mix::Partitions, Mix::StaleLeaders, Mix::Processes, Mix::Everything];
+
+    /// The mix's name on the command line.
+    pub fn name(&self) -> &'static str {
         match self {
-            Mix::Partitions => Some(Fault::IsolateLeader { pause_actor: false }),
-            Mix::StaleLeaders => Some(Fault::IsolateLeader { pause_actor: true }),
-            Mix::Everything => None,
+            Mix::Partitions => "partitions",
+            Mix::StaleLeaders => "stale-leaders",
+            Mix::Processes => "processes",
+            Mix::Everything => "everything",
         }
     }
 
-    fn weighted(&self) -> Vec<(u64, FaultKind)> {
-        use FaultKind::*;
+    /// The mix named `name`.
+    pub fn named(name: &str) -> Option<Mix> {
+        Mix::all.into_iter().find(|m| m.name() == name)
+    }
+
+    /// The faults it draws from; the first opens every schedule of the mix.
+    pub fn faults(&self) -> Vec<Fault> {
+        use Fault::*;
         match self {
             Mix::Partitions => vec![
-                (3, Isolate),
-                (3, Cut),
-                (2, Drop),
-                (2, Delay),
-                (2, Hold),
-                (1, Replay),
+                IsolateLeader,
+                IsolateLeaderOut,
+                IsolateLeaderIn,
+                IsolateFollower,
+                Bridge,
+                Drops,
+                DelayJitter,
+                Reorder,
+                HoldRelease,
             ],
-            Mix::StaleLeaders => vec![
-                (4, IsolatePaused),
-                (1, Isolate),
-                (2, HoldEnvelopes),
-                (2, DelayEnvelopes),
-                (2, Replay),
-                (2, PauseLeader),
-                (1, Cut),
-            ],
-            Mix::Everything => [
-                Isolate,
-                IsolatePaused,
-                Cut,
-                Drop,
-                Delay,
-                Hold,
-                HoldEnvelopes,
-                DelayEnvelopes,
-                Replay,
-                PauseLeader,
-            ]
-            .into_iter()
-            .map(|k| (1, k))
-            .collect(),
+            Mix::StaleLeaders => vec![PausedLeader, ClockJump, Suspend, IsolateLeader, IsolateLeaderOut],
+            Mix::Processes => vec![CrashReplica, CrashHost, OvertakeReport, DuplicateReports],
+            Mix::Everything => Fault::all.to_vec(),
         }
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-enum FaultKind {
-    Isolate,
-    IsolatePaused,
-    Cut,
-    Drop,
-    Delay,
-    Hold,
-    HoldEnvelopes,
-    DelayEnvelopes,
-    Replay,
-    PauseLeader,
-}
-
-impl FaultKind {
-    fn draw(self, rng: &mut Rng) -> Fault {
-        match self {
-            FaultKind::Isolate => Fault::IsolateLeader { pause_actor: false },
-            FaultKind::IsolatePaused => Fault::IsolateLeader { pause_actor: true },
-            FaultKind::Cut => Fault::CutOneWay,
-            FaultKind::Drop => Fault::DropMessages {
-                per_mille: rng.between(200, 800) as u32,
-            },
-            FaultKind::Delay => Fault::Delay {
-                ms: rng.between(20, 150),
-            },
-            FaultKind::Hold => Fault::HoldAndRelease,
-            FaultKind::HoldEnvelopes => Fault::HoldEnvelopes,
-            FaultKind::DelayEnvelopes => Fault::DelayEnvelopes {
-                ms: rng.between(20, 200),
-            },
-            FaultKind::Replay => Fault::ReplayEnvelopes {
-                per_mille: rng.between(200, 1000) as u32,
-            },
-            FaultKind::PauseLeader => Fault::PauseLeader,
-        }
+impl fmt::Display for Mix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
-/// One step: a fault on for `for_ms`, then `calm_ms` without it. `pick` chooses replicas at play time.
+/// One step: a fault on for `for_ms`, then `calm_ms` without it; `pick` chooses what it hits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Step {
     pub fault: Fault,
@@ -183,41 +198,28 @@ pub struct Step {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Schedule {
     pub seed: u64,
+    pub mix: Mix,
     pub steps: Vec<Step>,
 }
 
 impl Schedule {
-    /// Draws steps from `mix` until they fill `total_ms` (or [`steps_max`] is reached).
+    /// Draws steps from `mix` until they fill `total_ms` (or [`steps_max`]); the mix's first
+    /// fault comes first.
     pub fn generate(seed: u64, mix: Mix, total_ms: u64) -> Self {
         let mut rng = Rng::new(seed, 0x4e_3e5);
-        let weighted = mix.weighted();
-        let total_weight: u64 = weighted.iter().map(|(w, _)| w).sum();
+        let faults = mix.faults();
         let mut steps = Vec::new();
         let mut planned = 0;
-        if let Some(fault) = mix.headline() {
-            let calm_ms = rng.between(0, calm_ms_max);
-            planned += isolation_ms + calm_ms;
-            steps.push(Step {
-                fault,
-                for_ms: isolation_ms,
-                calm_ms,
-                pick: rng.next_u64(),
-            });
-        }
-        while planned < total_ms && steps.len() < steps_max {
-            let mut roll = rng.below(total_weight);
-            let mut kind = weighted[0].1;
-            for (w, k) in &weighted {
-                if roll < *w {
-                    kind = *k;
-                    break;
-                }
-                roll -= w;
-            }
-            let fault = kind.draw(&mut rng);
-            let for_ms = match fault {
-                Fault::IsolateLeader { .. } => isolation_ms,
-                _ => rng.between(fault_ms_min, fault_ms_max),
+        while (planned < total_ms || steps.is_empty()) && steps.len() < steps_max {
+            let fault = if steps.is_empty() {
+                faults[0]
+            } else {
+                faults[rng.below(faults.len() as u64) as usize]
+            };
+            let for_ms = if fault.deposes() {
+                depose_ms
+            } else {
+                rng.between(fault_ms_min, fault_ms_max)
             };
             let calm_ms = rng.between(0, calm_ms_max);
             planned += for_ms + calm_ms;
@@ -228,239 +230,276 @@ impl Schedule {
                 pick: rng.next_u64(),
             });
         }
-        Self { seed, steps }
+        Self { seed, mix, steps }
     }
 }
 
-/// What the nemesis acts on.
-pub struct Target<'a> {
-    pub router: &'a Router,
-    pub machines: &'a Machines,
-    pub replicas: &'a BTreeMap<NodeId, SharedReplica>,
-    pub pauses: &'a BTreeMap<NodeId, Pause>,
-    pub history: &'a Recorder,
+/// Plays `schedule` on `cluster`; returns how many steps of each fault ran.
+pub async fn play(cluster: &Arc<RwLock<Cluster>>, schedule: &Schedule) -> Vec<Fault> {
+    let mut played = Vec::new();
+    for (i, step) in schedule.steps.iter().enumerate() {
+        let what = play_step(cluster, i, step).await;
+        let c = cluster.read().await;
+        c.recorder.record(Event::Nemesis {
+            step: i,
+            fault: step.fault.name().into(),
+            what,
+            on: false,
+        });
+        drop(c);
+        played.push(step.fault);
+        tokio::time::sleep(Duration::from_millis(step.calm_ms)).await;
+    }
+    played
 }
 
-/// What a played step changed, so that exactly that is undone.
-enum Undo {
-    Rejoin { id: NodeId, paused: bool },
-    Mend { from: NodeId, to: NodeId },
-    StopDropping { a: NodeId, b: NodeId },
-    StopDelaying { a: NodeId, b: NodeId },
-    Release { from: NodeId, to: NodeId },
-    ReleaseEnvelopes { from: NodeId },
-    StopDelayingEnvelopes { from: NodeId },
-    StopReplaying,
-    Resume { id: NodeId },
+fn note(c: &Cluster, step: usize, fault: Fault, what: String) {
+    tracing::info!(step, fault = fault.name(), %what, "nemesis");
+    c.recorder.record(Event::Nemesis {
+        step,
+        fault: fault.name().into(),
+        what,
+        on: true,
+    });
 }
 
-impl Target<'_> {
-    /// Plays every step of `schedule` in order.
-    pub async fn play(&self, schedule: &Schedule) {
-        for (i, step) in schedule.steps.iter().enumerate() {
-            let started = self.history.now();
-            let (undo, what) = self.start(step).await;
-            self.log(
-                schedule.seed,
-                i,
-                format!("{} for {} ms: {what}", step.fault, step.for_ms),
-            );
-            self.hold_fault(step, &undo, started).await;
-            self.stop(undo);
-            self.log(schedule.seed, i, format!("{} ended", step.fault));
-            tokio::time::sleep(Duration::from_millis(step.calm_ms)).await;
+/// The leader now, or the replica `pick` names when there is none.
+fn target(c: &Cluster, pick: u64) -> u64 {
+    c.leader()
+        .map(|(id, _)| id)
+        .unwrap_or(1 + pick % replicas_n)
+}
+
+fn others(id: u64) -> Vec<u64> {
+    (1..=replicas_n).filter(|o| *o != id).collect()
+}
+
+/// Waits until a replica other than `deposed` was granted a lease after `from`.
+async fn wait_deposed(c: &Cluster, deposed: u64, from: u64) -> bool {
+    c.recorder
+        .wait_for(from, Duration::from_millis(depose_wait_ms), |e| {
+            matches!(e, Event::LeaseGranted { replica, .. } if *replica != deposed)
+        })
+        .await
+}
+
+async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> String {
+    let time = Duration::from_millis(step.for_ms);
+    let mut rng = Rng::new(step.pick, 0x57e9);
+    match step.fault {
+        Fault::IsolateLeader | Fault::IsolateLeaderOut | Fault::IsolateLeaderIn => {
+            let c = cluster.read().await;
+            let leader = target(&c, step.pick);
+            let (out, inward) = match step.fault {
+                Fault::IsolateLeader => (true, true),
+                Fault::IsolateLeaderOut => (true, false),
+                _ => (false, true),
+            };
+            note(&c, i, step.fault, format!("replica {leader}"));
+            let from = c.recorder.now();
+            c.isolate(leader, out, inward);
+            tokio::time::sleep(time).await;
+            if out {
+                wait_deposed(&c, leader, from).await;
+            }
+            c.heal_all();
+            format!("replica {leader} rejoined")
         }
-    }
-
-    fn log(&self, seed: u64, step: usize, what: String) {
-        tracing::info!(seed, step, %what, "nemesis");
-        self.history.record(Event::Nemesis { seed, step, what });
-    }
-
-    /// Keeps the fault on for its time. An isolation lasts until another replica leads in a higher
-    /// term (or the step's time is up twice over), so a deposed leader really was deposed.
-    async fn hold_fault(&self, step: &Step, undo: &Undo, started: Tick) {
-        let time = Duration::from_millis(step.for_ms);
-        let until = tokio::time::Instant::now() + time;
-        if let Undo::Rejoin { id, .. } = undo {
-            let isolated = *id;
-            let deposed = self
-                .history
-                .wait_for(
-                    started,
-                    time * 2,
-                    |e| matches!(e, Event::LeaseAcquired { replica, .. } if *replica != isolated),
-                )
-                .await;
-            if !deposed {
-                self.history.record(Event::Note {
-                    what: format!("no other replica got a lease while {isolated} was isolated"),
-                });
-            }
+        Fault::IsolateFollower => {
+            let c = cluster.read().await;
+            let leader = target(&c, step.pick);
+            let follower = others(leader)[rng.below(2) as usize];
+            note(&c, i, step.fault, format!("replica {follower}"));
+            c.isolate(follower, true, true);
+            tokio::time::sleep(time).await;
+            c.heal_all();
+            format!("replica {follower} rejoined")
         }
-        tokio::time::sleep_until(until).await;
-    }
-
-    /// Turns the step's fault on, aimed at the current leader (or a replica the step picks when
-    /// none leads) and a partner the step picks.
-    async fn start(&self, step: &Step) -> (Undo, String) {
-        let ids: Vec<NodeId> = self.replicas.keys().copied().collect();
-        let mut rng = Rng::new(step.pick, 0);
-        let leader = self
-            .leader()
-            .unwrap_or(ids[rng.below(ids.len() as u64) as usize]);
-        let rest: Vec<NodeId> = ids.iter().copied().filter(|i| *i != leader).collect();
-        let partner = rest[rng.below(rest.len() as u64) as usize];
-        match step.fault {
-            Fault::IsolateLeader { pause_actor } => self.isolate(leader, pause_actor).await,
-            Fault::HoldEnvelopes
-            | Fault::DelayEnvelopes { .. }
-            | Fault::ReplayEnvelopes { .. }
-            | Fault::PauseLeader => self.start_at_hosts(step.fault, leader, &ids),
-            fault => self.start_in_router(fault, leader, partner, rng.chance(500)),
+        Fault::Bridge => {
+            let c = cluster.read().await;
+            let leader = target(&c, step.pick);
+            let f = others(leader);
+            note(&c, i, step.fault, format!("{} and {} cut apart; {leader} reaches both", f[0], f[1]));
+            if let Some(e) = c.replica_endpoint(f[0]) {
+                e.faults().cut_off(c.addrs[&f[1]]);
+            }
+            if let Some(e) = c.replica_endpoint(f[1]) {
+                e.faults().cut_off(c.addrs[&f[0]]);
+            }
+            tokio::time::sleep(time).await;
+            c.heal_all();
+            "bridge healed".into()
         }
-    }
-
-    /// Faults between two replicas; `flip` turns a one-way cut around.
-    fn start_in_router(&self, fault: Fault, a: NodeId, b: NodeId, flip: bool) -> (Undo, String) {
-        match fault {
-            Fault::CutOneWay => {
-                let (from, to) = if flip { (b, a) } else { (a, b) };
-                self.router.cut(from, to);
-                (Undo::Mend { from, to }, format!("cut {from}→{to}"))
-            }
-            Fault::DropMessages { per_mille } => {
-                self.router.drop_messages(a, b, per_mille);
-                self.router.drop_messages(b, a, per_mille);
-                (Undo::StopDropping { a, b }, format!("between {a} and {b}"))
-            }
-            Fault::Delay { ms } => {
-                let by = Duration::from_millis(ms);
-                self.router.delay(a, b, by);
-                self.router.delay(b, a, by);
-                (Undo::StopDelaying { a, b }, format!("between {a} and {b}"))
-            }
-            _ => {
-                self.router.hold(a, b);
-                (Undo::Release { from: a, to: b }, format!("hold {a}→{b}"))
-            }
-        }
-    }
-
-    /// Faults on the way from the leader to the hosts, or in the leader's actor.
-    fn start_at_hosts(&self, fault: Fault, leader: NodeId, ids: &[NodeId]) -> (Undo, String) {
-        match fault {
-            Fault::HoldEnvelopes => {
-                self.machines.hold(leader);
-                let undo = Undo::ReleaseEnvelopes { from: leader };
-                (undo, format!("hold envelopes from {leader}"))
-            }
-            Fault::DelayEnvelopes { ms } => {
-                self.machines.delay(leader, Duration::from_millis(ms));
-                let undo = Undo::StopDelayingEnvelopes { from: leader };
-                (undo, format!("delay envelopes from {leader}"))
-            }
-            Fault::ReplayEnvelopes { per_mille } => {
-                for id in ids {
-                    self.machines.replay(*id, per_mille);
+        Fault::Drops => {
+            let c = cluster.read().await;
+            note(&c, i, step.fault, "a few messages at a time on random replica links".into());
+            let until = tokio::time::Instant::now() + time;
+            let mut dropped = 0;
+            while tokio::time::Instant::now() < until {
+                let from = 1 + rng.below(replicas_n);
+                let to = others(from)[rng.below(2) as usize];
+                let count = rng.between(1, 4);
+                if let Some(e) = c.replica_endpoint(from) {
+                    e.faults().drop_next(c.addrs[&to], count);
+                    dropped += count;
                 }
-                (Undo::StopReplaying, "every replica's envelopes".to_string())
+                tokio::time::sleep(Duration::from_millis(rng.between(20, 80))).await;
             }
-            _ => {
-                self.pause_of(leader).pause();
-                (Undo::Resume { id: leader }, format!("pause {leader}"))
-            }
+            c.heal_all();
+            format!("{dropped} drops armed")
         }
-    }
-
-    /// Isolates `leader`. With `pause_actor`, first holds its envelopes until it sent one more, then
-    /// waits (briefly) for its actor to stop between commit and send: what it sent before arrives
-    /// late, after the new leader's, and what it committed waits for a lease that has closed.
-    async fn isolate(&self, leader: NodeId, pause_actor: bool) -> (Undo, String) {
-        let mut what = format!("isolate {leader}");
-        if pause_actor {
-            let from = self.history.now();
-            self.machines.hold(leader);
-            let within = Duration::from_millis(park_wait_ms);
-            let held = self
-                .history
-                .wait_for(
-                    from,
-                    within,
-                    |e| matches!(e, Event::EnvelopeSent { replica, .. } if *replica == leader),
-                )
-                .await;
-            let pause = self.pause_of(leader);
-            pause.pause();
-            let parked = pause.wait_parked(within).await;
-            what.push_str(&format!(
-                "; its envelopes held ({}), its actor paused ({})",
-                if held {
-                    "one sent since"
-                } else {
-                    "none sent since"
-                },
-                if parked {
-                    "parked after a commit"
-                } else {
-                    "did not park"
-                },
-            ));
-        }
-        self.router.isolate(leader);
-        let undo = Undo::Rejoin {
-            id: leader,
-            paused: pause_actor,
-        };
-        (undo, what)
-    }
-
-    fn stop(&self, undo: Undo) {
-        match undo {
-            Undo::Rejoin { id, paused } => {
-                // Resume before rejoining, so the actor may act before its replica hears of the new term.
-                if paused {
-                    self.pause_of(id).resume();
+        Fault::DelayJitter => {
+            let c = cluster.read().await;
+            let base = rng.between(5, 60);
+            note(&c, i, step.fault, format!("{base} ms ± {base} ms on every replica link"));
+            let until = tokio::time::Instant::now() + time;
+            while tokio::time::Instant::now() < until {
+                for from in 1..=replicas_n {
+                    for to in others(from) {
+                        if let Some(e) = c.replica_endpoint(from) {
+                            let ms = rng.between(0, 2 * base);
+                            e.faults().delay(c.addrs[&to], Duration::from_millis(ms));
+                        }
+                    }
                 }
-                self.router.rejoin(id);
-                if paused {
-                    self.machines.release(id);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            c.heal_all();
+            "delays off".into()
+        }
+        Fault::Reorder | Fault::HoldRelease => {
+            let c = cluster.read().await;
+            let leader = target(&c, step.pick);
+            let peer = others(leader)[rng.below(2) as usize];
+            let (from, to) = if rng.chance(500) { (leader, peer) } else { (peer, leader) };
+            note(&c, i, step.fault, format!("replica {from} to {to}"));
+            let addr = c.addrs[&to];
+            if let Some(e) = c.replica_endpoint(from) {
+                e.faults().hold(addr);
+            }
+            tokio::time::sleep(time).await;
+            let released = match c.replica_endpoint(from) {
+                Some(e) if step.fault == Fault::Reorder => e.faults().release_reversed(addr).await,
+                Some(e) => e.faults().release(addr).await,
+                None => 0,
+            };
+            c.heal_all();
+            format!("{released} messages released")
+        }
+        Fault::PausedLeader => {
+            let c = cluster.read().await;
+            let leader = target(&c, step.pick);
+            note(&c, i, step.fault, format!("replica {leader}: envelopes held, cut off from replicas"));
+            let from = c.recorder.now();
+            if let Some(e) = c.replica_endpoint(leader) {
+                for h in c.hosts.values() {
+                    e.faults().hold(h.addr);
                 }
             }
-            Undo::Mend { from, to } => self.router.mend(from, to),
-            Undo::StopDropping { a, b } => {
-                self.router.drop_messages(a, b, 0);
-                self.router.drop_messages(b, a, 0);
-            }
-            Undo::StopDelaying { a, b } => {
-                self.router.delay(a, b, Duration::ZERO);
-                self.router.delay(b, a, Duration::ZERO);
-            }
-            Undo::Release { from, to } => self.router.release(from, to),
-            Undo::ReleaseEnvelopes { from } => self.machines.release(from),
-            Undo::StopDelayingEnvelopes { from } => self.machines.delay(from, Duration::ZERO),
-            Undo::StopReplaying => {
-                for id in self.replicas.keys() {
-                    self.machines.replay(*id, 0);
+            // Let it commit sends it cannot deliver, then depose it.
+            tokio::time::sleep(time / 3).await;
+            c.isolate(leader, true, true);
+            let deposed = wait_deposed(&c, leader, from).await;
+            let mut released = 0;
+            if let Some(e) = c.replica_endpoint(leader) {
+                for h in c.hosts.values() {
+                    released += e.faults().release(h.addr).await;
                 }
             }
-            Undo::Resume { id } => self.pause_of(id).resume(),
+            c.heal_all();
+            format!("deposed: {deposed}; {released} held envelopes released")
         }
-    }
-
-    fn pause_of(&self, id: NodeId) -> Pause {
-        self.pauses.get(&id).cloned().unwrap_or_default()
-    }
-
-    /// The replica that leads in the highest term, by its own metrics.
-    fn leader(&self) -> Option<NodeId> {
-        let mut best: Option<(u64, NodeId)> = None;
-        for (id, replica) in self.replicas {
-            let m = replica.metrics().borrow().clone();
-            if m.state == ServerState::Leader && best.is_none_or(|(t, _)| m.current_term > t) {
-                best = Some((m.current_term, *id));
+        Fault::ClockJump => {
+            let c = cluster.read().await;
+            let leader = target(&c, step.pick);
+            let by = Duration::from_millis(rng.between(1_000, 5_000));
+            note(&c, i, step.fault, format!("replica {leader}'s lease clock +{} ms", by.as_millis()));
+            c.clocks[&leader].jump(by);
+            tokio::time::sleep(time).await;
+            "jumped".into()
+        }
+        Fault::Suspend => {
+            let c = cluster.read().await;
+            let leader = target(&c, step.pick);
+            note(&c, i, step.fault, format!("replica {leader} suspended {} ms", time.as_millis()));
+            let mut peers: Vec<_> = others(leader).iter().map(|o| c.addrs[o]).collect();
+            peers.extend(c.hosts.values().map(|h| h.addr));
+            if let Some(e) = c.replica_endpoint(leader) {
+                for p in &peers {
+                    e.faults().hold(*p);
+                }
+            }
+            for o in others(leader) {
+                if let Some(e) = c.replica_endpoint(o) {
+                    e.faults().cut_off(c.addrs[&leader]);
+                }
+            }
+            tokio::time::sleep(time).await;
+            // Resume: boot time ran on for the whole suspend; then what it held leaves.
+            c.clocks[&leader].jump(time);
+            let mut released = 0;
+            if let Some(e) = c.replica_endpoint(leader) {
+                for p in &peers {
+                    released += e.faults().release(*p).await;
+                }
+            }
+            c.heal_all();
+            format!("resumed; {released} held messages released")
+        }
+        Fault::OvertakeReport => {
+            let c = cluster.read().await;
+            let m = machines[rng.below(machines.len() as u64) as usize];
+            note(&c, i, step.fault, format!("{m}'s next report"));
+            if let Some(h) = c.hosts.get(m) {
+                h.faults.hold_next.store(true, Ordering::SeqCst);
+            }
+            tokio::time::sleep(time).await;
+            "armed".into()
+        }
+        Fault::DuplicateReports => {
+            let c = cluster.read().await;
+            let per_mille = rng.between(300, 1000) as u32;
+            note(&c, i, step.fault, format!("{per_mille}‰ of reports twice"));
+            for h in c.hosts.values() {
+                h.faults.duplicate_per_mille.store(per_mille, Ordering::SeqCst);
+            }
+            tokio::time::sleep(time).await;
+            for h in c.hosts.values() {
+                h.faults.duplicate_per_mille.store(0, Ordering::SeqCst);
+            }
+            "off".into()
+        }
+        Fault::CrashReplica => {
+            let mut c = cluster.write().await;
+            let id = if rng.chance(500) {
+                target(&c, step.pick)
+            } else {
+                1 + rng.below(replicas_n)
+            };
+            note(&c, i, step.fault, format!("replica {id}"));
+            c.crash_replica(id).await;
+            tokio::time::sleep(time).await;
+            match c.restart_replica(id).await {
+                Ok(()) => format!("replica {id} restarted"),
+                Err(e) => {
+                    c.recorder.record(Event::Note { what: format!("RESTART FAILED: {e}") });
+                    format!("replica {id} did not restart: {e}")
+                }
             }
         }
-        best.map(|(_, id)| id)
+        Fault::CrashHost => {
+            let mut c = cluster.write().await;
+            let m = machines[rng.below(machines.len() as u64) as usize];
+            note(&c, i, step.fault, format!("host {m}"));
+            c.stop_host(m).await;
+            tokio::time::sleep(time).await;
+            match c.restart_host(m).await {
+                Ok(()) => format!("host {m} restarted"),
+                Err(e) => {
+                    c.recorder.record(Event::Note { what: format!("RESTART FAILED: {e}") });
+                    format!("host {m} did not restart: {e}")
+                }
+            }
+        }
     }
 }

@@ -1,17 +1,16 @@
-//! The nemesis schedule: a function of its seed (so a printed seed replays the same faults), bounded,
-//! and opening with the fault its mix is named after.
+//! The nemesis schedule: a function of its seed (so a printed seed replays the same faults),
+//! bounded, and opening with the fault its mix is named after.
 
 use mesh_chaos::nemesis::{Fault, Mix, Schedule, steps_max};
 
 #[test]
 fn the_same_seed_draws_the_same_schedule_and_another_seed_another() {
-    // Replay: `CHAOS_SEED=<n>` must bring back the faults of the failed run.
-    let a = Schedule::generate(42, Mix::Everything, 3_000);
-    assert_eq!(a, Schedule::generate(42, Mix::Everything, 3_000));
-    assert_ne!(
-        a.steps,
-        Schedule::generate(43, Mix::Everything, 3_000).steps
-    );
+    // Replay: `--seed <n>` must bring back the faults of the failed run.
+    for mix in Mix::all {
+        let a = Schedule::generate(42, mix, 3_000);
+        assert_eq!(a, Schedule::generate(42, mix, 3_000));
+        assert_ne!(a.steps, Schedule::generate(43, mix, 3_000).steps, "{mix}");
+    }
 }
 
 #[test]
@@ -32,18 +31,23 @@ fn a_schedule_fills_its_time_within_the_step_limit() {
 }
 
 #[test]
-fn stale_leader_schedules_open_by_isolating_a_paused_leader() {
-    // G3 scenario: every StaleLeaders run meets a deposed leader frozen between commit and send.
+fn every_schedule_opens_with_its_mixs_headline_fault() {
+    // A mix named after a fault meets it in every run, whatever else the seed draws.
     for seed in 0..20 {
-        let stale = Schedule::generate(seed, Mix::StaleLeaders, 3_000);
-        assert_eq!(
-            stale.steps[0].fault,
-            Fault::IsolateLeader { pause_actor: true }
-        );
-        let partitions = Schedule::generate(seed, Mix::Partitions, 3_000);
-        assert_eq!(
-            partitions.steps[0].fault,
-            Fault::IsolateLeader { pause_actor: false }
-        );
+        assert_eq!(Schedule::generate(seed, Mix::Partitions, 3_000).steps[0].fault, Fault::IsolateLeader);
+        assert_eq!(Schedule::generate(seed, Mix::StaleLeaders, 3_000).steps[0].fault, Fault::PausedLeader);
+        assert_eq!(Schedule::generate(seed, Mix::Processes, 3_000).steps[0].fault, Fault::CrashReplica);
     }
+}
+
+#[test]
+fn every_fault_is_in_some_mix_and_named_once() {
+    // The table's rows: each fault reachable, each name distinct.
+    let mut names: Vec<&str> = Fault::all.iter().map(|f| f.name()).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), Fault::all.len());
+    assert_eq!(Mix::Everything.faults(), Fault::all.to_vec());
+    assert_eq!(Mix::named("stale-leaders"), Some(Mix::StaleLeaders));
+    assert_eq!(Mix::named("nope"), None);
 }

@@ -1,0 +1,158 @@
+//! What the real code did, read from the tracing events it emits where it acts: a replica's lease
+//! confirmed by a quorum round (`controller/service.rs`), an envelope write its lease gate allowed
+//! (`controller/push.rs`), a host persisting its mark and applying (`host/agent.rs`). A tracing
+//! layer turns each into a history event, recorded synchronously in the emitting task, so the
+//! history's order is the order these happened in (decision 0245).
+//!
+//! One run at a time per process owns the layer's recorder ([`Observed`]); a second run waits.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock};
+
+use tracing::field::{Field, Visit};
+use tracing::level_filters::LevelFilter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+
+use crate::history::{Event, Recorder};
+
+/// The recorder of the run in progress.
+static current: Mutex<Option<Recorder>> = Mutex::new(None);
+/// One run at a time: the layer is global, the recorder is the run's.
+static run_lock: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+static installed: OnceLock<Result<(), String>> = OnceLock::new();
+
+/// The environment variable that also prints the real code's logs (an `EnvFilter` directive).
+pub const log_env: &str = "CHAOS_LOG";
+
+const lease_message: &str = "lease confirmed by a quorum round";
+const write_message: &str = "envelope write allowed";
+const apply_message: &str = "applying declaration";
+
+/// Installs the global subscriber once: the observing layer on exactly the three targets it reads
+/// (so other debug events stay disabled and cost nothing), plus a log printer when `CHAOS_LOG` is
+/// set. Fails when another global subscriber was installed first.
+pub fn install() -> Result<(), String> {
+    installed
+        .get_or_init(|| {
+            let targets = Targets::new()
+                .with_target("mesh::controller::service", LevelFilter::DEBUG)
+                .with_target("mesh::controller::push", LevelFilter::DEBUG)
+                .with_target("mesh::host::agent", LevelFilter::INFO);
+            let printer = std::env::var(log_env).ok().map(|directive| {
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_filter(tracing_subscriber::EnvFilter::new(directive))
+            });
+            tracing_subscriber::registry()
+                .with(Observer.with_filter(targets))
+                .with(printer)
+                .try_init()
+                .map_err(|e| {
+                    format!("cannot install the chaos observer (another tracing subscriber is set): {e}")
+                })
+        })
+        .clone()
+}
+
+/// The observer belongs to one run while this lives.
+pub struct Observed {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Observed {
+    /// Waits for the run before to finish, then sends the real code's events to `recorder`.
+    pub async fn begin(recorder: &Recorder) -> Result<Observed, String> {
+        install()?;
+        let turn = run_lock.lock().await;
+        *slot() = Some(recorder.clone());
+        Ok(Observed { _turn: turn })
+    }
+}
+
+impl Drop for Observed {
+    fn drop(&mut self) {
+        *slot() = None;
+    }
+}
+
+fn slot() -> std::sync::MutexGuard<'static, Option<Recorder>> {
+    current.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Observer;
+
+#[derive(Default)]
+struct Fields {
+    message: String,
+    values: BTreeMap<&'static str, String>,
+}
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let text = format!("{value:?}");
+        if field.name() == "message" {
+            self.message = text;
+        } else {
+            self.values.insert(field.name(), text);
+        }
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.message = value.to_string();
+        } else {
+            self.values.insert(field.name(), value.to_string());
+        }
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.values.insert(field.name(), value.to_string());
+    }
+}
+
+impl Fields {
+    fn number(&self, name: &str) -> Option<u64> {
+        self.values.get(name)?.parse().ok()
+    }
+
+    fn text(&self, name: &str) -> Option<String> {
+        self.values.get(name).cloned()
+    }
+
+    fn event(&self) -> Option<Event> {
+        match self.message.as_str() {
+            lease_message => Some(Event::LeaseGranted {
+                replica: self.number("replica")?,
+                term: self.number("term")?,
+            }),
+            write_message => Some(Event::WriteAllowed {
+                replica: self.number("replica")?,
+                machine: self.text("machine")?,
+                epoch: self.number("epoch")?,
+                sequence: self.number("sequence")?,
+            }),
+            apply_message => Some(Event::HostApplied {
+                machine: self.text("machine")?,
+                epoch: self.number("epoch")?,
+                sequence: self.number("sequence")?,
+                digest: self.text("digest")?,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Observer {
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let Some(seen) = fields.event() else { return };
+        let recorder = slot().clone();
+        if let Some(recorder) = recorder {
+            recorder.record(seen);
+        }
+    }
+}

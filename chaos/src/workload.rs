@@ -1,0 +1,206 @@
+//! The operator workload of a run: real requests through real replicas (any replica; followers
+//! forward). Two operators, each sequential, drawn from the seed: one applies models (the consumer
+//! `app` added on `bex` or `cor`, moved, removed; the mount-holding `cache` moved between machines)
+//! and pushes; the other sets settings of module `db` and pushes. Pushes are named, `--behind`,
+//! `--all`, with or without `--move cache`. Every request is recorded with its answer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mesh::controller::api::{ApiError, Body, ErrorClass, PushOutcome, PushTarget, Request};
+use mesh::core::model::{Mesh, Mount, Need, Provide};
+use mesh::core::settings::Scope;
+use mesh_testkit::model::{machine, sleeper};
+use tokio::sync::{RwLock, watch};
+
+use crate::bed::{Cluster, machines, replicas_n};
+use crate::history::{Answered, Event, Op};
+use crate::rng::Rng;
+
+/// Keys of `module/db` the settings operator writes.
+pub const setting_keys: [&str; 3] = ["pool", "mode", "level"];
+/// Longest pause between two requests of one operator.
+pub const think_ms_max: u64 = 150;
+
+/// The model of apply number `tag`: `db` on ace provides `pg`; `app` consumes it from bex or cor
+/// or is absent; `cache` with a mount on bex or cor; `worker` on cor carries the tag.
+pub fn model(tag: u64, rng: &mut Rng) -> Mesh {
+    let mut mesh = Mesh::default();
+    for m in machines {
+        mesh.machines.insert(m.into(), machine(m));
+    }
+    let mut db = sleeper("db", "ace");
+    db.provides.push(Provide {
+        kind: "pg".into(),
+        port: Some(5999),
+    });
+    mesh.modules.insert("db".into(), db);
+    match rng.below(3) {
+        0 => {}
+        n => {
+            let mut app = sleeper("app", if n == 1 { "bex" } else { "cor" });
+            app.consumes.push(Need {
+                kind: "pg".into(),
+                from: "db".into(),
+            });
+            mesh.modules.insert("app".into(), app);
+        }
+    }
+    let mut cache = sleeper("cache", if rng.chance(500) { "bex" } else { "cor" });
+    cache.mounts.push(Mount {
+        name: "data".into(),
+        host_dir: "/srv/cache".into(),
+        target: "data".into(),
+    });
+    mesh.modules.insert("cache".into(), cache);
+    let mut worker = sleeper("worker", "cor");
+    worker.env.insert("CHAOS_APPLY".into(), tag.to_string());
+    mesh.modules.insert("worker".into(), worker);
+    mesh
+}
+
+/// Counts of what the operators did.
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    pub requests: u64,
+    pub acked: u64,
+    pub unknown: u64,
+    pub refused: u64,
+}
+
+/// Runs the two operators until `stop`; returns what they did.
+pub async fn operate(
+    cluster: Arc<RwLock<Cluster>>,
+    seed: u64,
+    stop: watch::Receiver<bool>,
+) -> Tally {
+    let a = tokio::spawn(operator(cluster.clone(), seed, 0, stop.clone()));
+    let b = tokio::spawn(operator(cluster, seed, 1, stop));
+    let mut tally = Tally::default();
+    for t in [a.await, b.await].into_iter().flatten() {
+        tally.requests += t.requests;
+        tally.acked += t.acked;
+        tally.unknown += t.unknown;
+        tally.refused += t.refused;
+    }
+    tally
+}
+
+async fn operator(
+    cluster: Arc<RwLock<Cluster>>,
+    seed: u64,
+    who: u64,
+    stop: watch::Receiver<bool>,
+) -> Tally {
+    let mut rng = Rng::new(seed, 0x0e_0000 + who);
+    let mut tally = Tally::default();
+    let mut n: u64 = 0;
+    while !*stop.borrow() {
+        n += 1;
+        let tag = who * 1_000_000 + n;
+        let (op, request) = match (who, rng.below(10)) {
+            (0, 0..=3) => (Op::Apply { tag }, Request::Apply {
+                mesh: model(tag, &mut rng),
+                why: format!("chaos apply {tag}"),
+                drain: false,
+            }),
+            (1, 0..=4) => {
+                let key = setting_keys[rng.below(setting_keys.len() as u64) as usize].to_string();
+                let value = format!("v{tag}");
+                let layer = BTreeMap::from([(key.clone(), value.clone())]);
+                (Op::Set { key, value }, Request::SettingsSet {
+                    scope: Scope::Module("db".into()),
+                    layer,
+                    remove: BTreeSet::new(),
+                    replace: false,
+                    why: format!("chaos set {tag}"),
+                })
+            }
+            _ => {
+                let target = match rng.below(4) {
+                    0 => PushTarget::All,
+                    1 => PushTarget::Behind,
+                    _ => PushTarget::Machine(machines[rng.below(3) as usize].to_string()),
+                };
+                let moves = if rng.chance(400) { vec!["cache".to_string()] } else { vec![] };
+                let why = format!("chaos push {tag}");
+                let shown = match &target {
+                    PushTarget::All => "--all".to_string(),
+                    PushTarget::Behind => "--behind".to_string(),
+                    PushTarget::Machine(m) => m.clone(),
+                };
+                (
+                    Op::Push { why: why.clone(), target: shown, moves: moves.clone() },
+                    Request::Push { target, why, moves, plan: None },
+                )
+            }
+        };
+        let via = 1 + rng.below(replicas_n);
+        let think = rng.below(think_ms_max);
+        let answered = ask_recorded(&cluster, via, op, request).await;
+        tally.requests += 1;
+        match answered {
+            Answered::Ok { .. } => tally.acked += 1,
+            Answered::Refused(_) => tally.refused += 1,
+            Answered::Unknown(_) => tally.unknown += 1,
+        }
+        tokio::time::sleep(Duration::from_millis(think)).await;
+    }
+    tally
+}
+
+/// Sends one request to `via` and records it and its answer.
+pub async fn ask_recorded(
+    cluster: &Arc<RwLock<Cluster>>,
+    via: u64,
+    what: Op,
+    request: Request,
+) -> Answered {
+    let guard = cluster.read().await;
+    let recorder = guard.recorder.clone();
+    let op = recorder.next_op();
+    recorder.record(Event::Invoked { op, via, what });
+    let answered = match Cluster::call(request) {
+        Err(e) => Answered::Unknown(e),
+        Ok(call) => match guard.ask(via, &call).await {
+            Err(e) => Answered::Unknown(e),
+            Ok(answer) => answered(answer.body),
+        },
+    };
+    drop(guard);
+    recorder.record(Event::Done {
+        op,
+        answer: answered.clone(),
+    });
+    answered
+}
+
+fn answered(body: Result<Body, ApiError>) -> Answered {
+    match body {
+        Ok(Body::Push(view)) => Answered::Ok {
+            lines: view
+                .lines
+                .iter()
+                .map(|l| {
+                    let sent = match &l.outcome {
+                        PushOutcome::Applied { sequence, digest, .. }
+                        | PushOutcome::Sent { sequence, digest, .. } => {
+                            Some((*sequence, digest.short()))
+                        }
+                        // Sent and refused by the host: its record has no sequence on the line.
+                        PushOutcome::Refused { .. } => Some((0, String::new())),
+                        PushOutcome::Held { .. } | PushOutcome::Failed { .. } => None,
+                    };
+                    (l.machine.clone(), sent)
+                })
+                .collect(),
+        },
+        Ok(_) => Answered::Ok { lines: vec![] },
+        // The API's promise: an invalid or refused request wrote nothing.
+        Err(e) => match e.class() {
+            ErrorClass::Invalid | ErrorClass::Refused => Answered::Refused(e.to_string()),
+            ErrorClass::Unavailable | ErrorClass::Failed => Answered::Unknown(e.to_string()),
+        },
+    }
+}
