@@ -335,7 +335,11 @@ impl Service {
             self.leads_in(epoch)?;
             let now = self.clock.now();
             match deadline.checked_duration_since(now) {
-                Some(left) if !left.is_zero() => Ok(left),
+                Some(left) if !left.is_zero() => {
+                    // The moment bytes may leave under this epoch: the chaos checkers' "sent".
+                    tracing::debug!(replica = self.id, machine = %machine, epoch, sequence = envelope.sequence, "envelope write allowed");
+                    Ok(left)
+                }
                 _ => Err(format!(
                     "lease closed: the lease of term {epoch} ended {} ms before the write",
                     now.saturating_duration_since(deadline).as_millis()
