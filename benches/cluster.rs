@@ -291,6 +291,7 @@ impl Bed {
             transport: Some(TransportConfig::default()),
             http: None,
             trusted_keys: Default::default(),
+            join: false,
         };
         let path = self.dir.path().join(format!("{sub}.toml"));
         std::fs::write(&path, file.to_toml()?)?;

@@ -42,6 +42,7 @@ fn write_config(dir: &Path, pki: &Pki, addr: SocketAddr, data_dir: &str) -> Path
         transport: None,
         http: None,
         trusted_keys: Default::default(),
+        join: false,
     };
     let path = dir.join(format!("{data_dir}.toml"));
     std::fs::write(&path, file.to_toml().expect("toml")).expect("write config");

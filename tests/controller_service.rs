@@ -715,3 +715,4 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
     assert_eq!(floor().await, proven_epoch);
     bed.shutdown().await;
 }
+            signers: Default::default(),

@@ -66,6 +66,7 @@ async fn g9_a_proven_epoch_above_the_term_moves_the_cluster_above_it_and_pushes_
             machine: "ace".into(),
             modules: vec![],
             revoked: Default::default(),
+            signers: Default::default(),
         },
     };
     let sealed = seal(&envelope, &replica_key(2)).expect("seal");

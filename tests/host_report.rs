@@ -119,6 +119,7 @@ async fn g5_the_report_after_an_apply_names_the_envelope_and_its_digest() {
         machine: machine.into(),
         modules: vec![sleeper("web")],
         revoked: Default::default(),
+        signers: Default::default(),
     };
     assert_eq!(report.machine, machine);
     assert_eq!((report.epoch, report.sequence), (4, 2));

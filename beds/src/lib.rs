@@ -212,6 +212,7 @@ impl Bed {
             file: None,
             base_port: 7100,
             operator: "bed".into(),
+            add_replica: None,
         };
         let layout = layout(&args, Some(mesh))?;
         let mut nodes: Vec<(String, Vec<IpAddr>)> = Vec::new();

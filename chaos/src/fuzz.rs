@@ -168,6 +168,7 @@ fn envelope(sequence: u64) -> Envelope {
                 mesh_testkit::declared::shell("app", "echo hi"),
             ],
             revoked,
+            signers: Default::default(),
         },
     }
 }

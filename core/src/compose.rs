@@ -33,6 +33,8 @@ pub struct World {
     by_provider_machine: Map<BTreeSet<String>>,
     /// The deny list every declaration carries (decision 0172).
     revoked: BTreeMap<String, String>,
+    /// The added replicas' envelope keys every declaration carries (decision 0230).
+    signers: BTreeMap<u64, [u8; 32]>,
 }
 
 impl World {
@@ -40,6 +42,12 @@ impl World {
     /// The same world with `revoked` as the deny list every declaration carries.
     pub fn with_revoked(mut self, revoked: BTreeMap<String, String>) -> World {
         self.revoked = revoked;
+        self
+    }
+
+    /// The same world with `signers` as the added replicas' keys every declaration carries.
+    pub fn with_signers(mut self, signers: BTreeMap<u64, [u8; 32]>) -> World {
+        self.signers = signers;
         self
     }
 
@@ -451,6 +459,7 @@ pub fn compose_with(
             machine: machine.to_string(),
             modules,
             revoked: world.revoked.clone(),
+            signers: world.signers.clone(),
         },
         wanted,
     })

@@ -43,6 +43,10 @@ pub struct Declaration {
     /// The mesh's deny list (decision 0172): `serial:<hex>` or `principal:<kind>:<name>` → why.
     /// The host refuses these certificates (replicas, operators) at its next handshake.
     pub revoked: BTreeMap<String, String>,
+    /// Envelope keys of replicas added to the cluster after `meshctl init` (decision 0230):
+    /// replica id → ed25519 verifying key. The host trusts them beside its own `trusted_keys`
+    /// once it applied this declaration, so a replica's key arrives before that replica can lead.
+    pub signers: BTreeMap<u64, [u8; 32]>,
 }
 
 /// One module as its machine should run it, with effective settings and its provisions and grants.

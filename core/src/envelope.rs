@@ -266,6 +266,7 @@ mod tests {
                 machine: machine.into(),
                 modules: vec![],
                 revoked: Default::default(),
+                signers: Default::default(),
             },
         }
     }

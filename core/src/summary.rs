@@ -20,6 +20,8 @@ pub struct Summary {
     pub modules: BTreeMap<String, ModuleSummary>,
     /// The deny list sent (entry → why; no secret in it).
     pub revoked: BTreeMap<String, String>,
+    /// The added replicas' envelope keys sent (replica id → public key hex; decision 0230).
+    pub signers: BTreeMap<u64, String>,
 }
 
 /// One module of a summary. Values of settings, env, files and secrets appear only as digests.
@@ -79,6 +81,7 @@ pub fn summarize(declaration: &Declaration) -> Summary {
         machine,
         modules,
         revoked,
+        signers,
     } = declaration;
     Summary {
         machine: machine.clone(),
@@ -87,7 +90,20 @@ pub fn summarize(declaration: &Declaration) -> Summary {
             .map(|m| (m.name.clone(), summarize_module(m)))
             .collect(),
         revoked: revoked.clone(),
+        signers: signers
+            .iter()
+            .map(|(id, key)| (*id, key_hex(key)))
+            .collect(),
     }
+}
+
+/// A public key as 64 lowercase hex digits.
+fn key_hex(key: &[u8; 32]) -> String {
+    use std::fmt::Write;
+    key.iter().fold(String::with_capacity(64), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 fn digests(map: &BTreeMap<String, String>) -> BTreeMap<String, String> {
@@ -304,6 +320,19 @@ pub fn diff(old: Option<&Summary>, new: &Summary) -> SummaryDiff {
             _ => {}
         }
     }
+    let ids: BTreeSet<&u64> = old.signers.keys().chain(new.signers.keys()).collect();
+    for id in ids {
+        let what = format!("replica {id} signing key");
+        match (old.signers.get(id), new.signers.get(id)) {
+            (None, Some(key)) => changes.push(item(deny_list_module, &what, added(key))),
+            (Some(key), None) => changes.push(item(deny_list_module, &what, removed(key))),
+            (Some(a), Some(b)) if a != b => {
+                changes.push(item(deny_list_module, &what, removed(a)));
+                changes.push(item(deny_list_module, &what, added(b)));
+            }
+            _ => {}
+        }
+    }
     changes.sort();
     SummaryDiff {
         machine: new.machine.clone(),
@@ -500,6 +529,7 @@ mod tests {
             machine: "ace".into(),
             modules,
             revoked: Default::default(),
+            signers: Default::default(),
         }
     }
 

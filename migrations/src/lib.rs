@@ -12,6 +12,7 @@ mod m0005_model_history;
 mod m0006_requests;
 mod m0007_revoked;
 mod m0008_uploads;
+mod m0009_signers;
 pub mod records;
 pub mod tables;
 
@@ -22,7 +23,7 @@ use redb::{Database, ReadableDatabase, TableError, WriteTransaction};
 pub use mesh_codec::CodecError;
 
 /// The schema version this binary writes: the version of its last migration.
-pub const schema_version_latest: u64 = m0008_uploads::VERSION;
+pub const schema_version_latest: u64 = m0009_signers::VERSION;
 
 /// Why a migration step failed: it names the storage or encoding fault underneath.
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +136,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: m0008_uploads::VERSION,
         name: m0008_uploads::NAME,
         step: m0008_uploads::step,
+    },
+    Migration {
+        version: m0009_signers::VERSION,
+        name: m0009_signers::NAME,
+        step: m0009_signers::step,
     },
 ];
 

@@ -71,6 +71,10 @@ pub const UPLOADS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("uploads
 pub const UPLOAD_CHUNKS: TableDefinition<(&[u8], u32), &[u8]> =
     TableDefinition::new("upload_chunks");
 
+/// Envelope keys of replicas added to a running cluster (since 0009): replica id → its 32-byte
+/// ed25519 verifying key, at most one per replica the cluster may have.
+pub const SIGNERS: TableDefinition<u64, &[u8]> = TableDefinition::new("signers");
+
 /// Table shapes that a later migration replaced. Only migrations and fixture tests use them.
 pub mod superseded {
     use redb::TableDefinition;
@@ -99,4 +103,5 @@ pub const CATALOGUE: &[(&str, u64)] = &[
     ("revoked", 7),
     ("uploads", 8),
     ("upload_chunks", 8),
+    ("signers", 9),
 ];

@@ -9,6 +9,7 @@ pub mod gate;
 pub mod kv;
 mod log_store;
 pub mod network;
+mod membership;
 mod recover;
 mod replica;
 pub mod router;
@@ -27,6 +28,7 @@ pub use log_store::LogStore;
 pub use network::{
     PeerTimings, Probed, QuicNetwork, Role, TimingsDiffer, answer as answer_raft_rpc,
     check_peer_timings, elect_now, hand_over_over_quic, probe as probe_replica,
+pub use membership::{Member, MembershipError, QuorumLost, check_quorum, majority, members_of};
 };
 pub use recover::{
     Inspected, RecoverError, Recovered, force_new_cluster, inspect, outside_membership,

@@ -247,9 +247,15 @@ impl<A: App> Replica<A> {
                 "vote raised to the term floor: the next election is above every epoch used before"
             );
         }
-        // Each founding voter campaigns in its own slice of the election window (decision 0110).
-        let openraft = match &spec.bootstrap {
-            Some(members) => {
+        // Each voter campaigns in its own slice of the election window (decision 0110), drawn from
+        // the voters the store last applied, else the founding ones (decision 0230).
+        let stored = {
+            let db = db.clone();
+            blocking(move || crate::membership::stored_voters(&db)).await?
+        };
+        let openraft = match (stored, &spec.bootstrap) {
+            (Some(voters), _) => spec.config.openraft_for(spec.id, &voters),
+            (None, Some(members)) => {
                 let voters = members.keys().copied().collect();
                 spec.config.openraft_for(spec.id, &voters)
             }

@@ -74,6 +74,11 @@ pub struct InitArgs {
     /// The operator name in the operator certificate.
     #[arg(long, default_value = operator_default)]
     pub operator: String,
+    /// Write one more replica into --dir, which `meshctl init` wrote: `4=10.0.0.4:7100`. Its
+    /// certificate comes from that CA; its config joins the running cluster, which
+    /// `meshctl replicas add` then makes it a member of (decision 0230).
+    #[arg(long = "add-replica", value_name = "ID=ADDR", conflicts_with_all = ["replica", "file", "machines"])]
+    pub add_replica: Option<String>,
 }
 
 /// Why `init` wrote nothing (or stopped part way: it never overwrites, so run it into a new dir).
@@ -134,6 +139,9 @@ pub struct Written {
 }
 
 pub fn run(args: &InitArgs) -> Result<String, super::CliError> {
+    if let Some(spec) = &args.add_replica {
+        return super::replicas::init_add(&args.dir, spec);
+    }
     let mesh = match &args.file {
         Some(f) => Some(super::apply::read_mesh(f)?),
         None => None,
@@ -519,6 +527,7 @@ fn replica_file(
         transport: None,
         http: None,
         trusted_keys: trusted_keys.clone(),
+        join: false,
     }
 }
 

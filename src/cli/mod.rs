@@ -19,6 +19,7 @@ pub mod plan;
 pub mod procs;
 pub mod push;
 pub mod render;
+pub mod replicas;
 pub mod settings;
 pub mod snapshot;
 pub mod status;
@@ -97,6 +98,8 @@ pub enum Command {
     /// Certificates: renew, reload, list, revoke.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
+    #[command(subcommand)]
+    Replicas(replicas::ReplicasCommand),
     /// Module output from a machine, read by its mesh-host through a replica: the last
     /// `--lines` of each stream, then new lines with `--follow`.
     Logs(logs::LogsArgs),
@@ -127,6 +130,7 @@ impl Command {
             | Command::Dev(_)
             | Command::Machines(_)
             | Command::Certs(_)
+            | Command::Replicas(_)
             | Command::Logs(_)
             | Command::Bench(_)
             | Command::Completions(_)
@@ -249,6 +253,7 @@ fn run_command(cli: Cli) -> Result<Output, CliError> {
 }
 
 /// `--why` is required by every command that changes something; refused locally when missing or
+        Command::Replicas(cmd) => replicas::run(ctx.as_deref(), &cmd),
 /// blank, so nothing reaches a replica without a reason.
 pub fn require_why(command: &str, why: Option<&str>) -> Result<String, CliError> {
     match why.map(str::trim) {

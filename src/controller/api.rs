@@ -126,6 +126,13 @@ pub enum Request {
         machine: String,
         ask: LogsAsk,
     },
+    /// `meshctl replicas list`: the membership as the leader knows it (decision 0230).
+    ReplicasList,
+    /// `meshctl replicas add`: replica `id` at `addr` with envelope key `key` joins as a learner
+    /// and becomes a voter through joint consensus once every host has its key.
+    ReplicasAdd { id: u64, addr: String, key: [u8; 32] },
+    /// `meshctl replicas remove`: replica `id` leaves through joint consensus.
+    ReplicasRemove { id: u64 },
 }
 
 /// What a push is aimed at. A bare push (no machine, no flag) never reaches the wire: meshctl refuses it.
@@ -206,6 +213,7 @@ pub enum Body {
     },
     /// Module output read by a machine's host, bounded in lines and bytes.
     Logs(LogsAnswer),
+    Replicas(super::members::ReplicasView),
 }
 
 /// Why a request failed. Each maps to an exit code in meshctl (see `exit_code`).

@@ -83,6 +83,11 @@ pub struct ReplicaConfigFile {
     /// it accepted (G9). This replica's own key is trusted without being listed.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub trusted_keys: BTreeMap<String, String>,
+    /// This replica joins a running cluster (`meshctl init --add-replica`, decision 0230): its
+    /// first start writes no membership from `[peers]` and waits, as a learner, for the leader's
+    /// `meshctl replicas add`. Ignored once the store holds a log.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub join: bool,
 }
 
 /// `[tls]`: the mesh CA and this replica's certificate (naming `replica:<id>`) and key.
@@ -118,6 +123,7 @@ pub struct ReplicaConfig {
     transport: CheckedConfig,
     http: Option<SocketAddr>,
     trusted_keys: BTreeMap<u64, VerifyingKey>,
+    join: bool,
 }
 
 impl ReplicaConfig {
@@ -203,7 +209,13 @@ impl ReplicaConfig {
             transport,
             http,
             trusted_keys,
+            join: raw.join,
         })
+    }
+
+    /// Whether this replica joins a running cluster instead of founding one from `[peers]`.
+    pub fn join(&self) -> bool {
+        self.join
     }
 
     /// The other replicas' envelope keys from `[trusted_keys]` (this replica's own is not here:

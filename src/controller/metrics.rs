@@ -280,6 +280,9 @@ pub(crate) fn request_kind(request: &Request) -> &'static str {
         Request::ApplyChunk { .. } => "apply_chunk",
         Request::ApplyUpload { .. } => "apply",
         Request::Logs { .. } => "logs",
+        Request::ReplicasList => "replicas_list",
+        Request::ReplicasAdd { .. } => "replicas_add",
+        Request::ReplicasRemove { .. } => "replicas_remove",
     }
 }
 

@@ -7,6 +7,7 @@ pub mod floor;
 mod genesis;
 pub mod http;
 mod logs;
+pub mod members;
 mod metrics;
 mod ops;
 mod page;

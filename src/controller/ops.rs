@@ -292,7 +292,9 @@ impl Service {
     async fn replica_views(&self) -> Vec<ReplicaView> {
         let own = Probed::of(self.replica.raft());
         let wait = Duration::from_millis(status_ping_ms);
-        let asks = self.config.peers().iter().map(|(id, addr)| {
+        // The membership, not `[peers]`: a replica added or removed shows as it is (decision 0230).
+        let members = self.members();
+        let asks = members.iter().map(|(id, addr)| {
             let own = own.clone();
             async move {
                 if *id == self.id {
@@ -518,7 +520,8 @@ fn should_be_changes(
         ..mesh.clone()
     };
     let world = World::new(checked, state.provisions.values().cloned())
-        .with_revoked(crate::store::revoked::declared(&state.revoked));
+        .with_revoked(crate::store::revoked::declared(&state.revoked))
+        .with_signers(state.signers.clone());
     let mut changes = Vec::new();
     for machine in mesh.machines.keys() {
         let composed = compose(&world, machine).map_err(|e| {

@@ -194,7 +194,8 @@ pub async fn start_on(
         dir: dir.clone(),
         config: config.raft().clone(),
         term_floor,
-        bootstrap: Some(bootstrap),
+        // A joining replica founds nothing: the leader adds it (decision 0230).
+        bootstrap: (!config.join()).then_some(bootstrap),
     };
     let network = QuicNetwork::new(endpoint.clone(), config.raft().timings());
     let replica = Replica::start(spec, network, app.clone()).await?;
@@ -375,7 +376,7 @@ impl Running {
     pub async fn shutdown(self) -> Result<Option<mesh_raft::HandedOver>, ServiceError> {
         let s = &self.service;
         let within = Duration::from_millis(handover_ms);
-        let peers = s.config.peers();
+        let peers = s.members();
         let handed =
             mesh_raft::hand_over_over_quic(&s.replica, Some(&s.fence), &s.endpoint, peers, within)
                 .await;
@@ -652,6 +653,11 @@ impl Service {
                 let chunk = super::upload::ChunkRequest {
                     upload,
                     index,
+            Request::ReplicasList => self.replicas_list().await,
+            Request::ReplicasAdd { id, addr, key } => {
+                self.replicas_add(actor, id, addr, key, lines).await
+            }
+            Request::ReplicasRemove { id } => self.replicas_remove(actor, id).await,
                     chunks_total,
                     bytes_total,
                     bytes,
@@ -779,7 +785,8 @@ impl Service {
         leader: u64,
         metrics: &mut tokio::sync::watch::Receiver<mesh_raft::Metrics>,
     ) -> Result<std::net::SocketAddr, String> {
-        let addr = self.config.peers().get(&leader).copied().ok_or_else(|| {
+        // The membership's address first: a replica added later is in no `[peers]` (decision 0230).
+        let addr = self.member_addr(leader).ok_or_else(|| {
             format!(
                 "leader {leader} is not in [peers] of {}; fix the config",
                 self.config.file().display()
@@ -916,15 +923,16 @@ impl Service {
     /// applied, from a trusted replica (G9): one host certificate must not be able to raise the
     /// cluster's floor (to `u64::MAX`, say) by saying so.
     fn check_claimed_epoch(&self, report: &Report) -> Result<(), String> {
-        let floor = self
+        let state = self
             .app
             .state()
-            .map_err(|e| format!("cannot read the epoch floor: {e}"))?
-            .epoch_floor;
+            .map_err(|e| format!("cannot read the epoch floor: {e}"))?;
+        let floor = state.epoch_floor;
         if report.epoch <= floor {
             return Ok(());
         }
-        let mut trusted = self.config.trusted_keys().clone();
+        let mut trusted = super::members::signers_trusted(&state);
+        trusted.extend(self.config.trusted_keys().clone());
         trusted.insert(self.id, self.key.verifying_key());
         let position = Position {
             epoch: report.epoch,
@@ -971,7 +979,7 @@ impl Service {
         let leader = self
             .leader()
             .filter(|l| *l != self.id)
-            .and_then(|l| self.config.peers().get(&l))
+            .and_then(|l| self.member_addr(l))
             .map(|a| a.to_string());
         ReportReply::NotLeader { leader }
     }

@@ -234,9 +234,9 @@ impl Agent {
     }
 
     async fn accept(&self, inner: &mut Inner, wire: &[u8]) -> Result<Applied, HostError> {
-        let trusted = self.config.trusted();
+        let trusted = trusted_now(self.config.trusted(), inner.applied.as_ref());
         let (envelope, proof) =
-            match open_with_proof(wire, trusted, self.config.name(), inner.high_water) {
+            match open_with_proof(wire, &trusted, self.config.name(), inner.high_water) {
                 Ok(opened) => opened,
                 Err(refusal) => {
                     let older = matches!(refusal, Refusal::Older { .. });
@@ -466,5 +466,58 @@ async fn settle(
         if Instant::now() >= deadline {
             return true;
         }
+    }
+}
+
+/// The replica keys an envelope may be signed with now: `host.toml`'s `trusted_keys`, and the
+/// added replicas' keys of the declaration last applied (decision 0230). That declaration was
+/// itself signed by a trusted key, so a replica added to the cluster is trusted from the first
+/// push after its key was committed, before it can lead; `host.toml` keys stay trusted whatever a
+/// declaration says. A key in `host.toml` wins over a declaration's for the same id.
+fn trusted_now(
+    configured: &std::collections::BTreeMap<u64, ed25519_dalek::VerifyingKey>,
+    applied: Option<&AppliedRecord>,
+) -> std::collections::BTreeMap<u64, ed25519_dalek::VerifyingKey> {
+    let mut trusted = configured.clone();
+    if let Some(record) = applied {
+        for (id, bytes) in &record.declaration.signers {
+            // A key that is not an ed25519 point was refused by the state machine; skip it here too.
+            if let Ok(key) = ed25519_dalek::VerifyingKey::from_bytes(bytes) {
+                trusted.entry(*id).or_insert(key);
+            }
+        }
+    }
+    trusted
+}
+
+#[cfg(test)]
+mod trust_tests {
+    use super::*;
+
+    #[test]
+    fn g2_a_key_in_the_applied_declaration_is_trusted_beside_host_toml() {
+        let founding = ed25519_dalek::SigningKey::from_bytes(&[1; 32]).verifying_key();
+        let added = ed25519_dalek::SigningKey::from_bytes(&[4; 32]).verifying_key();
+        let configured = std::collections::BTreeMap::from([(1, founding)]);
+        assert_eq!(trusted_now(&configured, None), configured);
+        let record = AppliedRecord {
+            position: Position {
+                epoch: 2,
+                sequence: 1,
+            },
+            declaration: Declaration {
+                machine: "ace".into(),
+                modules: vec![],
+                revoked: Default::default(),
+                signers: std::collections::BTreeMap::from([
+                    (4, added.to_bytes()),
+                    (1, added.to_bytes()),
+                ]),
+            },
+            proof: None,
+        };
+        let trusted = trusted_now(&configured, Some(&record));
+        assert_eq!(trusted.get(&4), Some(&added), "the added replica is not trusted");
+        assert_eq!(trusted.get(&1), Some(&founding), "host.toml's key was replaced");
     }
 }

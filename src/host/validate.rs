@@ -504,6 +504,7 @@ mod tests {
             machine: "ace".into(),
             modules,
             revoked: Default::default(),
+            signers: Default::default(),
         }
     }
 

@@ -276,6 +276,17 @@ fn write_changes(
                     }
                 }
             }
+            Changed::Signer(replica) => {
+                let mut t = txn.open_table(tables::SIGNERS)?;
+                match state.signers.get(replica) {
+                    Some(key) => {
+                        t.insert(*replica, key.as_slice())?;
+                    }
+                    None => {
+                        t.remove(*replica)?;
+                    }
+                }
+            }
             Changed::Upload(id) => write_upload(txn, state, id)?,
             Changed::UploadChunk { upload, index } => {
                 let mut t = txn.open_table(tables::UPLOAD_CHUNKS)?;
@@ -375,6 +386,17 @@ fn read_snapshot(txn: &ReadTransaction) -> Result<DomainSnapshot, AppError> {
             k.value().to_string(),
             mesh_codec::decode("deny entry", v.value())?,
         );
+    }
+    for row in txn.open_table(tables::SIGNERS)?.iter()? {
+        let (k, v) = row?;
+        let key: [u8; 32] = v.value().try_into().map_err(|_| {
+            AppError::Other(format!(
+                "replica {}'s stored signing key is {} bytes, not 32",
+                k.value(),
+                v.value().len()
+            ))
+        })?;
+        state.signers.insert(k.value(), key);
     }
     read_uploads(txn, &mut state)?;
     let history = read_history(txn)?;
@@ -482,6 +504,7 @@ fn clear_domain_tables(txn: &WriteTransaction) -> Result<(), AppError> {
     clear(txn, tables::MODEL_HISTORY)?;
     clear(txn, tables::REQUESTS)?;
     clear(txn, tables::REVOKED)?;
+    clear(txn, tables::SIGNERS)?;
     clear(txn, tables::UPLOADS)?;
     txn.open_table(tables::UPLOAD_CHUNKS)?
         .retain(|_, _| false)?;
@@ -510,6 +533,7 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
     changed.extend(state.holds.keys().cloned().map(Changed::Holds));
     changed.extend(state.requests.keys().copied().map(Changed::Request));
     changed.extend(state.revoked.keys().cloned().map(Changed::Revoked));
+    changed.extend(state.signers.keys().copied().map(Changed::Signer));
     for (id, upload) in &state.uploads {
         changed.push(Changed::Upload(*id));
         changed.extend(

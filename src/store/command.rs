@@ -97,6 +97,9 @@ pub enum Command {
         changes: Vec<String>,
         keep: Vec<crate::core::model::Machine>,
     },
+    /// Replica `replica`'s envelope key into the state (`Some`) or out of it (`None`): every
+    /// declaration carries the added replicas' keys (decision 0230).
+    SetSigner { replica: u64, key: Option<[u8; 32]> },
 }
 
 /// How many operator requests' outcomes the state keeps (oldest forgotten first): far more than
@@ -222,6 +225,8 @@ pub enum Applied {
         received: u32,
         chunks_total: u32,
     },
+    /// Replica `replica`'s key is in the state (`known`) or not, after a `SetSigner`.
+    Signer { replica: u64, known: bool },
 }
 
 /// Why the state machine refused a proposal. Nothing changed.

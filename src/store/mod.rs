@@ -7,5 +7,6 @@
 pub mod app;
 pub mod command;
 pub mod revoked;
+pub mod signers;
 pub mod staging;
 pub mod state;

@@ -39,6 +39,8 @@ pub struct DomainState {
     pub revoked: super::revoked::DenyMap,
     /// Models being uploaded in chunks, not yet applied (decision 0185).
     pub uploads: BTreeMap<super::staging::UploadId, super::staging::Upload>,
+    /// The envelope keys of replicas added after init (decision 0230).
+    pub signers: super::signers::Signers,
 }
 
 /// A row the redb layer must write after an apply, in the same transaction.
@@ -68,6 +70,8 @@ pub enum Changed {
         upload: super::staging::UploadId,
         index: u32,
     },
+    /// A replica's envelope key written or (gone from the state) removed.
+    Signer(u64),
 }
 
 impl DomainState {
@@ -295,6 +299,9 @@ impl DomainState {
             }
         }
     }
+            Command::SetSigner { replica, key } => {
+                super::signers::set_signer(self, p, *replica, *key, changed)
+            }
 
     /// `ApplyModel` (inline, or staged through an upload): the model rules again (the controller
     /// checked them before proposing; this holds for any proposer), no machine leaves while it

@@ -157,6 +157,7 @@ impl Bed {
                     (i.to_string(), mesh::hex::encode_hex(public.as_bytes()))
                 })
                 .collect(),
+            join: false,
         };
         let path = self.dir.path().join(format!("{sub}.toml"));
         std::fs::write(&path, file.to_toml().expect("toml")).expect("write config");

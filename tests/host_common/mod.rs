@@ -137,6 +137,7 @@ pub fn envelope(
             machine: machine.into(),
             modules,
             revoked: Default::default(),
+            signers: Default::default(),
         },
     }
 }

@@ -63,7 +63,8 @@ impl Work {
     fn rebuild(&mut self, state: &Arc<DomainState>) -> Result<(), ApiError> {
         self.built_from = None;
         let world = World::new(state.mesh.clone(), state.provisions.values().cloned())
-            .with_revoked(crate::store::revoked::declared(&state.revoked));
+            .with_revoked(crate::store::revoked::declared(&state.revoked))
+            .with_signers(state.signers.clone());
         let cache = DigestCache::build(&world).map_err(|e| not_composing(state.revision, &e))?;
         self.world = world;
         self.cache = cache;
@@ -75,7 +76,7 @@ impl Work {
     /// untouched) when only a rebuild is right.
     fn diff(&mut self, old: &DomainState, new: &DomainState) -> Option<BTreeSet<String>> {
         // The deny list is in every declaration: a change to it recomposes everything.
-        if old.revoked != new.revoked {
+        if old.revoked != new.revoked || old.signers != new.signers {
             return None;
         }
         let machine_gone = old
@@ -228,7 +229,8 @@ mod tests {
 
     fn rebuilt(state: &DomainState) -> DigestCache {
         let world = World::new(state.mesh.clone(), state.provisions.values().cloned())
-            .with_revoked(crate::store::revoked::declared(&state.revoked));
+            .with_revoked(crate::store::revoked::declared(&state.revoked))
+            .with_signers(state.signers.clone());
         DigestCache::build(&world).expect("composes")
     }
 
@@ -238,7 +240,8 @@ mod tests {
         secret: &str,
     ) -> BTreeMap<String, crate::core::model::Provision> {
         let world = World::new(state.mesh.clone(), state.provisions.values().cloned())
-            .with_revoked(crate::store::revoked::declared(&state.revoked));
+            .with_revoked(crate::store::revoked::declared(&state.revoked))
+            .with_signers(state.signers.clone());
         let mut out = BTreeMap::new();
         for m in world.machine_names() {
             let composed = compose_with(&world, &Pending::default(), m).expect("composes");

@@ -1,0 +1,486 @@
+//! `meshctl replicas list|add|remove` on the leader (issue 12 part 4, decision 0230).
+//!
+//! The Raft membership is the truth of who the replicas are and where they are dialled
+//! ([`Service::members`]); `replica.toml`'s `[peers]` only seeds a brand-new cluster. An add goes:
+//! the new replica must answer a probe at its address; the change must keep a quorum
+//! ([`mesh_raft::check_quorum`]); its signing key is committed into the state
+//! (`Command::SetSigner`), which makes every machine behind, and a push of the machines behind
+//! carries it; it joins as a learner and catches up; only when every machine that was ever sent a
+//! declaration has confirmed one carrying the key is it made a voter through joint consensus. A
+//! learner never campaigns, so the key is on every host before the replica can lead. A remove is
+//! checked against the quorum of the live voters, goes through joint consensus, then drops the key.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ed25519_dalek::VerifyingKey;
+use mesh_raft::{Member, MembershipError, Probed, check_quorum, probe_replica};
+use mesh_transport::Sink;
+use serde::{Deserialize, Serialize};
+
+use super::api::{ApiError, Body, ErrorClass, PushOutcome, PushTarget, RequestId};
+use super::service::Service;
+use crate::store::command::{Applied, Command};
+use crate::store::state::DomainState;
+
+/// How long a joining replica may take to catch up with the leader's log.
+pub const member_catch_up_ms: u64 = 60_000;
+/// How long one joint-consensus change may take to commit both its steps.
+pub const member_change_ms: u64 = 10_000;
+
+/// `meshctl replicas list|add|remove`: every member of the membership as the leader knows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicasView {
+    /// The replica that answered (the leader).
+    pub answered_by: u64,
+    pub members: Vec<MemberView>,
+    /// What the change did, one line each, in order (empty for `list`).
+    pub done: Vec<String>,
+}
+
+/// One member of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberView {
+    pub id: u64,
+    /// The address the others dial, from the membership.
+    pub addr: String,
+    /// Voter (counts for quorum, may lead) or learner (replicated to, never leads).
+    pub voter: bool,
+    /// It answered a probe just now.
+    pub reachable: bool,
+    pub leader: bool,
+    /// Hosts learn its signing key from `host.toml` (a founding replica) or from their
+    /// declarations (an added one); `false` only for a learner whose key is not in the state.
+    pub key_known: bool,
+}
+
+/// Why `replicas add` or `replicas remove` did not do (all of) what was asked.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum MembersError {
+    #[error("`{addr}` is not a replica address: {problem}")]
+    BadAddress { addr: String, problem: String },
+    #[error(
+        "the signing key given for replica {id} is not an ed25519 public key; copy the line `meshctl init --add-replica` printed"
+    )]
+    BadKey { id: u64 },
+    #[error(
+        "replica {id} at {addr} does not answer ({reason}); start its meshd with the replica.toml `meshctl init --add-replica` wrote, then ask again. Nothing was changed"
+    )]
+    NewReplicaSilent {
+        id: u64,
+        addr: String,
+        reason: String,
+    },
+    #[error("{reason}; nothing was changed (members: {members:?}, answering now: {answering:?})")]
+    WouldLoseQuorum {
+        reason: String,
+        members: Vec<u64>,
+        answering: Vec<u64>,
+    },
+    #[error(
+        "replica {id} leads; it cannot remove itself. Stop it (SIGTERM hands leadership over) or wait for another leader, then ask again through another replica. Nothing was changed"
+    )]
+    RemovingTheLeader { id: u64 },
+    #[error("{reason}")]
+    Membership { reason: String },
+    #[error(
+        "replica {id} is a learner but not a voter yet: {} not confirmed a declaration carrying its signing key ({}), so it may not lead. Bring them up (or push them), then run the same `meshctl replicas add` again",
+        if machines.len() == 1 { "machine has" } else { "machines have" },
+        machines.join(", ")
+    )]
+    KeyNotOnHosts { id: u64, machines: Vec<String> },
+}
+
+impl MembersError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            MembersError::BadAddress { .. } | MembersError::BadKey { .. } => ErrorClass::Invalid,
+            MembersError::NewReplicaSilent { .. } | MembersError::KeyNotOnHosts { .. } => {
+                ErrorClass::Unavailable
+            }
+            MembersError::WouldLoseQuorum { .. } | MembersError::RemovingTheLeader { .. } => {
+                ErrorClass::Refused
+            }
+            MembersError::Membership { .. } => ErrorClass::Failed,
+        }
+    }
+
+    pub fn cause(&self) -> &'static str {
+        match self {
+            MembersError::BadAddress { .. } => "replicas.bad_address",
+            MembersError::BadKey { .. } => "replicas.bad_key",
+            MembersError::NewReplicaSilent { .. } => "replicas.new_replica_silent",
+            MembersError::WouldLoseQuorum { .. } => "replicas.would_lose_quorum",
+            MembersError::RemovingTheLeader { .. } => "replicas.removing_the_leader",
+            MembersError::Membership { .. } => "replicas.membership",
+            MembersError::KeyNotOnHosts { .. } => "replicas.key_not_on_hosts",
+        }
+    }
+}
+
+fn membership(e: MembershipError) -> ApiError {
+    let reason = e.to_string();
+    match e {
+        MembershipError::NotLeader { .. } | MembershipError::Stopped => {
+            ApiError::NotCommitted { reason }
+        }
+        MembershipError::Quorum(_) => MembersError::WouldLoseQuorum {
+            reason,
+            members: vec![],
+            answering: vec![],
+        }
+        .into(),
+        _ => MembersError::Membership { reason }.into(),
+    }
+}
+
+/// The added replicas' keys as the state keeps them, as verifying keys (one that does not parse
+/// was refused by the state machine and cannot be here; it is skipped).
+pub(crate) fn signers_trusted(state: &DomainState) -> BTreeMap<u64, VerifyingKey> {
+    state
+        .signers
+        .iter()
+        .filter_map(|(id, bytes)| VerifyingKey::from_bytes(bytes).ok().map(|k| (*id, k)))
+        .collect()
+}
+
+/// The machines that were sent a declaration but have not confirmed one carrying replica `id`'s
+/// `key` (by their last send and its report, or by this push's own answer), sorted.
+fn key_missing_on(
+    state: &DomainState,
+    id: u64,
+    key: &[u8; 32],
+    applied_now: &BTreeSet<String>,
+) -> Vec<String> {
+    let hex = crate::hex::encode_hex(key);
+    state
+        .last_sends
+        .iter()
+        .filter(|(machine, send)| {
+            let carries = send.summary.signers.get(&id) == Some(&hex);
+            let confirmed = state.confirmed(machine) || applied_now.contains(*machine);
+            !(carries && confirmed)
+        })
+        .map(|(machine, _)| machine.clone())
+        .collect()
+}
+
+impl Service {
+    /// Every member's address from the Raft membership; `[peers]` of the config only when the
+    /// membership is still empty (a replica that has not heard from its cluster yet).
+    pub(crate) fn members(&self) -> BTreeMap<u64, SocketAddr> {
+        let from_raft: BTreeMap<u64, SocketAddr> = self
+            .replica
+            .members()
+            .into_values()
+            .filter_map(|m| m.addr.parse().ok().map(|a| (m.id, a)))
+            .collect();
+        if from_raft.is_empty() {
+            return self.config.peers().clone();
+        }
+        from_raft
+    }
+
+    /// Replica `id`'s address: the membership's, else `[peers]`.
+    pub(crate) fn member_addr(&self, id: u64) -> Option<SocketAddr> {
+        self.members()
+            .get(&id)
+            .copied()
+            .or_else(|| self.config.peers().get(&id).copied())
+    }
+
+    /// Probes every address of `asks` at once (this replica answers for itself): who answered.
+    async fn answering(&self, asks: &BTreeMap<u64, SocketAddr>) -> BTreeMap<u64, Probed> {
+        let timings = self.replica.config().timings();
+        let wait =
+            Duration::from_millis(self.replica.config().settings().election_timeout_min_ms / 2);
+        let own = Probed::of(self.replica.raft());
+        let probes = asks.iter().map(|(id, addr)| {
+            let own = own.clone();
+            async move {
+                if *id == self.id {
+                    return (*id, Ok(own));
+                }
+                (
+                    *id,
+                    probe_replica(&self.endpoint, &timings, *id, *addr, wait).await,
+                )
+            }
+        });
+        futures::future::join_all(probes)
+            .await
+            .into_iter()
+            .filter_map(|(id, p)| p.ok().map(|p| (id, p)))
+            .collect()
+    }
+
+    fn voters(members: &BTreeMap<u64, Member>) -> BTreeSet<u64> {
+        members.values().filter(|m| m.voter).map(|m| m.id).collect()
+    }
+
+    async fn replicas_view(&self, done: Vec<String>) -> Result<Body, ApiError> {
+        let state = self.state()?;
+        let members = self.replica.members();
+        let addrs: BTreeMap<u64, SocketAddr> = members
+            .values()
+            .filter_map(|m| m.addr.parse().ok().map(|a| (m.id, a)))
+            .collect();
+        let answered = self.answering(&addrs).await;
+        let founding = self.config.peers();
+        let view = ReplicasView {
+            answered_by: self.id,
+            members: members
+                .values()
+                .map(|m| MemberView {
+                    id: m.id,
+                    addr: m.addr.clone(),
+                    voter: m.voter,
+                    reachable: answered.contains_key(&m.id),
+                    leader: answered.get(&m.id).is_some_and(|p| p.leads()),
+                    key_known: state.signers.contains_key(&m.id) || founding.contains_key(&m.id),
+                })
+                .collect(),
+            done,
+        };
+        Ok(Body::Replicas(view))
+    }
+
+    /// `Request::ReplicasList`.
+    pub(crate) async fn replicas_list(&self) -> Result<Body, ApiError> {
+        self.leading_term()?;
+        self.replicas_view(vec![]).await
+    }
+
+    /// `Request::ReplicasAdd`: see the module's doc for the steps. Asking again after any step
+    /// goes on from where the cluster is (every step is idempotent).
+    pub(crate) async fn replicas_add(
+        &self,
+        actor: &str,
+        id: u64,
+        addr: String,
+        key: [u8; 32],
+        lines: &Sink,
+    ) -> Result<Body, ApiError> {
+        let term = self.leading_term()?;
+        let dial: SocketAddr = addr.parse().map_err(|e| MembersError::BadAddress {
+            addr: addr.clone(),
+            problem: format!("{e}; write it as ip:port, the address the other replicas dial"),
+        })?;
+        if dial.ip().is_unspecified() || dial.port() == 0 {
+            return Err(MembersError::BadAddress {
+                addr,
+                problem:
+                    "a wildcard address or port 0 cannot be dialled; give the replica's own address"
+                        .into(),
+            }
+            .into());
+        }
+        if VerifyingKey::from_bytes(&key).is_err() {
+            return Err(MembersError::BadKey { id }.into());
+        }
+        let members = self.replica.members();
+        if let Some(m) = members.get(&id)
+            && m.addr != addr
+        {
+            return Err(membership(MembershipError::OtherAddress {
+                id,
+                known: m.addr.clone(),
+                asked: addr,
+            }));
+        }
+        let mut done = Vec::new();
+        let voters = Self::voters(&members);
+        if voters.contains(&id) {
+            done.push(format!("replica {id} is already a voter at {addr}"));
+            return self.replicas_view(done).await;
+        }
+        // The new replica must be running, and the change must keep a quorum.
+        let mut asks: BTreeMap<u64, SocketAddr> = voters
+            .iter()
+            .filter_map(|v| self.member_addr(*v).map(|a| (*v, a)))
+            .collect();
+        asks.insert(id, dial);
+        let answered = self.answering(&asks).await;
+        if !answered.contains_key(&id) {
+            let timings = self.replica.config().timings();
+            let wait =
+                Duration::from_millis(self.replica.config().settings().election_timeout_min_ms / 2);
+            let reason = match probe_replica(&self.endpoint, &timings, id, dial, wait).await {
+                Ok(_) => "it answered only late".to_string(),
+                Err(e) => e.to_string(),
+            };
+            return Err(MembersError::NewReplicaSilent { id, addr, reason }.into());
+        }
+        let live: BTreeSet<u64> = answered.keys().copied().collect();
+        let mut after = voters.clone();
+        after.insert(id);
+        check_quorum(&voters, &after, &live).map_err(|e| MembersError::WouldLoseQuorum {
+            reason: e.to_string(),
+            members: members.keys().copied().collect(),
+            answering: live.iter().copied().collect(),
+        })?;
+        // 1. The key into the state: every machine is behind from here.
+        let known = self.state()?.signers.get(&id) == Some(&key);
+        if !known {
+            match self
+                .propose(
+                    term,
+                    None,
+                    actor,
+                    Command::SetSigner {
+                        replica: id,
+                        key: Some(key),
+                    },
+                )
+                .await?
+            {
+                Applied::Signer { known: true, .. } => {}
+                other => {
+                    return Err(ApiError::internal(format!(
+                        "the store answered a signing key with {other:?}"
+                    )));
+                }
+            }
+            done.push(format!("replica {id}'s signing key committed"));
+        }
+        // 2. A push of the machines behind carries it to every host.
+        let mut applied_now = BTreeSet::new();
+        let state = self.state()?;
+        let missing = key_missing_on(&state, id, &key, &applied_now);
+        if !missing.is_empty() {
+            let push_id = RequestId(random_id()?);
+            let why = format!("replica {id} joins: its signing key");
+            match self
+                .push(actor, push_id, PushTarget::Behind, why, vec![], None, lines)
+                .await
+            {
+                Ok(Body::Push(view)) => {
+                    for line in &view.lines {
+                        if matches!(line.outcome, PushOutcome::Applied { .. }) {
+                            applied_now.insert(line.machine.clone());
+                        }
+                    }
+                    done.push(format!(
+                        "pushed the key: {} of {} machines applied it",
+                        applied_now.len(),
+                        view.lines.len()
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) => done.push(format!("the push of the key did not finish: {e}")),
+            }
+        }
+        // 3. A learner, caught up.
+        self.replica
+            .add_learner_caught_up(id, &addr, Duration::from_millis(member_catch_up_ms))
+            .await
+            .map_err(membership)?;
+        done.push(format!(
+            "replica {id} added as a learner at {addr} and caught up"
+        ));
+        // 4. A voter only once every host has the key.
+        let state = self.state()?;
+        let missing = key_missing_on(&state, id, &key, &applied_now);
+        if !missing.is_empty() {
+            tracing::warn!(replica = self.id, new = id, machines = ?missing, "the new replica stays a learner: machines have not confirmed its key");
+            return Err(MembersError::KeyNotOnHosts {
+                id,
+                machines: missing,
+            }
+            .into());
+        }
+        // The quorum again, now that the learner caught up (a voter may have died meanwhile).
+        let members = self.replica.members();
+        let voters = Self::voters(&members);
+        let mut asks: BTreeMap<u64, SocketAddr> = voters
+            .iter()
+            .filter_map(|v| self.member_addr(*v).map(|a| (*v, a)))
+            .collect();
+        asks.insert(id, dial);
+        let live: BTreeSet<u64> = self.answering(&asks).await.keys().copied().collect();
+        let mut after = voters.clone();
+        after.insert(id);
+        check_quorum(&voters, &after, &live).map_err(|e| MembersError::WouldLoseQuorum {
+            reason: e.to_string(),
+            members: members.keys().copied().collect(),
+            answering: live.iter().copied().collect(),
+        })?;
+        self.replica
+            .promote(id, Duration::from_millis(member_change_ms))
+            .await
+            .map_err(membership)?;
+        tracing::info!(replica = self.id, new = id, %addr, "replica {id} is a voter (joint consensus committed)");
+        done.push(format!(
+            "replica {id} is a voter (joint consensus {:?} -> {:?})",
+            voters, after
+        ));
+        self.replicas_view(done).await
+    }
+
+    /// `Request::ReplicasRemove`: refused, changing nothing, when it is this leader or when the
+    /// voters that answer now could not commit the change or elect a leader afterwards.
+    pub(crate) async fn replicas_remove(&self, actor: &str, id: u64) -> Result<Body, ApiError> {
+        let term = self.leading_term()?;
+        let members = self.replica.members();
+        if !members.contains_key(&id) {
+            return Err(membership(MembershipError::NotMember {
+                id,
+                members: members.keys().copied().collect(),
+            }));
+        }
+        if id == self.id {
+            return Err(MembersError::RemovingTheLeader { id }.into());
+        }
+        let voters = Self::voters(&members);
+        let asks: BTreeMap<u64, SocketAddr> = voters
+            .iter()
+            .filter_map(|v| self.member_addr(*v).map(|a| (*v, a)))
+            .collect();
+        let live: BTreeSet<u64> = self.answering(&asks).await.keys().copied().collect();
+        let mut after = voters.clone();
+        after.remove(&id);
+        check_quorum(&voters, &after, &live).map_err(|e| MembersError::WouldLoseQuorum {
+            reason: e.to_string(),
+            members: members.keys().copied().collect(),
+            answering: live.iter().copied().collect(),
+        })?;
+        let mut done = Vec::new();
+        self.replica
+            .remove_member(id, Duration::from_millis(member_change_ms))
+            .await
+            .map_err(membership)?;
+        tracing::info!(
+            replica = self.id,
+            removed = id,
+            "replica {id} removed (joint consensus committed)"
+        );
+        done.push(format!(
+            "replica {id} removed (joint consensus {voters:?} -> {after:?}); stop its meshd"
+        ));
+        if self.state()?.signers.contains_key(&id) {
+            self.propose(
+                term,
+                None,
+                actor,
+                Command::SetSigner {
+                    replica: id,
+                    key: None,
+                },
+            )
+            .await?;
+            done.push(format!(
+                "replica {id}'s signing key dropped from the declarations (the next push carries it)"
+            ));
+        }
+        self.replicas_view(done).await
+    }
+}
+
+fn random_id() -> Result<[u8; 16], ApiError> {
+    let mut id = [0u8; 16];
+    getrandom::getrandom(&mut id).map_err(|_| ApiError::Random {
+        what: "making the key push's request id".into(),
+    })?;
+    Ok(id)
+}
