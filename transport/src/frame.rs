@@ -237,9 +237,9 @@ pub fn for_framing<'a>(
     version::check_framing(kind, version, framing, receiver)?;
     match framing {
         Framing::V2 => Ok(encoded),
-        // A u16 under 251 is one byte in the codec's variable-length integers; check_framing
-        // allowed only version 1 here.
-        Framing::V1 => Ok(encoded.get(1..).unwrap_or_default()),
+        // A u16 under 251 is one byte in the codec's variable-length integers, and
+        // check_framing allowed at most version 1 here; a header is never empty.
+        Framing::V1 => Ok(encoded.split_first().map_or(encoded, |(_, rest)| rest)),
     }
 }
 
