@@ -1,7 +1,8 @@
 //! The driver of a push (G3, G4): it runs the pure [`PushEngine`](super::engine::PushEngine) by
 //! carrying out its actions — quorum rounds, proposals, envelopes through the gated transport,
-//! at most `engine::sends_in_flight_max` at once — and feeding back what came of them with the lease
-//! clock's time. It decides nothing itself. Also `plan` (the same planning as a dry run).
+//! at most `engine::sends_in_flight_max` at once, each writing until the lease's end as the engine
+//! last extended it — and feeding back what came of them with the lease clock's time. It decides
+//! nothing itself. Also `plan` (the same planning as a dry run).
 //!
 //! Locks: one push at a time per leader (`Service::pushing`, taken by pushes alone); the compose
 //! cache is locked only while planning, never across a wait, so `plan`, `status`, settings and
@@ -16,6 +17,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use mesh_transport::{MessageKind, Peer, Principal, Sink, TransportError};
 use openraft::ServerState;
+use tokio::sync::watch;
 
 use super::api::{ApiError, Body, PlanView, PushEvent, PushTarget, RequestId, push_event_what};
 use super::engine::{
@@ -52,6 +54,22 @@ fn engine_lease(lease: &mesh_raft::Lease) -> Lease {
 }
 
 type Task<'a> = Pin<Box<dyn Future<Output = Event> + Send + 'a>>;
+
+/// Until when one send may write: the end of the lease it was handed out under, or a later end
+/// the engine extended the push's lease to since, in the same term (decision 0221).
+struct LeaseEnd {
+    first: Instant,
+    extended: watch::Receiver<Option<Instant>>,
+}
+
+impl LeaseEnd {
+    fn now(&self) -> Instant {
+        match *self.extended.borrow() {
+            Some(until) => until.max(self.first),
+            None => self.first,
+        }
+    }
+}
 
 /// Offers one event to a streamed push's reader, if it reads one.
 fn offer(lines: &Sink, event: &PushEvent) {
@@ -194,6 +212,9 @@ impl Service {
         let mut tasks: FuturesUnordered<Task<'_>> = FuturesUnordered::new();
         let mut now_events: VecDeque<Event> = VecDeque::new();
         let mut kept: Option<Vec<u8>> = None;
+        // The lease's end as the engine last extended it: every send on its way reads it at its
+        // write (decision 0221).
+        let (extend, extended) = watch::channel(None::<Instant>);
         let mut metrics = self.replica.metrics();
         let mut deposed = false;
         loop {
@@ -209,7 +230,14 @@ impl Service {
                         command,
                     } => tasks.push(Box::pin(self.propose_step(epoch, expect, actor, command))),
                     Action::Send { envelope, deadline } => {
-                        tasks.push(Box::pin(self.deliver(envelope, deadline)));
+                        let until = LeaseEnd {
+                            first: deadline,
+                            extended: extended.clone(),
+                        };
+                        tasks.push(Box::pin(self.deliver(envelope, until)));
+                    }
+                    Action::Extend { until } => {
+                        extend.send_replace(Some(until));
                     }
                     Action::Keep { envelope, deadline } => {
                         let sealed = self.seal_kept(&envelope, deadline);
@@ -303,7 +331,7 @@ impl Service {
         }
     }
 
-    async fn deliver(&self, envelope: Envelope, deadline: Instant) -> Event {
+    async fn deliver(&self, envelope: Envelope, deadline: LeaseEnd) -> Event {
         let machine = envelope.machine.clone();
         let answer = self.deliver_answer(envelope, deadline).await;
         Event::Answered { machine, answer }
@@ -313,7 +341,7 @@ impl Service {
     /// while this replica leads in the envelope's epoch and before `deadline`, the lease's end:
     /// dialling, backoff and the handshake are behind it, and the transport writes no byte past
     /// what it answers.
-    async fn deliver_answer(&self, envelope: Envelope, deadline: Instant) -> HostAnswer {
+    async fn deliver_answer(&self, envelope: Envelope, deadline: LeaseEnd) -> HostAnswer {
         let machine = envelope.machine.clone();
         let epoch = envelope.epoch;
         let Some(addr) = self.config.hosts().get(&machine).copied() else {
@@ -334,6 +362,7 @@ impl Service {
         let gate = || -> Result<Duration, String> {
             self.leads_in(epoch)?;
             let now = self.clock.now();
+            let deadline = deadline.now();
             match deadline.checked_duration_since(now) {
                 Some(left) if !left.is_zero() => {
                     // The moment bytes may leave under this epoch: the chaos checkers' "sent".

@@ -94,3 +94,35 @@ async fn g3_an_open_gate_sends_and_answers_as_an_ungated_request() {
     assert_eq!(answer, b"echo:decl");
     assert_eq!(recorder.seen().len(), 1);
 }
+
+#[tokio::test]
+async fn g3_a_gate_whose_time_runs_out_before_the_answer_is_asked_again() {
+    // G3 (decision 0221): a request written inside its gate whose answer comes later than the
+    // time the gate allowed asks the gate again instead of resetting its stream at once; while
+    // the gate stays open (a lease renewed meanwhile) the answer comes back.
+    let pki = Pki::new();
+    let (host_end, recorder) = serving(&pki, &host("ace"));
+    let leader = client(&pki, &replica(1));
+    recorder.block();
+    let asked = AtomicUsize::new(0);
+    let gate = || -> Result<Duration, String> {
+        asked.fetch_add(1, Ordering::SeqCst);
+        Ok(Duration::from_millis(20))
+    };
+    let request = leader.request_gated(
+        host_end.local_addr(),
+        MessageKind::Envelope,
+        b"slow".to_vec(),
+        timeout,
+        &gate,
+    );
+    let release = async {
+        wait_for("the gate asked again twice", || {
+            asked.load(Ordering::SeqCst) >= 3
+        })
+        .await;
+        recorder.release();
+    };
+    let (answer, ()) = tokio::join!(request, release);
+    assert_eq!(answer.expect("the gate stayed open"), b"echo:slow");
+}

@@ -142,11 +142,16 @@ pub(crate) enum Action {
         command: Command,
     },
     /// Seal `envelope` and send it to its machine; no byte may be written at or after
-    /// `deadline`. Feed [`Event::Answered`].
+    /// `deadline`, or after the latest [`Action::Extend`] of this push if that is later. Feed
+    /// [`Event::Answered`].
     Send {
         envelope: Envelope,
         deadline: Instant,
     },
+    /// A renewal in the push's own term moved the lease's end to `until`: every send of this
+    /// push still on its way may write until then (decision 0221). Never emitted once the push
+    /// stopped, nor for a lease of another term.
+    Extend { until: Instant },
     /// Seal `envelope` and keep it for the answer (a genesis), only before `deadline`. Feed
     /// [`Event::Kept`].
     Keep {
@@ -300,6 +305,9 @@ impl PushEngine {
             Ok(lease) => {
                 if lease.until > self.lease.until {
                     self.lease = lease;
+                    if self.stopped.is_none() {
+                        out.push(Action::Extend { until: lease.until });
+                    }
                 }
             }
             Err(e) => self.stop(format!("lease could not be renewed: {e}"), out),
@@ -439,7 +447,9 @@ impl PushEngine {
     fn work_remains(&self) -> bool {
         match self.step {
             Step::Mints | Step::Holds | Step::Records | Step::Keep => true,
-            Step::Sending => !self.queue.is_empty(),
+            // Sends on their way count: their writes run under the lease, so it is renewed
+            // until every one answered (decision 0221).
+            Step::Sending => !self.queue.is_empty() || !self.in_flight.is_empty(),
             Step::Done => false,
         }
     }

@@ -417,6 +417,66 @@ fn g3_a_send_stopped_at_the_write_stops_the_rest() {
         PushOutcome::Failed { error, .. } if error.starts_with("stopped at the write:") && error.contains("lease")));
 }
 
+fn extends(actions: &[Action]) -> Vec<Instant> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Extend { until } => Some(*until),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn g3_sends_on_their_way_are_extended_only_by_a_renewal_in_the_same_term() {
+    // G3 (decision 0221): with every envelope handed out but not answered, the engine still asks
+    // for the lease from its half on, and a renewal in the push's term extends the sends on their
+    // way to the new lease's end; a renewal in another term, or one that comes back after the push
+    // stopped, extends nothing.
+    let t0 = Instant::now();
+    let state = state_of(many(3));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    let out = through_records(&mut engine, &first, t0);
+    assert_eq!(sends(&out).len(), 3, "all handed out");
+    assert!(extends(&out).is_empty());
+    let half = t0 + window / 2;
+    assert_eq!(
+        engine.wake_at(),
+        Some(half),
+        "sends on their way keep the lease"
+    );
+    assert_eq!(engine.handle(half, Event::Tick), vec![Action::ConfirmLease]);
+    let renewed = lease_at(4, half);
+    let out = engine.handle(half, Event::Lease(Ok(renewed)));
+    assert_eq!(extends(&out), vec![renewed.until]);
+    assert!(sends(&out).is_empty());
+    // Each answer settles its line; once none is on its way nothing more is asked.
+    engine.handle(half, applied("m000"));
+    engine.handle(half, applied("m001"));
+    assert_eq!(engine.wake_at(), Some(half + window / 2));
+    let out = engine.handle(half, applied("m002"));
+    assert!(answer(&out).is_some());
+    assert_eq!(engine.wake_at(), None);
+
+    // Renewed in another term: the push stops and nothing on its way is extended.
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    through_records(&mut engine, &first, t0);
+    engine.handle(half, Event::Tick);
+    let out = engine.handle(half, Event::Lease(Ok(lease_at(5, half))));
+    assert!(extends(&out).is_empty(), "{out:?}");
+
+    // Deposed while the round was out: the round's late answer extends nothing.
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    through_records(&mut engine, &first, t0);
+    engine.handle(half, Event::Tick);
+    engine.handle(
+        half,
+        Event::Deposed("leadership lost: term 4 is now 5".into()),
+    );
+    let out = engine.handle(half, Event::Lease(Ok(lease_at(4, half))));
+    assert!(extends(&out).is_empty(), "{out:?}");
+}
+
 #[test]
 fn g2_a_host_holding_a_newer_envelope_stops_the_rest() {
     // G2/G3: a host refusing an envelope as older than one it accepted has seen a newer leader:
