@@ -52,9 +52,11 @@ pub fn raft_settings() -> RaftSettings {
     }
 }
 
+/// Long enough that an envelope held before the write gate (paused-leader) still waits for it
+/// when released after another replica's lease, so the gate itself is what refuses it.
 fn transport() -> TransportConfig {
     TransportConfig {
-        request_timeout_ms: 2_000,
+        request_timeout_ms: 6_000,
         ..TransportConfig::default()
     }
 }
@@ -132,14 +134,22 @@ impl ReportSink for ChaosSink {
             }
             let result = self.deliver_recorded(report).await;
             if result.is_ok() {
-                let held = self.faults.held.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let held = self
+                    .faults
+                    .held
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take();
                 if let Some(held) = held {
                     // Overtaken: older than the report just filed; the account must refuse it.
                     let _ = self.deliver_recorded(&held).await;
                 }
                 let per_mille = self.faults.duplicate_per_mille.load(Ordering::SeqCst);
                 let roll = self.faults.rolls.fetch_add(1, Ordering::SeqCst);
-                if per_mille > 0 && (roll.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) % 1000 < u64::from(per_mille) {
+                if per_mille > 0
+                    && (roll.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) % 1000
+                        < u64::from(per_mille)
+                {
                     let _ = self.deliver_recorded(report).await;
                 }
             }
@@ -327,7 +337,9 @@ impl Cluster {
 
     /// A host on a free port; its config is rewritten with that port so a restart binds it again.
     async fn first_host(&self, name: &str) -> Result<Host, BedError> {
-        let tls = self.pki.write(&format!("host-{name}"), &Principal::Host(name.into()));
+        let tls = self
+            .pki
+            .write(&format!("host-{name}"), &Principal::Host(name.into()));
         let path = self.host_toml(name, "127.0.0.1:0", &tls)?;
         let faults = Arc::new(SinkFaults::default());
         let run = self.run_host(name, &path, &faults).await?;
@@ -375,7 +387,9 @@ impl Cluster {
 
     /// Stops host `name` (its modules too); it keeps its files.
     pub async fn stop_host(&mut self, name: &str) {
-        let Some(host) = self.hosts.get_mut(name) else { return };
+        let Some(host) = self.hosts.get_mut(name) else {
+            return;
+        };
         if let Some(run) = host.running.take() {
             let _ = run.stop.send(true);
             run.endpoint.close().await;
@@ -460,10 +474,13 @@ impl Cluster {
                 e.faults().heal(self.addrs[&id]);
             }
         }
-        let running =
-            mesh::controller::start_on(self.configs[&id].clone(), endpoint, self.clocks[&id].clone())
-                .await
-                .map_err(bed("restart a replica"))?;
+        let running = mesh::controller::start_on(
+            self.configs[&id].clone(),
+            endpoint,
+            self.clocks[&id].clone(),
+        )
+        .await
+        .map_err(bed("restart a replica"))?;
         self.replicas.insert(id, running);
         self.recorder.record(Event::Restart {
             who: format!("replica {id}"),
@@ -507,7 +524,11 @@ impl Cluster {
 
     /// Every endpoint of the run with every peer address it may fault.
     pub fn heal_all(&self) -> Vec<&Endpoint> {
-        let mut all: Vec<&Endpoint> = self.replicas.values().map(|r| r.service().endpoint()).collect();
+        let mut all: Vec<&Endpoint> = self
+            .replicas
+            .values()
+            .map(|r| r.service().endpoint())
+            .collect();
         all.extend(self.hosts.values().filter_map(|h| h.endpoint()));
         for e in &all {
             e.faults().heal_all();
@@ -559,7 +580,8 @@ impl Cluster {
         for id in ids {
             if let Some(running) = self.replicas.remove(&id) {
                 let _ =
-                    tokio::time::timeout(Duration::from_millis(stop_wait_ms), running.shutdown()).await;
+                    tokio::time::timeout(Duration::from_millis(stop_wait_ms), running.shutdown())
+                        .await;
             }
         }
         let names: Vec<String> = self.hosts.keys().cloned().collect();

@@ -88,7 +88,10 @@ pub fn complete(history: &History) -> Vec<Violation> {
     vec![violation(
         checker_names[0],
         None,
-        format!("{} events dropped: the history is incomplete", history.dropped),
+        format!(
+            "{} events dropped: the history is incomplete",
+            history.dropped
+        ),
     )]
 }
 

@@ -32,7 +32,11 @@ pub enum Op {
     /// `settings set module/db key=value`.
     Set { key: String, value: String },
     /// A push whose `why` is `why` (unique in the run).
-    Push { why: String, target: String, moves: Vec<String> },
+    Push {
+        why: String,
+        target: String,
+        moves: Vec<String>,
+    },
 }
 
 /// What an operator request came back with.
@@ -40,7 +44,9 @@ pub enum Op {
 pub enum Answered {
     /// Acknowledged. For a push, the machines of its answer's lines: `(machine, sent)` where `sent`
     /// is `Some((sequence, digest short))` for an applied, sent or refused line.
-    Ok { lines: Vec<(String, Option<(u64, String)>)> },
+    Ok {
+        lines: Vec<(String, Option<(u64, String)>)>,
+    },
     /// Refused or invalid: nothing was written (the API's promise).
     Refused(String),
     /// Unavailable, failed, or no answer: it may or may not have happened.
@@ -51,17 +57,41 @@ pub enum Answered {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A nemesis step began (`on`) or ended.
-    Nemesis { step: usize, fault: String, what: String, on: bool },
+    Nemesis {
+        step: usize,
+        fault: String,
+        what: String,
+        on: bool,
+    },
     /// A quorum round confirmed replica `replica`'s lease in `term` (its gate, G3).
     LeaseGranted { replica: u64, term: u64 },
     /// The write gate of `replica` let an envelope of `epoch` leave for `machine`.
-    WriteAllowed { replica: u64, machine: String, epoch: u64, sequence: u64 },
+    WriteAllowed {
+        replica: u64,
+        machine: String,
+        epoch: u64,
+        sequence: u64,
+    },
     /// `machine`'s agent persisted its mark at the position and applies the declaration.
-    HostApplied { machine: String, epoch: u64, sequence: u64, digest: String },
+    HostApplied {
+        machine: String,
+        epoch: u64,
+        sequence: u64,
+        digest: String,
+    },
     /// `machine`'s sink handed a report to a controller (`ok`) or failed to.
-    ReportDelivered { machine: String, position: ReportPosition, ok: bool },
+    ReportDelivered {
+        machine: String,
+        position: ReportPosition,
+        ok: bool,
+    },
     /// Replica `replica`'s applied state held this account for `machine`.
-    AccountSeen { replica: u64, machine: String, last: Option<ReportPosition>, refused_older: u64 },
+    AccountSeen {
+        replica: u64,
+        machine: String,
+        last: Option<ReportPosition>,
+        refused_older: u64,
+    },
     /// An operator request was sent to replica `via`.
     Invoked { op: OpId, via: u64, what: Op },
     /// Its answer.
@@ -75,23 +105,50 @@ pub enum Event {
 impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Event::Nemesis { step, fault, what, on } => {
+            Event::Nemesis {
+                step,
+                fault,
+                what,
+                on,
+            } => {
                 let state = if *on { "on" } else { "off" };
                 write!(f, "nemesis step {step} {fault} {state}: {what}")
             }
             Event::LeaseGranted { replica, term } => {
                 write!(f, "replica {replica} lease granted in term {term}")
             }
-            Event::WriteAllowed { replica, machine, epoch, sequence } => {
-                write!(f, "replica {replica} writes envelope {epoch}.{sequence} to {machine}")
+            Event::WriteAllowed {
+                replica,
+                machine,
+                epoch,
+                sequence,
+            } => {
+                write!(
+                    f,
+                    "replica {replica} writes envelope {epoch}.{sequence} to {machine}"
+                )
             }
-            Event::HostApplied { machine, epoch, sequence, digest } => {
+            Event::HostApplied {
+                machine,
+                epoch,
+                sequence,
+                digest,
+            } => {
                 write!(f, "{machine} applies {epoch}.{sequence} (digest {digest})")
             }
-            Event::ReportDelivered { machine, position, ok } => {
+            Event::ReportDelivered {
+                machine,
+                position,
+                ok,
+            } => {
                 write!(f, "{machine} report {position} delivered: {ok}")
             }
-            Event::AccountSeen { replica, machine, last, refused_older } => write!(
+            Event::AccountSeen {
+                replica,
+                machine,
+                last,
+                refused_older,
+            } => write!(
                 f,
                 "replica {replica} account {machine}: last {}, refused {refused_older}",
                 shown(last)
@@ -99,7 +156,15 @@ impl fmt::Display for Event {
             Event::Invoked { op, via, what } => write!(f, "op {op} via replica {via}: {what:?}"),
             Event::Done { op, answer } => write!(f, "op {op} answered {answer:?}"),
             Event::Restart { who, up } => {
-                write!(f, "{who} {}", if *up { "restarted from its files" } else { "stopped" })
+                write!(
+                    f,
+                    "{who} {}",
+                    if *up {
+                        "restarted from its files"
+                    } else {
+                        "stopped"
+                    }
+                )
             }
             Event::Note { what } => write!(f, "note: {what}"),
         }

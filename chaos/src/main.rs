@@ -1,4 +1,4 @@
-//! `cargo run --release -p mesh-chaos -- --runs N [--mix NAME] [--seed S] [--chaos-ms MS]`: seeded
+//! `cargo run --release -p mesh-chaos -- --runs N [--mix NAME] [--seed S] [--chaos-ms MS] [--minutes M]`: seeded
 //! chaos runs over the real controller, a table per mix (runs, faults by kind, checks,
 //! violations); exits 1 on any violation or stuck run, printing its seed and replay command.
 //!
@@ -17,7 +17,7 @@ use mesh_chaos::run::{RunSpec, run};
 #[global_allocator]
 static allocator: CountingAlloc = CountingAlloc;
 
-const usage: &str = "usage: mesh-chaos --runs N [--mix partitions|stale-leaders|processes|everything] [--seed S] [--chaos-ms MS]\n       mesh-chaos fuzz --seconds N [--seed S]";
+const usage: &str = "usage: mesh-chaos --runs N [--mix partitions|stale-leaders|processes|everything] [--seed S] [--chaos-ms MS] [--minutes M]\n       mesh-chaos fuzz --seconds N [--seed S]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -32,6 +32,8 @@ struct RunArgs {
     mixes: Vec<Mix>,
     seed: u64,
     chaos_ms: u64,
+    /// Stop starting runs of a mix after this long (the table says how many ran).
+    minutes: Option<u64>,
 }
 
 fn parse_runs(args: &[String]) -> Result<RunArgs, String> {
@@ -40,13 +42,12 @@ fn parse_runs(args: &[String]) -> Result<RunArgs, String> {
         mixes: Mix::all.to_vec(),
         seed: 1,
         chaos_ms: RunSpec::new(0, Mix::Everything).chaos_ms,
+        minutes: None,
     };
     let mut runs = None;
     let mut rest = args.iter();
     while let Some(flag) = rest.next() {
-        let value = rest
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value"))?;
+        let value = rest.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let number = || {
             value
                 .parse::<u64>()
@@ -56,6 +57,7 @@ fn parse_runs(args: &[String]) -> Result<RunArgs, String> {
             "--runs" => runs = Some(number()?),
             "--seed" => out.seed = number()?,
             "--chaos-ms" => out.chaos_ms = number()?,
+            "--minutes" => out.minutes = Some(number()?),
             "--mix" => {
                 let mix = Mix::named(value).ok_or_else(|| {
                     format!("no mix {value:?}; the mixes are partitions, stale-leaders, processes, everything")
@@ -107,6 +109,12 @@ async fn one_mix(mix: Mix, parsed: &RunArgs) -> bool {
     let (mut requests, mut acked, mut writes, mut applies) = (0u64, 0u64, 0u64, 0u64);
     let mut failures = Vec::new();
     for seed in parsed.seed..parsed.seed.saturating_add(parsed.runs) {
+        if let Some(m) = parsed.minutes
+            && started.elapsed() >= Duration::from_secs(m * 60)
+        {
+            eprintln!("{mix}: the {m}-minute budget is spent; stopping after {} runs", seed - parsed.seed);
+            break;
+        }
         let spec = RunSpec {
             seed,
             mix,
@@ -133,18 +141,28 @@ async fn one_mix(mix: Mix, parsed: &RunArgs) -> bool {
                 );
                 if !outcome.violations.is_empty() {
                     eprintln!("{}", outcome.report);
-                    failures.push(format!("seed {seed}: {} violations; replay: {}", outcome.violations.len(), spec.replay()));
+                    failures.push(format!(
+                        "seed {seed}: {} violations; replay: {}",
+                        outcome.violations.len(),
+                        spec.replay()
+                    ));
                 }
             }
             Err(e) => {
                 stuck += 1;
                 eprintln!("{mix} seed {seed}: STUCK: {e}");
-                failures.push(format!("seed {seed}: stuck ({e}); replay: {}", spec.replay()));
+                failures.push(format!(
+                    "seed {seed}: stuck ({e}); replay: {}",
+                    spec.replay()
+                ));
             }
         }
     }
     println!();
-    println!("mix {mix}: {done} runs checked, {stuck} stuck, in {:.0} s", started.elapsed().as_secs_f64());
+    println!(
+        "mix {mix}: {done} runs checked, {stuck} stuck, in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     println!("{:<22} {:>8}", "fault", "injected");
     for (f, n) in &faults {
         println!("{:<22} {n:>8}", f.name());

@@ -140,7 +140,12 @@ pub enum Mix {
 }
 
 impl Mix {
-    pub const all: [Mix; 4] = [Mix::Partitions, Mix::StaleLeaders, Mix::Processes, Mix::Everything];
+    pub const all: [Mix; 4] = [
+        Mix::Partitions,
+        Mix::StaleLeaders,
+        Mix::Processes,
+        Mix::Everything,
+    ];
 
     /// The mix's name on the command line.
     pub fn name(&self) -> &'static str {
@@ -172,7 +177,13 @@ impl Mix {
                 Reorder,
                 HoldRelease,
             ],
-            Mix::StaleLeaders => vec![PausedLeader, ClockJump, Suspend, IsolateLeader, IsolateLeaderOut],
+            Mix::StaleLeaders => vec![
+                PausedLeader,
+                ClockJump,
+                Suspend,
+                IsolateLeader,
+                IsolateLeaderOut,
+            ],
             Mix::Processes => vec![CrashReplica, CrashHost, OvertakeReport, DuplicateReports],
             Mix::Everything => Fault::all.to_vec(),
         }
@@ -277,9 +288,11 @@ fn others(id: u64) -> Vec<u64> {
 /// Waits until a replica other than `deposed` was granted a lease after `from`.
 async fn wait_deposed(c: &Cluster, deposed: u64, from: u64) -> bool {
     c.recorder
-        .wait_for(from, Duration::from_millis(depose_wait_ms), |e| {
-            matches!(e, Event::LeaseGranted { replica, .. } if *replica != deposed)
-        })
+        .wait_for(
+            from,
+            Duration::from_millis(depose_wait_ms),
+            |e| matches!(e, Event::LeaseGranted { replica, .. } if *replica != deposed),
+        )
         .await
 }
 
@@ -319,7 +332,12 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
             let c = cluster.read().await;
             let leader = target(&c, step.pick);
             let f = others(leader);
-            note(&c, i, step.fault, format!("{} and {} cut apart; {leader} reaches both", f[0], f[1]));
+            note(
+                &c,
+                i,
+                step.fault,
+                format!("{} and {} cut apart; {leader} reaches both", f[0], f[1]),
+            );
             if let Some(e) = c.replica_endpoint(f[0]) {
                 e.faults().cut_off(c.addrs[&f[1]]);
             }
@@ -332,7 +350,12 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
         }
         Fault::Drops => {
             let c = cluster.read().await;
-            note(&c, i, step.fault, "a few messages at a time on random replica links".into());
+            note(
+                &c,
+                i,
+                step.fault,
+                "a few messages at a time on random replica links".into(),
+            );
             let until = tokio::time::Instant::now() + time;
             let mut dropped = 0;
             while tokio::time::Instant::now() < until {
@@ -351,7 +374,12 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
         Fault::DelayJitter => {
             let c = cluster.read().await;
             let base = rng.between(5, 60);
-            note(&c, i, step.fault, format!("{base} ms ± {base} ms on every replica link"));
+            note(
+                &c,
+                i,
+                step.fault,
+                format!("{base} ms ± {base} ms on every replica link"),
+            );
             let until = tokio::time::Instant::now() + time;
             while tokio::time::Instant::now() < until {
                 for from in 1..=replicas_n {
@@ -371,7 +399,11 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
             let c = cluster.read().await;
             let leader = target(&c, step.pick);
             let peer = others(leader)[rng.below(2) as usize];
-            let (from, to) = if rng.chance(500) { (leader, peer) } else { (peer, leader) };
+            let (from, to) = if rng.chance(500) {
+                (leader, peer)
+            } else {
+                (peer, leader)
+            };
             note(&c, i, step.fault, format!("replica {from} to {to}"));
             let addr = c.addrs[&to];
             if let Some(e) = c.replica_endpoint(from) {
@@ -389,7 +421,12 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
         Fault::PausedLeader => {
             let c = cluster.read().await;
             let leader = target(&c, step.pick);
-            note(&c, i, step.fault, format!("replica {leader}: envelopes held, cut off from replicas"));
+            note(
+                &c,
+                i,
+                step.fault,
+                format!("replica {leader}: envelopes held, cut off from replicas"),
+            );
             let from = c.recorder.now();
             if let Some(e) = c.replica_endpoint(leader) {
                 for h in c.hosts.values() {
@@ -413,7 +450,12 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
             let c = cluster.read().await;
             let leader = target(&c, step.pick);
             let by = Duration::from_millis(rng.between(1_000, 5_000));
-            note(&c, i, step.fault, format!("replica {leader}'s lease clock +{} ms", by.as_millis()));
+            note(
+                &c,
+                i,
+                step.fault,
+                format!("replica {leader}'s lease clock +{} ms", by.as_millis()),
+            );
             c.clocks[&leader].jump(by);
             tokio::time::sleep(time).await;
             "jumped".into()
@@ -421,7 +463,12 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
         Fault::Suspend => {
             let c = cluster.read().await;
             let leader = target(&c, step.pick);
-            note(&c, i, step.fault, format!("replica {leader} suspended {} ms", time.as_millis()));
+            note(
+                &c,
+                i,
+                step.fault,
+                format!("replica {leader} suspended {} ms", time.as_millis()),
+            );
             let mut peers: Vec<_> = others(leader).iter().map(|o| c.addrs[o]).collect();
             peers.extend(c.hosts.values().map(|h| h.addr));
             if let Some(e) = c.replica_endpoint(leader) {
@@ -461,7 +508,9 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
             let per_mille = rng.between(300, 1000) as u32;
             note(&c, i, step.fault, format!("{per_mille}‰ of reports twice"));
             for h in c.hosts.values() {
-                h.faults.duplicate_per_mille.store(per_mille, Ordering::SeqCst);
+                h.faults
+                    .duplicate_per_mille
+                    .store(per_mille, Ordering::SeqCst);
             }
             tokio::time::sleep(time).await;
             for h in c.hosts.values() {
@@ -482,7 +531,9 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
             match c.restart_replica(id).await {
                 Ok(()) => format!("replica {id} restarted"),
                 Err(e) => {
-                    c.recorder.record(Event::Note { what: format!("RESTART FAILED: {e}") });
+                    c.recorder.record(Event::Note {
+                        what: format!("RESTART FAILED: {e}"),
+                    });
                     format!("replica {id} did not restart: {e}")
                 }
             }
@@ -496,7 +547,9 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
             match c.restart_host(m).await {
                 Ok(()) => format!("host {m} restarted"),
                 Err(e) => {
-                    c.recorder.record(Event::Note { what: format!("RESTART FAILED: {e}") });
+                    c.recorder.record(Event::Note {
+                        what: format!("RESTART FAILED: {e}"),
+                    });
                     format!("host {m} did not restart: {e}")
                 }
             }

@@ -51,7 +51,9 @@ pub fn install() -> Result<(), String> {
                 .with(printer)
                 .try_init()
                 .map_err(|e| {
-                    format!("cannot install the chaos observer (another tracing subscriber is set): {e}")
+                    format!(
+                        "cannot install the chaos observer (another tracing subscriber is set): {e}"
+                    )
                 })
         })
         .clone()

@@ -32,6 +32,8 @@ pub const operators_stop_wait_ms: u64 = 15_000;
 pub const catch_up_wait_ms: u64 = 10_000;
 /// How often the account sampler reads every replica's accounts.
 pub const sample_every_ms: u64 = 40;
+/// Set, every run writes its history to `$TMPDIR/mesh-chaos-<mix>-seed-<n>.history`, not only a failed one.
+pub const keep_history_env: &str = "CHAOS_KEEP_HISTORY";
 /// Violations shown in full (with the events around them) in a failure message.
 pub const violations_shown_max: usize = 8;
 
@@ -87,7 +89,11 @@ pub struct Stats {
 
 impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let faults: Vec<String> = self.faults.iter().map(|(k, n)| format!("{k}×{n}")).collect();
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|(k, n)| format!("{k}×{n}"))
+            .collect();
         write!(
             f,
             "faults [{}]; requests {} (acked {}, refused {}, unknown {}); leases {}, envelope writes {}, host applies {}, reports {}, restarts {}; {} events",
@@ -135,7 +141,8 @@ pub async fn run(spec: RunSpec) -> Result<Outcome, RunError> {
     let violations = check_all(&history, &last.0);
     let mut stats = stats;
     count(&history, &mut stats);
-    let (history_file, report) = if violations.is_empty() {
+    let keep = std::env::var_os(keep_history_env).is_some();
+    let (history_file, report) = if violations.is_empty() && !keep {
         (None, String::new())
     } else {
         explain(&spec, &history, &violations)
@@ -164,8 +171,15 @@ fn count(history: &History, stats: &mut Stats) {
     stats.events = history.events.len();
 }
 
-fn explain(spec: &RunSpec, history: &History, violations: &[Violation]) -> (Option<PathBuf>, String) {
-    let path = std::env::temp_dir().join(format!("mesh-chaos-{}-seed-{}.history", spec.mix, spec.seed));
+fn explain(
+    spec: &RunSpec,
+    history: &History,
+    violations: &[Violation],
+) -> (Option<PathBuf>, String) {
+    let path = std::env::temp_dir().join(format!(
+        "mesh-chaos-{}-seed-{}.history",
+        spec.mix, spec.seed
+    ));
     let written = std::fs::write(&path, history.to_string()).is_ok();
     let mut report = format!(
         "{} violations in run {} seed {}; replay: {}\n",
@@ -278,13 +292,16 @@ async fn push_all(cluster: &Arc<RwLock<Cluster>>, via: u64, why: &str) -> bool {
         ask_recorded(cluster, via, op, request).await;
         // The answer as recorded: look at the lines again through the history.
         let history = recorder.snapshot();
-        let lines = history.events[before as usize..].iter().rev().find_map(|e| match e {
-            Event::Done {
-                answer: crate::history::Answered::Ok { lines },
-                ..
-            } => Some(lines.clone()),
-            _ => None,
-        });
+        let lines = history.events[before as usize..]
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                Event::Done {
+                    answer: crate::history::Answered::Ok { lines },
+                    ..
+                } => Some(lines.clone()),
+                _ => None,
+            });
         match lines {
             Some(lines) if lines.iter().all(|(_, sent)| sent.is_some()) => return true,
             Some(_) => continue,
@@ -354,7 +371,11 @@ async fn behind(cluster: &Arc<RwLock<Cluster>>, leader: u64) -> Vec<String> {
     let mut out = Vec::new();
     for m in &view.machines {
         if m.behind {
-            out.push(format!("{} still behind: {}", m.name, m.behind_why.join(", ")));
+            out.push(format!(
+                "{} still behind: {}",
+                m.name,
+                m.behind_why.join(", ")
+            ));
             continue;
         }
         let mark = match c.hosts.get(&m.name).and_then(|h| h.agent()) {
@@ -376,7 +397,10 @@ async fn behind(cluster: &Arc<RwLock<Cluster>>, leader: u64) -> Vec<String> {
 }
 
 /// Reads the store at the end from the leader, once every replica applied what it committed.
-async fn read_final(cluster: &Arc<RwLock<Cluster>>, not_converged: Vec<String>) -> Result<Final, RunError> {
+async fn read_final(
+    cluster: &Arc<RwLock<Cluster>>,
+    not_converged: Vec<String>,
+) -> Result<Final, RunError> {
     let c = cluster.read().await;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(catch_up_wait_ms);
     let leader = loop {
@@ -440,7 +464,9 @@ async fn sample_accounts(cluster: Arc<RwLock<Cluster>>, stop: watch::Receiver<bo
         {
             let c = cluster.read().await;
             for (id, r) in &c.replicas {
-                let Ok(state) = r.service().app().state() else { continue };
+                let Ok(state) = r.service().app().state() else {
+                    continue;
+                };
                 for (m, a) in &state.accounts {
                     let now = (a.last, a.refused_older);
                     let key = (*id, m.clone());
@@ -457,7 +483,14 @@ async fn sample_accounts(cluster: Arc<RwLock<Cluster>>, stop: watch::Receiver<bo
             }
         }
         // The sampler runs until the final read: it stops with the run's stop *and* the hosts'.
-        if *stop.borrow() && cluster.read().await.hosts.values().all(|h| h.agent().is_none()) {
+        if *stop.borrow()
+            && cluster
+                .read()
+                .await
+                .hosts
+                .values()
+                .all(|h| h.agent().is_none())
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(sample_every_ms)).await;
@@ -474,7 +507,12 @@ pub fn verdict(outcome: &Outcome) -> Result<(), String> {
 }
 
 /// Runs seeds `first..first + runs` of `mix`, in order.
-pub async fn runs(mix: Mix, first: u64, runs: u64, chaos_ms: u64) -> Vec<Result<Outcome, (RunSpec, RunError)>> {
+pub async fn runs(
+    mix: Mix,
+    first: u64,
+    runs: u64,
+    chaos_ms: u64,
+) -> Vec<Result<Outcome, (RunSpec, RunError)>> {
     let mut out = Vec::new();
     for seed in first..first.saturating_add(runs) {
         let spec = RunSpec {

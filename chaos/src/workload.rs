@@ -100,22 +100,28 @@ async fn operator(
         n += 1;
         let tag = who * 1_000_000 + n;
         let (op, request) = match (who, rng.below(10)) {
-            (0, 0..=3) => (Op::Apply { tag }, Request::Apply {
-                mesh: model(tag, &mut rng),
-                why: format!("chaos apply {tag}"),
-                drain: false,
-            }),
+            (0, 0..=3) => (
+                Op::Apply { tag },
+                Request::Apply {
+                    mesh: model(tag, &mut rng),
+                    why: format!("chaos apply {tag}"),
+                    drain: false,
+                },
+            ),
             (1, 0..=4) => {
                 let key = setting_keys[rng.below(setting_keys.len() as u64) as usize].to_string();
                 let value = format!("v{tag}");
                 let layer = BTreeMap::from([(key.clone(), value.clone())]);
-                (Op::Set { key, value }, Request::SettingsSet {
-                    scope: Scope::Module("db".into()),
-                    layer,
-                    remove: BTreeSet::new(),
-                    replace: false,
-                    why: format!("chaos set {tag}"),
-                })
+                (
+                    Op::Set { key, value },
+                    Request::SettingsSet {
+                        scope: Scope::Module("db".into()),
+                        layer,
+                        remove: BTreeSet::new(),
+                        replace: false,
+                        why: format!("chaos set {tag}"),
+                    },
+                )
             }
             _ => {
                 let target = match rng.below(4) {
@@ -123,7 +129,11 @@ async fn operator(
                     1 => PushTarget::Behind,
                     _ => PushTarget::Machine(machines[rng.below(3) as usize].to_string()),
                 };
-                let moves = if rng.chance(400) { vec!["cache".to_string()] } else { vec![] };
+                let moves = if rng.chance(400) {
+                    vec!["cache".to_string()]
+                } else {
+                    vec![]
+                };
                 let why = format!("chaos push {tag}");
                 let shown = match &target {
                     PushTarget::All => "--all".to_string(),
@@ -131,8 +141,17 @@ async fn operator(
                     PushTarget::Machine(m) => m.clone(),
                 };
                 (
-                    Op::Push { why: why.clone(), target: shown, moves: moves.clone() },
-                    Request::Push { target, why, moves, plan: None },
+                    Op::Push {
+                        why: why.clone(),
+                        target: shown,
+                        moves: moves.clone(),
+                    },
+                    Request::Push {
+                        target,
+                        why,
+                        moves,
+                        plan: None,
+                    },
                 )
             }
         };
@@ -165,7 +184,18 @@ pub async fn ask_recorded(
         Err(e) => Answered::Unknown(e),
         Ok(call) => match guard.ask(via, &call).await {
             Err(e) => Answered::Unknown(e),
-            Ok(answer) => answered(answer.body),
+            Ok(answer) => {
+                if let Ok(Body::Push(view)) = &answer.body {
+                    for line in &view.lines {
+                        if let PushOutcome::Failed { error, .. } = &line.outcome {
+                            recorder.record(Event::Note {
+                                what: format!("op {op}: {} not sent: {error}", line.machine),
+                            });
+                        }
+                    }
+                }
+                answered(answer.body)
+            }
         },
     };
     drop(guard);
@@ -184,10 +214,12 @@ fn answered(body: Result<Body, ApiError>) -> Answered {
                 .iter()
                 .map(|l| {
                     let sent = match &l.outcome {
-                        PushOutcome::Applied { sequence, digest, .. }
-                        | PushOutcome::Sent { sequence, digest, .. } => {
-                            Some((*sequence, digest.short()))
+                        PushOutcome::Applied {
+                            sequence, digest, ..
                         }
+                        | PushOutcome::Sent {
+                            sequence, digest, ..
+                        } => Some((*sequence, digest.short())),
                         // Sent and refused by the host: its record has no sequence on the line.
                         PushOutcome::Refused { .. } => Some((0, String::new())),
                         PushOutcome::Held { .. } | PushOutcome::Failed { .. } => None,

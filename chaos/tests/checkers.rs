@@ -5,9 +5,9 @@ use mesh::core::declaration::Digest;
 use mesh::core::report::ReportPosition;
 use mesh::store::command::SendRecord;
 use mesh_chaos::checkers::{
-    Final, accounts_never_regress, acknowledged_writes_survive, applied_has_send_record,
-    check_all, complete, converged, each_refusal_counted_once, no_apply_at_or_below_mark,
-    no_push_runs_twice, no_stale_epoch_written, push_names_recorded_machines,
+    Final, accounts_never_regress, acknowledged_writes_survive, applied_has_send_record, check_all,
+    complete, converged, each_refusal_counted_once, no_apply_at_or_below_mark, no_push_runs_twice,
+    no_stale_epoch_written, push_names_recorded_machines,
 };
 use mesh_chaos::history::{Answered, Event, History, Op};
 
@@ -88,7 +88,12 @@ fn ok() -> Answered {
 
 #[test]
 fn g3_a_write_of_an_older_epoch_after_a_newer_lease_is_named() {
-    let good = History::of(vec![lease(1, 2), write(1, 2, 1), lease(2, 3), write(2, 3, 2)]);
+    let good = History::of(vec![
+        lease(1, 2),
+        write(1, 2, 1),
+        lease(2, 3),
+        write(2, 3, 2),
+    ]);
     assert!(no_stale_epoch_written(&good).is_empty());
     let bad = History::of(vec![lease(1, 2), lease(2, 3), write(1, 2, 1)]);
     let found = no_stale_epoch_written(&bad);
@@ -98,12 +103,25 @@ fn g3_a_write_of_an_older_epoch_after_a_newer_lease_is_named() {
 
 #[test]
 fn g2_an_apply_at_or_below_the_mark_or_of_an_older_epoch_is_named() {
-    let good = History::of(vec![applied("ace", 2, 1, 1), applied("ace", 2, 2, 2), applied("bex", 2, 1, 1), applied("ace", 3, 3, 3)]);
+    let good = History::of(vec![
+        applied("ace", 2, 1, 1),
+        applied("ace", 2, 2, 2),
+        applied("bex", 2, 1, 1),
+        applied("ace", 3, 3, 3),
+    ]);
     assert!(no_apply_at_or_below_mark(&good).is_empty());
     let replay = History::of(vec![applied("ace", 2, 2, 1), applied("ace", 2, 2, 1)]);
-    assert!(no_apply_at_or_below_mark(&replay)[0].what.contains("at or below its mark"));
+    assert!(
+        no_apply_at_or_below_mark(&replay)[0]
+            .what
+            .contains("at or below its mark")
+    );
     let older = History::of(vec![applied("ace", 3, 2, 1), applied("ace", 2, 5, 1)]);
-    assert!(no_apply_at_or_below_mark(&older)[0].what.contains("older epoch"));
+    assert!(
+        no_apply_at_or_below_mark(&older)[0]
+            .what
+            .contains("older epoch")
+    );
 }
 
 #[test]
@@ -119,13 +137,20 @@ fn g4_an_applied_envelope_without_its_send_record_or_with_another_digest_is_name
         ..Final::default()
     };
     assert_eq!(applied_has_send_record(&history, &other_digest).len(), 1);
-    assert_eq!(applied_has_send_record(&history, &Final::default()).len(), 1);
+    assert_eq!(
+        applied_has_send_record(&history, &Final::default()).len(),
+        1
+    );
 }
 
 #[test]
 fn a_push_that_recorded_a_machine_twice_ran_twice() {
     let once = Final {
-        sends: vec![record("ace", 2, 1, 1, "p1"), record("bex", 2, 1, 1, "p1"), record("ace", 2, 2, 1, "p2")],
+        sends: vec![
+            record("ace", 2, 1, 1, "p1"),
+            record("bex", 2, 1, 1, "p1"),
+            record("ace", 2, 2, 1, "p2"),
+        ],
         ..Final::default()
     };
     assert!(no_push_runs_twice(&once).is_empty());
@@ -152,14 +177,41 @@ fn a_push_answer_that_leaves_out_or_invents_a_recorded_machine_is_named() {
         ..Final::default()
     };
     let line = |m: &str, seq: u64| (m.to_string(), Some((seq, digest(9).short())));
-    let good = History::of(vec![push.clone(), done(1, Answered::Ok { lines: vec![line("ace", 4), ("bex".into(), None)] })]);
+    let good = History::of(vec![
+        push.clone(),
+        done(
+            1,
+            Answered::Ok {
+                lines: vec![line("ace", 4), ("bex".into(), None)],
+            },
+        ),
+    ]);
     assert!(push_names_recorded_machines(&good, &last).is_empty());
     let missing = History::of(vec![push.clone(), done(1, Answered::Ok { lines: vec![] })]);
     assert_eq!(push_names_recorded_machines(&missing, &last).len(), 1);
-    let invented = History::of(vec![push.clone(), done(1, Answered::Ok { lines: vec![line("ace", 4), line("bex", 1)] })]);
+    let invented = History::of(vec![
+        push.clone(),
+        done(
+            1,
+            Answered::Ok {
+                lines: vec![line("ace", 4), line("bex", 1)],
+            },
+        ),
+    ]);
     assert_eq!(push_names_recorded_machines(&invented, &last).len(), 1);
-    let wrong_sequence = History::of(vec![push.clone(), done(1, Answered::Ok { lines: vec![line("ace", 5)] })]);
-    assert_eq!(push_names_recorded_machines(&wrong_sequence, &last).len(), 1);
+    let wrong_sequence = History::of(vec![
+        push.clone(),
+        done(
+            1,
+            Answered::Ok {
+                lines: vec![line("ace", 5)],
+            },
+        ),
+    ]);
+    assert_eq!(
+        push_names_recorded_machines(&wrong_sequence, &last).len(),
+        1
+    );
     let refused = History::of(vec![push, done(1, Answered::Refused("no".into()))]);
     assert_eq!(push_names_recorded_machines(&refused, &last).len(), 1);
 }
@@ -172,11 +224,21 @@ fn g5_an_account_moving_back_on_a_replica_is_named() {
         last,
         refused_older: refused,
     };
-    let good = History::of(vec![seen(1, Some(pos(2, 1, 5)), 0), seen(2, None, 0), seen(1, Some(pos(2, 2, 6)), 1)]);
+    let good = History::of(vec![
+        seen(1, Some(pos(2, 1, 5)), 0),
+        seen(2, None, 0),
+        seen(1, Some(pos(2, 2, 6)), 1),
+    ]);
     assert!(accounts_never_regress(&good).is_empty());
-    let back = History::of(vec![seen(1, Some(pos(2, 2, 6)), 0), seen(1, Some(pos(2, 1, 7)), 0)]);
+    let back = History::of(vec![
+        seen(1, Some(pos(2, 2, 6)), 0),
+        seen(1, Some(pos(2, 1, 7)), 0),
+    ]);
     assert_eq!(accounts_never_regress(&back).len(), 1);
-    let uncounted = History::of(vec![seen(1, Some(pos(2, 2, 6)), 2), seen(1, Some(pos(2, 2, 6)), 1)]);
+    let uncounted = History::of(vec![
+        seen(1, Some(pos(2, 2, 6)), 2),
+        seen(1, Some(pos(2, 2, 6)), 1),
+    ]);
     assert_eq!(accounts_never_regress(&uncounted).len(), 1);
 }
 
@@ -197,7 +259,10 @@ fn g5_a_refusal_counted_twice_or_not_at_all_is_named() {
     assert_eq!(each_refusal_counted_once(&history, &with(0)).len(), 1);
     assert_eq!(each_refusal_counted_once(&history, &with(2)).len(), 1);
     // A failed delivery may have been filed: one more refusal is allowed, not two.
-    let failed = History::of(vec![delivered(pos(2, 1, 5), false), delivered(pos(2, 1, 5), true)]);
+    let failed = History::of(vec![
+        delivered(pos(2, 1, 5), false),
+        delivered(pos(2, 1, 5), true),
+    ]);
     assert!(each_refusal_counted_once(&failed, &with(1)).is_empty());
     assert!(each_refusal_counted_once(&failed, &with(0)).is_empty());
     assert_eq!(each_refusal_counted_once(&failed, &with(3)).len(), 1);
@@ -228,8 +293,14 @@ fn an_acknowledged_write_lost_or_a_refused_write_shown_is_named() {
     };
     assert!(acknowledged_writes_survive(&history, &with(Some("v1"), None)).is_empty());
     assert!(acknowledged_writes_survive(&history, &with(Some("v2"), None)).is_empty());
-    assert_eq!(acknowledged_writes_survive(&history, &with(None, None)).len(), 1);
-    assert_eq!(acknowledged_writes_survive(&history, &with(Some("v1"), Some("m1"))).len(), 1);
+    assert_eq!(
+        acknowledged_writes_survive(&history, &with(None, None)).len(),
+        1
+    );
+    assert_eq!(
+        acknowledged_writes_survive(&history, &with(Some("v1"), Some("m1"))).len(),
+        1
+    );
 }
 
 #[test]

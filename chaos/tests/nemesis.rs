@@ -34,9 +34,18 @@ fn a_schedule_fills_its_time_within_the_step_limit() {
 fn every_schedule_opens_with_its_mixs_headline_fault() {
     // A mix named after a fault meets it in every run, whatever else the seed draws.
     for seed in 0..20 {
-        assert_eq!(Schedule::generate(seed, Mix::Partitions, 3_000).steps[0].fault, Fault::IsolateLeader);
-        assert_eq!(Schedule::generate(seed, Mix::StaleLeaders, 3_000).steps[0].fault, Fault::PausedLeader);
-        assert_eq!(Schedule::generate(seed, Mix::Processes, 3_000).steps[0].fault, Fault::CrashReplica);
+        assert_eq!(
+            Schedule::generate(seed, Mix::Partitions, 3_000).steps[0].fault,
+            Fault::IsolateLeader
+        );
+        assert_eq!(
+            Schedule::generate(seed, Mix::StaleLeaders, 3_000).steps[0].fault,
+            Fault::PausedLeader
+        );
+        assert_eq!(
+            Schedule::generate(seed, Mix::Processes, 3_000).steps[0].fault,
+            Fault::CrashReplica
+        );
     }
 }
 

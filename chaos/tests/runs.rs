@@ -15,34 +15,49 @@ async fn check(seed: u64, mix: Mix) -> mesh_chaos::Outcome {
         mix,
         chaos_ms: ci_chaos_ms,
     };
-    let outcome = run(spec.clone())
-        .await
-        .unwrap_or_else(|e| panic!("{mix} seed {seed} could not run: {e}; replay: {}", spec.replay()));
+    let outcome = run(spec.clone()).await.unwrap_or_else(|e| {
+        panic!(
+            "{mix} seed {seed} could not run: {e}; replay: {}",
+            spec.replay()
+        )
+    });
     eprintln!("{mix} seed {seed}: {}", outcome.stats);
     if let Err(report) = verdict(&outcome) {
         panic!("{report}");
     }
     assert!(outcome.stats.applies > 0, "hosts applied envelopes");
-    assert!(outcome.stats.ops.acked > 0, "operators' requests were acknowledged");
+    assert!(
+        outcome.stats.ops.acked > 0,
+        "operators' requests were acknowledged"
+    );
     outcome
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g3_g4_partitions_of_the_raft_links_break_no_guarantee() {
     let outcome = check(0x5eed_0001, Mix::Partitions).await;
-    assert!(outcome.stats.leases > 1, "leases were granted again after the isolation");
+    assert!(
+        outcome.stats.leases > 1,
+        "leases were granted again after the isolation"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g2_g3_a_deposed_paused_or_suspended_leader_gets_nothing_applied() {
     let outcome = check(0x5eed_0002, Mix::StaleLeaders).await;
-    assert!(outcome.stats.leases > 1, "another replica was granted a lease");
+    assert!(
+        outcome.stats.leases > 1,
+        "another replica was granted a lease"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g5_g9_crashed_replicas_and_hosts_and_overtaken_reports_break_no_guarantee() {
     let outcome = check(0x5eed_0003, Mix::Processes).await;
-    assert!(outcome.stats.restarts > 0, "something restarted from its files");
+    assert!(
+        outcome.stats.restarts > 0,
+        "something restarted from its files"
+    );
     assert!(outcome.stats.reports > 0, "reports were delivered");
 }
 
