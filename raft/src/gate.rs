@@ -181,15 +181,37 @@ pub enum GateError {
     LeaseClosed { term: u64, closed_for_ms: u64 },
     #[error("the replica is stopping; no lease can be acquired")]
     Stopped,
+    #[error(
+        "this replica stopped acting under its lease to hand its leadership over; nothing more is sent from it — the next leader sends"
+    )]
+    StoppedActing,
 }
 
 /// Makes a leader keep the promise its lease relies on (decision 0071): while a lease this replica
 /// handed out is open, it grants no vote. Without it, a leader that has led longer than openraft's own
 /// vote lease grants a higher-term vote to any candidate with an equal log, steps down, and the
 /// candidate's quorum need not share a member that kept the promise — two leases at once.
+///
+/// A leader that hands over (decision 0225) ends its lease early instead of waiting it out:
+/// [`VoteFence::stop_acting`] refuses every act that has not begun, and the fence counts as closed
+/// as soon as no act that began ([`VoteFence::begin_act`]) is still in flight. Every write under a
+/// lease begins an act before its last check, so once none is in flight and none can begin,
+/// nothing more is written under the old lease and a second one may be granted.
 pub struct VoteFence {
     clock: Arc<dyn Clock>,
-    until: Mutex<Option<Instant>>,
+    state: Mutex<FenceState>,
+    /// Woken when the last act in flight ends.
+    drained: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct FenceState {
+    /// The end of the last lease handed out.
+    until: Option<Instant>,
+    /// Set once by [`VoteFence::stop_acting`]: no act begins from then on.
+    stopped: bool,
+    /// Acts begun and not yet ended.
+    acting: usize,
 }
 
 impl std::fmt::Debug for VoteFence {
@@ -200,27 +222,137 @@ impl std::fmt::Debug for VoteFence {
     }
 }
 
+/// One act in flight under a lease (an envelope's write): counted by its [`VoteFence`] until it
+/// drops. Hold it from before the act's last check until no byte of it can leave any more.
+#[derive(Debug)]
+pub struct Acting<'a> {
+    fence: &'a VoteFence,
+}
+
+impl Drop for Acting<'_> {
+    fn drop(&mut self) {
+        let mut state = self.fence.lock();
+        state.acting = state.acting.saturating_sub(1);
+        if state.acting == 0 {
+            self.fence.drained.notify_waiters();
+        }
+    }
+}
+
+/// A place for the act of one write that may be tried more than once (a resend through the same
+/// gate): the first [`ActSlot::begin`] begins it, later ones check only that acting was not
+/// stopped; it ends when the slot drops.
+#[derive(Debug)]
+pub struct ActSlot<'a> {
+    fence: &'a VoteFence,
+    held: Mutex<Option<Acting<'a>>>,
+}
+
+impl ActSlot<'_> {
+    /// Begins the act if it has not begun; `Err` once acting was stopped (nothing may be written).
+    pub fn begin(&self) -> Result<(), GateError> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.is_none() {
+            *held = Some(self.fence.begin_act()?);
+            return Ok(());
+        }
+        if self.fence.lock().stopped {
+            return Err(GateError::StoppedActing);
+        }
+        Ok(())
+    }
+}
+
 impl VoteFence {
     /// A fence measured with `clock` (the same clock the gate's leases are checked against).
     pub fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
             clock,
-            until: Mutex::new(None),
+            state: Mutex::new(FenceState::default()),
+            drained: tokio::sync::Notify::new(),
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FenceState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Keeps votes refused until at least `until`.
     pub fn hold(&self, until: Instant) {
-        let mut held = self.until.lock().unwrap_or_else(|p| p.into_inner());
-        if held.is_none_or(|h| h < until) {
-            *held = Some(until);
+        let mut state = self.lock();
+        if state.until.is_none_or(|h| h < until) {
+            state.until = Some(until);
         }
     }
 
-    /// Whether a lease handed out here may still be open.
+    /// Whether a lease handed out here may still be written under: until its end, or, once acting
+    /// stopped, until the last act in flight ended.
     pub fn is_open(&self) -> bool {
-        let held = self.until.lock().unwrap_or_else(|p| p.into_inner());
-        held.is_some_and(|until| self.clock.now() < until)
+        let state = self.lock();
+        let leased = state.until.is_some_and(|until| self.clock.now() < until);
+        leased && !(state.stopped && state.acting == 0)
+    }
+
+    /// Begins one act under the lease (call it before the act's last check, keep the answer
+    /// until the act can write no more); `Err` once [`VoteFence::stop_acting`] was called.
+    pub fn begin_act(&self) -> Result<Acting<'_>, GateError> {
+        let mut state = self.lock();
+        if state.stopped {
+            return Err(GateError::StoppedActing);
+        }
+        state.acting += 1;
+        Ok(Acting { fence: self })
+    }
+
+    /// An [`ActSlot`] on this fence, for one write that may be sent twice.
+    pub fn act_slot(&self) -> ActSlot<'_> {
+        ActSlot {
+            fence: self,
+            held: Mutex::new(None),
+        }
+    }
+
+    /// Refuses every act that has not begun, for good: a leader handing over ends its lease
+    /// early (decision 0225). Answers how many acts are still in flight.
+    pub fn stop_acting(&self) -> usize {
+        let mut state = self.lock();
+        state.stopped = true;
+        state.acting
+    }
+
+    /// Acts begun and not ended, right now.
+    pub fn acting(&self) -> usize {
+        self.lock().acting
+    }
+
+    /// Waits until the fence is closed ([`VoteFence::is_open`] is false) or `deadline` passes;
+    /// whether it closed. Once acting stopped, that is when the last act in flight ends, at the
+    /// latest the lease's end.
+    pub async fn closed_by(&self, deadline: tokio::time::Instant) -> bool {
+        loop {
+            let drained = self.drained.notified();
+            let left = {
+                let state = self.lock();
+                let now = self.clock.now();
+                match state.until {
+                    Some(until) if now < until && !(state.stopped && state.acting == 0) => {
+                        until.duration_since(now)
+                    }
+                    _ => return true,
+                }
+            };
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            // The lease's end on the fence's clock, re-read at least every 50 ms (a test clock
+            // moves without waking anyone).
+            let wake = (now + left.min(Duration::from_millis(50))).min(deadline);
+            tokio::select! {
+                () = drained => {}
+                () = tokio::time::sleep_until(wake) => {}
+            }
+        }
     }
 }
 
@@ -296,6 +428,9 @@ impl Gate {
         config: &RaftConfig,
         fence: &VoteFence,
     ) -> Result<Lease, GateError> {
+        if fence.lock().stopped {
+            return Err(GateError::StoppedActing);
+        }
         leading_term(raft).await?;
         fence.hold(clock.now() + config.lease_window());
         let lease = Gate::acquire(raft, clock, config).await?;

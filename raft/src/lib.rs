@@ -6,10 +6,11 @@
 
 pub mod config;
 pub mod gate;
+mod handover;
 pub mod kv;
 mod log_store;
-pub mod network;
 mod membership;
+pub mod network;
 mod recover;
 mod replica;
 pub mod router;
@@ -22,20 +23,22 @@ use serde::{Deserialize, Serialize};
 
 pub use config::{ConfigError, RaftConfig, RaftSettings, Timings};
 pub use gate::{
-    BootClock, Clock, Gate, GateError, Lease, MonotonicClock, TestClock, VoteFence, fenced_vote,
+    ActSlot, Acting, BootClock, Clock, Gate, GateError, Lease, MonotonicClock, TestClock,
+    VoteFence, fenced_vote,
 };
+pub use handover::{HandedOver, HandoverError};
 pub use log_store::LogStore;
+pub use membership::{Member, MembershipError, QuorumLost, check_quorum, majority, members_of};
 pub use network::{
     PeerTimings, Probed, QuicNetwork, Role, TimingsDiffer, answer as answer_raft_rpc,
     check_peer_timings, elect_now, hand_over_over_quic, probe as probe_replica,
-pub use membership::{Member, MembershipError, QuorumLost, check_quorum, majority, members_of};
 };
 pub use recover::{
     Inspected, RecoverError, Recovered, force_new_cluster, inspect, outside_membership,
 };
 pub use replica::{
-    HandedOver, HandoverError, ProposeError, Proposed, RaiseTermError, Replica, ReplicaSpec,
-    RestoreError, Restored, ShutdownError, StartError, TermRaised, restore, store_file_name,
+    ProposeError, Proposed, RaiseTermError, Replica, ReplicaSpec, RestoreError, Restored,
+    ShutdownError, StartError, TermRaised, restore, store_file_name,
 };
 pub use state_machine::{App, AppError, EntryAt, SnapshotBuilder, SnapshotFile, StateMachine};
 pub use store::StoreError;

@@ -263,3 +263,73 @@ fn the_boot_clock_reads_the_system_and_moves_forward() {
     let b = clock.now();
     assert!(b >= a + Duration::from_millis(5), "{a:?} {b:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_once_acting_stopped_no_act_begins_and_the_fence_closes_when_the_last_act_ends() {
+    // Decision 0225: a leader handing over ends its lease early. The fence may close before the
+    // lease's end only when no act can write under it any more: none in flight, none to come.
+    // The test clock never moves, so the lease itself never ends here.
+    let cluster = Cluster::start(3, fast_settings(), 0).await;
+    let all: BTreeSet<u64> = (1..=3).collect();
+    let (leader, _term) = cluster.wait_leader(&all, 0).await;
+    let clock: Arc<dyn Clock> = Arc::new(TestClock::new());
+    let fence = VoteFence::new(clock.clone());
+    let deadline = tokio::time::Instant::now() + wait_deadline;
+    loop {
+        let lease = Gate::acquire_fenced(
+            cluster.replica(leader).raft(),
+            clock.as_ref(),
+            &cluster.config,
+            &fence,
+        )
+        .await;
+        if lease.is_ok() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no lease: {lease:?}"
+        );
+    }
+    let first = fence
+        .begin_act()
+        .expect("an act begins under an open lease");
+    let resent = fence.act_slot();
+    resent.begin().expect("a second act begins");
+    assert_eq!(
+        fence.stop_acting(),
+        2,
+        "two acts in flight when acting stops"
+    );
+    assert_eq!(fence.begin_act().err(), Some(GateError::StoppedActing));
+    assert_eq!(
+        Gate::acquire_fenced(
+            cluster.replica(leader).raft(),
+            clock.as_ref(),
+            &cluster.config,
+            &fence,
+        )
+        .await
+        .err(),
+        Some(GateError::StoppedActing),
+        "no new lease once acting stopped"
+    );
+    // An act that began before the stop may still write: the fence holds until it ends.
+    assert!(
+        resent.begin().is_err(),
+        "a slot that began refuses a resend"
+    );
+    assert!(fence.is_open(), "an act in flight keeps the fence");
+    drop(first);
+    assert!(fence.is_open(), "one act still in flight keeps the fence");
+    drop(resent);
+    assert!(
+        !fence.is_open(),
+        "no act in flight and none to come: closed"
+    );
+    assert!(
+        fence
+            .closed_by(tokio::time::Instant::now() + Duration::from_millis(1))
+            .await
+    );
+}

@@ -3,12 +3,15 @@
 
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use mesh_raft::HandoverError;
+use mesh_raft::{Clock, Gate, HandoverError, TestClock, VoteFence};
+use openraft::ServerState;
 
-use support::{Cluster, fast_settings};
+use support::{Cluster, fast_settings, wait_deadline};
 
 fn all() -> BTreeSet<u64> {
     (1..=3).collect()
@@ -66,4 +69,92 @@ async fn a_follower_has_no_leadership_to_hand_over() {
     assert_eq!(refused, Err(HandoverError::NotLeader { id: follower }));
     let m = cluster.metrics(leader);
     assert_eq!((m.current_leader, m.current_term), (Some(leader), term));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g3_a_leader_handing_over_waits_for_its_act_in_flight_and_not_for_its_lease() {
+    // Decision 0225. G3: while an act of the old lease may still write (an envelope past its
+    // gate), no other replica may be told to campaign or be granted the old leader's vote. And
+    // once no act is in flight, the handover goes on without waiting out the lease: the fences
+    // run on a clock that never moves, so the lease never ends by itself here.
+    let cluster = Cluster::start(3, fast_settings(), 0).await;
+    let (leader, term) = cluster.wait_leader(&all(), 0).await;
+    let clock: Arc<dyn Clock> = Arc::new(TestClock::new());
+    let mut fences = BTreeMap::new();
+    for id in all() {
+        let fence = Arc::new(VoteFence::new(clock.clone()));
+        cluster
+            .router
+            .add_fenced(id, cluster.replica(id).raft().clone(), fence.clone());
+        fences.insert(id, fence);
+    }
+    cluster.set(leader, "k", "v").await;
+    let fence = fences[&leader].clone();
+    let deadline = tokio::time::Instant::now() + wait_deadline;
+    while Gate::acquire_fenced(
+        cluster.replica(leader).raft(),
+        clock.as_ref(),
+        &cluster.config,
+        &fence,
+    )
+    .await
+    .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no lease on {leader}"
+        );
+    }
+    let act = fence.begin_act().expect("an act begins under the lease");
+    let released = AtomicBool::new(false);
+    let told_while_acting = AtomicBool::new(false);
+    let heartbeat = Duration::from_millis(fast_settings().heartbeat_ms);
+    let handing = cluster
+        .replica(leader)
+        .hand_over(Some(&fence), wait_deadline, |to| {
+            if !released.load(Ordering::SeqCst) {
+                told_while_acting.store(true, Ordering::SeqCst);
+            }
+            let raft = cluster.replica(to).raft().clone();
+            async move { raft.trigger().elect().await.map_err(|e| e.to_string()) }
+        });
+    let holding = async {
+        let mut metrics = cluster.replica(leader).metrics();
+        // The watch's borrow is dropped at once: held, it would block openraft's metrics.
+        let stepped = tokio::time::timeout(
+            wait_deadline,
+            metrics.wait_for(|m| m.state != ServerState::Leader),
+        )
+        .await
+        .is_ok_and(|r| r.is_ok());
+        assert!(stepped, "the leader steps down while its act is in flight");
+        // Ten heartbeats with the act in flight: nobody is told, nobody else leads.
+        for _ in 0..10 {
+            tokio::time::sleep(heartbeat).await;
+            assert!(!told_while_acting.load(Ordering::SeqCst));
+            assert!(
+                fence.is_open(),
+                "the fence holds while the act is in flight"
+            );
+            for id in all().into_iter().filter(|id| *id != leader) {
+                let m = cluster.metrics(id);
+                assert!(
+                    !(m.state == ServerState::Leader && m.current_term > term),
+                    "replica {id} leads in term {} while the old lease's act is in flight",
+                    m.current_term
+                );
+            }
+        }
+        released.store(true, Ordering::SeqCst);
+        drop(act);
+    };
+    let (handed, ()) = tokio::join!(handing, holding);
+    let handed = handed.expect("handed over once the act ended");
+    assert!(
+        !told_while_acting.load(Ordering::SeqCst),
+        "the taker was told to campaign while an act of the old lease was in flight"
+    );
+    assert!(handed.to != leader && handed.term > term);
+    assert_eq!(cluster.metrics(handed.to).current_leader, Some(handed.to));
+    assert_eq!(cluster.read(handed.to, "k").as_deref(), Some("v"));
 }

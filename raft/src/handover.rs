@@ -1,0 +1,278 @@
+//! A stopping leader hands its leadership to a follower that has its whole log (issue 12 part 2,
+//! decisions 0152 and 0225). openraft 0.9 has no leader transfer; [`Replica::hand_over`] builds
+//! one from a vote, the vote fence and [`crate::network::RaftCall::ElectNow`].
+
+use std::time::{Duration, Instant};
+
+use openraft::raft::VoteRequest;
+
+use crate::{App, LogId, NodeId, Replica, Vote, VoteFence};
+
+/// A leadership handed over by [`Replica::hand_over`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandedOver {
+    /// The follower that leads now.
+    pub to: NodeId,
+    /// The term it leads in.
+    pub term: u64,
+}
+
+impl std::fmt::Display for HandedOver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "handed over to {} (term {})", self.to, self.term)
+    }
+}
+
+/// Why [`Replica::hand_over`] did not hand leadership over; the cluster then elects as after a
+/// crash.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandoverError {
+    #[error("replica {id} is not the leader; it has no leadership to hand over")]
+    NotLeader { id: NodeId },
+    #[error(
+        "no follower of replica {id} had its whole log (last index {last:?}) and took over within {waited_ms} ms ({tried}); the others elect a leader after their election timeout"
+    )]
+    NoTaker {
+        id: NodeId,
+        last: Option<u64>,
+        waited_ms: u64,
+        tried: String,
+    },
+    #[error("the replica is stopping")]
+    Stopped,
+}
+
+/// Milliseconds since `began`, for the step lines of a handover.
+fn since(began: Instant) -> u64 {
+    began.elapsed().as_millis() as u64
+}
+
+impl<A: App> Replica<A> {
+    /// Hands this leader's leadership to a follower that has its whole log, before it stops
+    /// (issue 12, decisions 0152 and 0225). openraft 0.9 has no leader transfer, so:
+    ///
+    /// 1. Stop acting: `fence` ([`VoteFence::stop_acting`]) refuses every act under this
+    ///    replica's lease that has not begun.
+    /// 2. Pick a voter whose replicated log matches this leader's last index (waiting for one,
+    ///    within `within`).
+    /// 3. Step down by handing the own Raft a vote for it in the next term, with its log: openraft
+    ///    grants it (higher term, log no shorter), persists it and stops leading.
+    /// 4. Wait until `fence` has closed: once acting stopped, that is as soon as no act that began
+    ///    is still in flight (at the latest the lease's end). Then nothing more is written under
+    ///    the old lease, and a second lease may be granted (G3).
+    /// 5. `tell(to)` asks it to campaign now (`RaftCall::ElectNow`). Its vote request matches the
+    ///    vote given in 3, so this replica grants it; with this replica's vote it has a quorum of
+    ///    three without the third, whose lease of the old leader still runs.
+    /// 6. Wait until the metrics name it leader.
+    ///
+    /// Each step is logged with the milliseconds since the handover began. From step 3 on this
+    /// replica does not campaign (it is about to stop); a handover that fails gives its election
+    /// timer back. If telling fails (the follower is gone) the next one is tried, a term higher
+    /// each time (a vote in a term is never given twice). Proposals should have stopped before the
+    /// call: an entry appended after step 2 makes the follower's log short and the handover fail.
+    pub async fn hand_over<F, Fut>(
+        &self,
+        fence: Option<&VoteFence>,
+        within: Duration,
+        mut tell: F,
+    ) -> Result<HandedOver, HandoverError>
+    where
+        F: FnMut(NodeId) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let id = self.id();
+        let began = Instant::now();
+        let deadline = tokio::time::Instant::now() + within;
+        let pause = Duration::from_millis(self.config().settings().heartbeat_ms);
+        if let Some(fence) = fence {
+            let in_flight = fence.stop_acting();
+            tracing::info!(
+                replica = id,
+                in_flight,
+                "handover: stopped acting under the lease ({in_flight} act(s) in flight)"
+            );
+        }
+        let (takers, last) = self.takers(deadline, pause).await?;
+        // From its step-down on, this replica's own election timer would run (its vote is
+        // uncommitted) and could make it campaign against the taker while it waits for an act in
+        // flight: it campaigns no more, unless the handover fails.
+        self.raft().runtime_config().elect(false);
+        let handed = self
+            .hand_over_to(takers, last, fence, within, deadline, began, &mut tell)
+            .await;
+        if handed.is_err() {
+            self.raft().runtime_config().elect(true);
+        }
+        handed
+    }
+
+    /// Steps 3 to 6 of [`Replica::hand_over`], trying `takers` in turn.
+    #[allow(clippy::too_many_arguments)]
+    async fn hand_over_to<F, Fut>(
+        &self,
+        takers: Vec<(NodeId, LogId)>,
+        last: Option<u64>,
+        fence: Option<&VoteFence>,
+        within: Duration,
+        deadline: tokio::time::Instant,
+        began: Instant,
+        tell: &mut F,
+    ) -> Result<HandedOver, HandoverError>
+    where
+        F: FnMut(NodeId) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let id = self.id();
+        let pause = Duration::from_millis(self.config().settings().heartbeat_ms);
+        let mut tried: Vec<String> = Vec::new();
+        let no_taker = |tried: &[String]| HandoverError::NoTaker {
+            id,
+            last,
+            waited_ms: within.as_millis() as u64,
+            tried: if tried.is_empty() {
+                "none caught up".to_string()
+            } else {
+                tried.join("; ")
+            },
+        };
+        for (to, matched) in takers {
+            let Some(term) = self.vote_for(to, matched, deadline, pause).await? else {
+                // openraft's own vote lease just after an election, or the log moved on.
+                tried.push(format!(
+                    "replica {to}: this leader could not step down for it"
+                ));
+                continue;
+            };
+            tracing::info!(
+                replica = id,
+                to,
+                term,
+                after_ms = since(began),
+                "handover: stepped down, voted for replica {to} in term {term}"
+            );
+            if let Some(fence) = fence {
+                if !fence.closed_by(deadline).await {
+                    tried.push(format!(
+                        "this replica's lease did not end in time ({} act(s) still in flight)",
+                        fence.acting()
+                    ));
+                    return Err(no_taker(&tried));
+                }
+                tracing::info!(
+                    replica = id,
+                    after_ms = since(began),
+                    "handover: the lease ended, no act in flight"
+                );
+            }
+            if let Err(why) = tell(to).await {
+                tried.push(format!("replica {to}: {why}"));
+                continue;
+            }
+            tracing::info!(
+                replica = id,
+                to,
+                after_ms = since(began),
+                "handover: replica {to} campaigns"
+            );
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let elected = self
+                .raft()
+                .wait(Some(left))
+                .metrics(
+                    |m| m.current_leader == Some(to) && m.current_term >= term,
+                    "the follower takes over",
+                )
+                .await;
+            match elected {
+                Ok(m) => {
+                    let done = HandedOver {
+                        to,
+                        term: m.current_term,
+                    };
+                    tracing::info!(
+                        replica = id,
+                        to,
+                        term = done.term,
+                        after_ms = since(began),
+                        "leadership {done}"
+                    );
+                    return Ok(done);
+                }
+                Err(e) => {
+                    tried.push(format!(
+                        "replica {to} was told to campaign but did not lead: {e}"
+                    ));
+                    return Err(no_taker(&tried));
+                }
+            }
+        }
+        Err(no_taker(&tried))
+    }
+
+    /// Hands the own Raft a vote for `to` (with log `matched`) in the next term, retrying every
+    /// `pause` until `deadline` while openraft refuses it; the term when granted.
+    async fn vote_for(
+        &self,
+        to: NodeId,
+        matched: LogId,
+        deadline: tokio::time::Instant,
+        pause: Duration,
+    ) -> Result<Option<u64>, HandoverError> {
+        loop {
+            let vote = self
+                .raft()
+                .with_raft_state(|s| *s.vote_ref())
+                .await
+                .map_err(|_| HandoverError::Stopped)?;
+            let term = vote.leader_id().term + 1;
+            let request = VoteRequest::new(Vote::new(term, to), Some(matched));
+            let answer = self
+                .raft()
+                .vote(request)
+                .await
+                .map_err(|_| HandoverError::Stopped)?;
+            if answer.vote_granted {
+                return Ok(Some(term));
+            }
+            if tokio::time::Instant::now() + pause > deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// The voters whose replicated log matches this leader's last index, with that log id, and
+    /// the last index; waits for at least one until `deadline`. `NotLeader` when this replica
+    /// does not lead.
+    async fn takers(
+        &self,
+        deadline: tokio::time::Instant,
+        pause: Duration,
+    ) -> Result<(Vec<(NodeId, LogId)>, Option<u64>), HandoverError> {
+        let id = self.id();
+        let mut metrics = self.raft().metrics();
+        loop {
+            let (takers, last) = {
+                let m = metrics.borrow_and_update();
+                if m.state != openraft::ServerState::Leader || m.current_leader != Some(id) {
+                    return Err(HandoverError::NotLeader { id });
+                }
+                let voters: Vec<NodeId> = m.membership_config.membership().voter_ids().collect();
+                let takers: Vec<(NodeId, LogId)> = m
+                    .replication
+                    .iter()
+                    .flatten()
+                    .filter(|(peer, _)| **peer != id && voters.contains(peer))
+                    .filter_map(|(peer, matched)| matched.map(|l| (*peer, l)))
+                    .filter(|(_, l)| Some(l.index) == m.last_log_index)
+                    .collect();
+                (takers, m.last_log_index)
+            };
+            let now = tokio::time::Instant::now();
+            if !takers.is_empty() || now >= deadline {
+                return Ok((takers, last));
+            }
+            let _ = tokio::time::timeout((deadline - now).min(pause), metrics.changed()).await;
+        }
+    }
+}
