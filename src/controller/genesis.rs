@@ -69,6 +69,8 @@ impl Service {
         deadline: Instant,
     ) -> Result<Vec<u8>, String> {
         self.leads_in(envelope.epoch)?;
+        // Sealing is an act under the lease (decision 0225): refused once acting stopped.
+        let _acting = self.fence.begin_act().map_err(|e| e.to_string())?;
         let now = self.clock.now();
         if now >= deadline {
             return Err(format!(

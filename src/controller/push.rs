@@ -364,7 +364,11 @@ impl Service {
             let now = self.clock.now();
             let deadline = deadline.now();
             match deadline.checked_duration_since(now) {
+        // The write is an act under the lease until it returns (decision 0225): a leader handing
+        // over waits for it, and begins no other.
+        let acting = self.fence.act_slot();
                 Some(left) if !left.is_zero() => {
+            acting.begin().map_err(|e| e.to_string())?;
                     // The moment bytes may leave under this epoch: the chaos checkers' "sent".
                     tracing::debug!(replica = self.id, machine = %machine, epoch, sequence = envelope.sequence, "envelope write allowed");
                     Ok(left)
