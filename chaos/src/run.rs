@@ -26,6 +26,8 @@ use crate::workload::{Tally, ask_recorded, model, operate};
 pub const setup_wait_ms: u64 = 30_000;
 /// How long the healed cluster may take to bring every machine to its should-be.
 pub const converge_wait_ms: u64 = 30_000;
+/// How long the reports of a converging push may take before the next push.
+pub const settle_ms: u64 = 2_000;
 /// How long the operators may take to notice the stop.
 pub const operators_stop_wait_ms: u64 = 15_000;
 /// How long every replica may take to apply what the leader committed, at the end.
@@ -335,22 +337,28 @@ async fn heal(cluster: &Arc<RwLock<Cluster>>) {
 }
 
 /// Pushes until every machine applied its should-be (status: not behind, and the host's mark at
-/// the last send); returns the machines that did not, with why.
+/// the last send); returns the machines that did not, with why. After a push it lets the hosts'
+/// reports come in ([`settle_ms`]) before pushing again: a push while the last one's reports are
+/// on their way would make the machines unconfirmed again.
 async fn converge(cluster: &Arc<RwLock<Cluster>>) -> Vec<String> {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(converge_wait_ms);
     let mut why_not = vec!["no leader after the heal".to_string()];
+    let mut pushed: Option<tokio::time::Instant> = None;
     while tokio::time::Instant::now() < deadline {
         let leader = cluster.read().await.leader();
         let Some((leader, _)) = leader else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        push_all(cluster, leader, "chaos push converge").await;
         why_not = behind(cluster, leader).await;
         if why_not.is_empty() {
             return why_not;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        if pushed.is_none_or(|at| at.elapsed() >= Duration::from_millis(settle_ms)) {
+            push_all(cluster, leader, "chaos push converge").await;
+            pushed = Some(tokio::time::Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     why_not
 }
