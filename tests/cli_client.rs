@@ -8,8 +8,8 @@ use std::process::Output;
 use std::sync::{Arc, Mutex};
 
 use mesh::controller::api::{
-    Answer, ApiError, Body, PushLine, PushOutcome, PushView, ReplicaSaid, ReplicaView, Request,
-    StatusView,
+    Answer, ApiError, Body, PushError, PushLine, PushOutcome, PushView, ReplicaSaid, ReplicaView,
+    Request, StatusView,
 };
 use mesh::store::command::HeldMount;
 use mesh_transport::{
@@ -218,14 +218,14 @@ async fn invalid_answer_from_the_replica_is_one_line_and_exit_2() {
     let answer = Answer {
         replica: 2,
         forwarded_by: None,
-        body: Err(ApiError::Invalid(
-            "machine zz is not in the mesh; check the name with `meshctl status`".into(),
-        )),
+        body: Err(ApiError::Push(PushError::UnknownMachine {
+            machine: "zz".into(),
+        })),
     };
     let bed = bed(answer, false).await;
     let out = bed.run(&["plan", "zz", "--diff"]).await;
     assert_eq!(out.status.code(), Some(2));
-    assert!(one_line(&out).contains("machine zz is not in the mesh"));
+    assert!(one_line(&out).contains("there is no machine zz in the mesh"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

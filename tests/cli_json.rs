@@ -14,9 +14,9 @@ use mesh::cli::push::{WaitOutcome, Waited};
 use mesh::cli::render::Via;
 use mesh::cli::{Cli, CliError};
 use mesh::controller::api::{
-    ApiError, HistoryItem, MachineView, PlanView, PlannedChange, PlannedMachine, PlannedMint,
-    PushLine, PushOutcome, PushTarget, PushView, ReplicaSaid, ReplicaView, SettingsView,
-    StatusView,
+    ApiError, ApplyError, HistoryItem, MachineView, PlanView, PlannedChange, PlannedMachine,
+    PlannedMint, PushError, PushLine, PushOutcome, PushTarget, PushView, ReplicaSaid, ReplicaView,
+    SettingsError, SettingsRule, SettingsView, StatusView,
 };
 use mesh::core::declaration::Digest;
 use mesh::core::model::{Placement, Provision};
@@ -129,6 +129,7 @@ fn status_view() -> StatusView {
         }),
         report_filed_ms: Some(t0),
         report_age_ms: Some(1500),
+        heard_ago_ms: Some(800),
     };
     let g14 = MachineView {
         name: "g14".into(),
@@ -142,6 +143,7 @@ fn status_view() -> StatusView {
         health: None,
         report_filed_ms: None,
         report_age_ms: None,
+        heard_ago_ms: None,
     };
     StatusView {
         replicas: vec![
@@ -543,24 +545,98 @@ fn check_json_composed_and_against_are_tagged() {
 }
 
 #[test]
-fn api_errors_keep_their_kind_and_exit_code_in_json() {
+fn api_errors_keep_their_kind_and_exit_code_in_json_and_name_their_cause() {
     // Issue 13 part 2: errors as JSON on stdout with --json, the same exit codes as without.
+    // Issue 10 item 8 (decision 0210): the class (`kind`) and the exit code come from the
+    // variant, and `cause` names the variant for programs.
     let cases = [
-        (ApiError::Invalid("no machine zz".into()), "invalid", 2),
-        (ApiError::Unavailable("no leader".into()), "unavailable", 1),
-        (ApiError::Refused("revision moved".into()), "refused", 1),
-        (ApiError::Failed("storage".into()), "failed", 1),
+        (
+            ApiError::Push(PushError::UnknownMachine {
+                machine: "zz".into(),
+            }),
+            "invalid",
+            "push.unknown_machine",
+            2,
+        ),
+        (
+            ApiError::NotLeader {
+                replica: 2,
+                leader: Some(1),
+            },
+            "unavailable",
+            "not_leader",
+            1,
+        ),
+        (
+            ApiError::NoLeader {
+                replica: 2,
+                waited_ms: 3000,
+                reason: "an election may be running".into(),
+            },
+            "unavailable",
+            "no_leader",
+            1,
+        ),
+        (
+            ApiError::Apply(ApplyError::RevisionMoved {
+                expected: 4,
+                found: 5,
+            }),
+            "refused",
+            "apply.revision_moved",
+            1,
+        ),
+        (
+            ApiError::Apply(ApplyError::TooLarge { bytes: 9, limit: 8 }),
+            "invalid",
+            "apply.too_large",
+            2,
+        ),
+        (
+            ApiError::Settings(SettingsError::Rule {
+                scope: Scope::Mesh,
+                rule: SettingsRule::ValueTooLarge,
+                reason: "too long".into(),
+            }),
+            "invalid",
+            "settings.value_too_large",
+            2,
+        ),
+        (
+            ApiError::Storage {
+                what: "send records".into(),
+                reason: "disk".into(),
+            },
+            "failed",
+            "storage",
+            1,
+        ),
+        (
+            ApiError::Fatal {
+                reason: "cannot write the floor file".into(),
+            },
+            "failed",
+            "fatal",
+            1,
+        ),
     ];
-    for (e, kind, code) in cases {
+    for (e, kind, cause, code) in cases {
         let e = CliError::Api(e);
-        assert_eq!(e.exit_code(), code);
+        assert_eq!(e.exit_code(), code, "{e}");
         let line = json::error_document(&e);
         let doc: serde_json::Value = serde_json::from_str(&line).expect("JSON");
         assert_eq!(doc["error"]["kind"], kind, "{line}");
+        assert_eq!(doc["error"]["cause"], cause, "{line}");
         assert_eq!(doc["error"]["exit_code"], code, "{line}");
+        assert_eq!(doc["error"]["message"], e.to_string(), "{line}");
     }
     let usage = CliError::Usage("push needs a machine, --behind or --all".into());
     assert_matches_fixture("error_usage", &json::error_document(&usage));
+    let moved = CliError::Api(ApiError::Apply(ApplyError::RevisionMoved {
+        expected: 4,
+        found: 5,
+    }));
+    assert_matches_fixture("error_apply_revision_moved", &json::error_document(&moved));
 }
 
 #[test]

@@ -9,7 +9,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use controller_common::*;
 use mesh::controller::Service;
-use mesh::controller::api::{ApiError, Body, PushOutcome, PushTarget, Request};
+use mesh::controller::api::{
+    ApiError, Body, ErrorClass, PushError, PushOutcome, PushTarget, Request, SettingsError,
+    SettingsRule,
+};
 use mesh::core::envelope::{Envelope, Position, Sealed};
 use mesh::core::settings::Scope;
 use mesh::core::wire::{EnvelopeReply, envelope_reply_what};
@@ -91,11 +94,14 @@ async fn push_without_a_reason_or_to_an_unknown_machine_is_invalid_and_sends_not
     };
     let answer = bed.ask(leader, &no_why).await;
     assert!(
-        matches!(answer.body, Err(ApiError::Invalid(_))),
+        matches!(answer.body, Err(ApiError::Push(PushError::NoReason))),
         "{answer:?}"
     );
     let unknown = bed.push(leader, "nowhere", &[]).await;
-    assert!(matches!(unknown, Err(ApiError::Invalid(_))), "{unknown:?}");
+    assert!(
+        matches!(&unknown, Err(ApiError::Push(PushError::UnknownMachine { machine })) if machine == "nowhere"),
+        "{unknown:?}"
+    );
     assert!(bed.hosts["ace"].agent.applied().await.is_none());
     bed.shutdown().await;
 }
@@ -190,7 +196,13 @@ async fn g6_settings_removal_is_refused_without_replace_and_history_is_kept() {
     let before = history(bed.ok(leader, &show).await);
     let refused = bed.ask(leader, &set(&[], &["b"], false)).await;
     assert!(
-        matches!(refused.body, Err(ApiError::Invalid(_))),
+        matches!(
+            refused.body,
+            Err(ApiError::Settings(SettingsError::Rule {
+                rule: SettingsRule::RemovalWithoutReplace,
+                ..
+            }))
+        ),
         "{refused:?}"
     );
     assert_eq!(
@@ -313,7 +325,7 @@ async fn g3_isolated_leader_sends_nothing_and_hosts_keep_the_newer_epoch() {
     ));
     let stale = bed.push(old, "ace", &[]).await;
     match &stale {
-        Err(ApiError::Unavailable(_)) => {}
+        Err(e) if e.class() == ErrorClass::Unavailable => {}
         Ok(body) => {
             for (m, o) in lines(body) {
                 match o {
@@ -618,7 +630,7 @@ async fn apply_and_settings_set_refuse_the_validation_holes_before_proposing() {
     ] {
         let answer = bed.ask(leader, &request).await;
         assert!(
-            matches!(&answer.body, Err(ApiError::Invalid(m)) if m.contains(says)),
+            matches!(&answer.body, Err(e) if e.class() == ErrorClass::Invalid && e.to_string().contains(says)),
             "{says}: {answer:?}"
         );
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use controller_common::*;
 use mesh::cli::apply::{Sending, requests_for};
-use mesh::controller::api::{ApiError, Body, Chunk, Request, UploadId};
+use mesh::controller::api::{ApiError, ApplyError, Body, Chunk, Request, UploadId};
 use mesh::core::model::Mesh;
 use mesh::core::validate::model_bytes_max;
 use mesh::store::app::MeshApp;
@@ -160,7 +160,8 @@ async fn an_upload_is_kept_in_every_replica_s_store_and_a_digest_mismatch_is_ref
         drain,
     };
     match bed.ask(leader, &wrong).await.body {
-        Err(ApiError::Invalid(e)) => {
+        Err(e @ ApiError::Apply(ApplyError::UploadUnusable { .. })) => {
+            let e = e.to_string();
             assert!(
                 e.contains("blake3") && e.contains("nothing was stored"),
                 "{e}"
@@ -196,10 +197,13 @@ async fn an_upload_over_the_model_limit_is_refused_with_the_limit_named_and_noth
         bytes: Chunk::new(vec![0; 1024]),
     };
     match bed.ask(leader, &over).await.body {
-        Err(ApiError::Refused(e)) => assert!(
-            e.contains("model_bytes_max") && e.contains("nothing was staged"),
-            "{e}"
-        ),
+        Err(e @ ApiError::StoreRefused { .. }) => {
+            let e = e.to_string();
+            assert!(
+                e.contains("model_bytes_max") && e.contains("nothing was staged"),
+                "{e}"
+            )
+        }
         other => panic!("an upload over the limit must be refused, got {other:?}"),
     }
     for id in bed.replicas.keys() {

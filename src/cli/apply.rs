@@ -13,7 +13,7 @@ use super::json;
 use super::render::{self, Via};
 use super::{CliError, Output};
 use crate::controller::api::{
-    ApiError, Body, Chunk, Request, UploadId, apply_inline_bytes_max, upload_chunk_bytes,
+    Body, Chunk, Request, UploadId, apply_inline_bytes_max, upload_chunk_bytes,
 };
 use crate::core::meshfile::parse_mesh;
 use crate::core::model::Mesh;
@@ -150,10 +150,9 @@ fn stopped(upload: &UploadId, at: usize, total: usize, e: CliError) -> CliError 
     let message = format!(
         "the upload of the model (id {upload}) stopped {step}: {e}\nthe stored model is unchanged; run `meshctl apply` again"
     );
-    match e {
-        CliError::Api(ApiError::Invalid(_)) => CliError::Api(ApiError::Invalid(message)),
-        CliError::Api(ApiError::Refused(_)) => CliError::Api(ApiError::Refused(message)),
-        _ => CliError::Api(ApiError::Unavailable(message)),
+    CliError::UploadStopped {
+        message,
+        cause: Box::new(e),
     }
 }
 

@@ -11,7 +11,7 @@ use super::push::{WaitOutcome, Waited};
 use super::render::Via;
 use super::{CliError, Output};
 use crate::controller::api::{
-    ApiError, HistoryItem, MachineView, PlanView, PlannedChange, PushEvent, PushLine, PushOutcome,
+    HistoryItem, MachineView, PlanView, PlannedChange, PushEvent, PushLine, PushOutcome,
     PushTarget, PushView, ReplicaView, SettingsView, StatusView,
 };
 use crate::core::report::{Exit, Health, ModuleState, ModuleStatus};
@@ -37,7 +37,7 @@ pub struct Document<T: Serialize> {
     pub answer: T,
 }
 
-/// A failed command with `--json`: `{"schema", "error": {"kind", "exit_code", "message"}}`.
+/// A failed command with `--json`: `{"schema", "error": {"kind", "cause", "exit_code", "message"}}`.
 #[derive(Debug, Serialize)]
 pub struct ErrorDocument {
     pub schema: &'static str,
@@ -48,6 +48,9 @@ pub struct ErrorDocument {
 pub struct ErrorJson {
     /// `usage`, `invalid`, `unavailable`, `refused` or `failed`.
     pub kind: &'static str,
+    /// What went wrong, by a stable name (`apply.revision_moved`, `not_leader`, `usage.bad_file`):
+    /// one per error variant, never renamed or reused (decision 0210).
+    pub cause: &'static str,
     /// The exit code meshctl ends with (the same as without `--json`).
     pub exit_code: u8,
     /// The one line meshctl prints on stderr without `--json` (a bad mesh file: one line per
@@ -82,6 +85,7 @@ pub fn error_document(e: &CliError) -> String {
         schema,
         error: ErrorJson {
             kind: error_kind(e),
+            cause: error_cause(e),
             exit_code: e.exit_code(),
             message: e.to_string(),
         },
@@ -90,7 +94,7 @@ pub fn error_document(e: &CliError) -> String {
         Ok(text) => format!("{text}\n"),
         // Only strings and numbers: serde_json cannot fail on them, but never print nothing.
         Err(_) => format!(
-            "{{\"schema\":\"{schema}\",\"error\":{{\"kind\":\"failed\",\"exit_code\":{},\"message\":\"meshctl could not render its error as JSON\"}}}}\n",
+            "{{\"schema\":\"{schema}\",\"error\":{{\"kind\":\"failed\",\"cause\":\"render\",\"exit_code\":{},\"message\":\"meshctl could not render its error as JSON\"}}}}\n",
             e.exit_code()
         ),
     }
@@ -111,14 +115,36 @@ pub fn error_kind(e: &CliError) -> &'static str {
         CliError::Client(ClientError::Unreachable { .. }) => "unavailable",
         CliError::Client(ClientError::Refused { .. }) => "refused",
         CliError::Client(_) => "failed",
-        CliError::Api(ApiError::Invalid(_)) => "invalid",
-        CliError::Api(ApiError::Unavailable(_)) => "unavailable",
-        CliError::Api(ApiError::Refused(_)) => "refused",
-        CliError::Api(ApiError::Failed(_)) => "failed",
+        CliError::Api(e) => e.class().name(),
+        CliError::UploadStopped { cause, .. } => error_kind(cause),
         CliError::Init(e) if e.exit_code() == super::exit_bad_input => "usage",
         CliError::Write { .. } | CliError::Init(_) | CliError::Dev(_) | CliError::Render(_) => {
             "failed"
         }
+    }
+}
+
+/// The stable name of what went wrong (`error.cause`): the API error's own for a replica's answer
+/// ([`crate::controller::api::ApiError::cause`]), else meshctl's: `usage.*` refused before asking, `client.*` asking
+/// failed, and `init`, `dev`, `write`, `render`.
+pub fn error_cause(e: &CliError) -> &'static str {
+    use super::client::ClientError;
+    match e {
+        CliError::Read { .. } => "usage.read",
+        CliError::BadFile(_) => "usage.bad_file",
+        CliError::Usage(_) => "usage.arguments",
+        CliError::Context(_) => "usage.context",
+        CliError::Plan { .. } => "usage.plan_file",
+        CliError::Client(ClientError::Identity { .. }) => "client.identity",
+        CliError::Client(ClientError::Unreachable { .. }) => "client.unreachable",
+        CliError::Client(ClientError::Refused { .. }) => "client.refused",
+        CliError::Client(_) => "client.failed",
+        CliError::Api(e) => e.cause(),
+        CliError::UploadStopped { cause, .. } => error_cause(cause),
+        CliError::Init(_) => "init",
+        CliError::Dev(_) => "dev",
+        CliError::Write { .. } => "write",
+        CliError::Render(_) => "render",
     }
 }
 
@@ -206,6 +232,8 @@ pub struct MachineJson {
     pub report_filed: Option<Time>,
     /// How long before this answer that was, on the answering replica's clock.
     pub report_age_ms: Option<u64>,
+    /// How long ago the answering leader last heard the host; `null`: not since it took office.
+    pub heard_ago_ms: Option<u64>,
     pub modules: Vec<ModuleJson>,
 }
 
@@ -324,6 +352,7 @@ impl From<&MachineView> for MachineJson {
             health: m.health.as_ref().map(HealthJson::from),
             report_filed: m.report_filed_ms.map(Time),
             report_age_ms: m.report_age_ms,
+            heard_ago_ms: m.heard_ago_ms,
             modules: m.modules.iter().map(ModuleJson::from).collect(),
         }
     }

@@ -174,6 +174,13 @@ pub enum CliError {
     Client(#[from] client::ClientError),
     #[error("{0}")]
     Api(ApiError),
+    /// A model upload that stopped part way (`message` says where); its exit code and `--json`
+    /// kind are those of `cause`.
+    #[error("{message}")]
+    UploadStopped {
+        message: String,
+        cause: Box<CliError>,
+    },
     #[error(transparent)]
     Init(#[from] init::InitError),
     #[error(transparent)]
@@ -193,6 +200,7 @@ impl CliError {
                 _ => exit_failed,
             },
             CliError::Init(e) => e.exit_code(),
+            CliError::UploadStopped { cause, .. } => cause.exit_code(),
             CliError::Write { .. }
             | CliError::Plan { .. }
             | CliError::Dev(_)

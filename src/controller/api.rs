@@ -216,32 +216,12 @@ pub enum Body {
     Replicas(super::members::ReplicasView),
 }
 
-/// Why a request failed. Each maps to an exit code in meshctl (see `exit_code`).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
-pub enum ApiError {
-    /// Bad input: unknown machine, module or scope; a flag that cannot take effect; a bad mesh file.
-    #[error("{0}")]
-    Invalid(String),
-    /// No leader could be reached, or leadership/lease was lost mid-request.
-    #[error("{0}")]
-    Unavailable(String),
-    /// The store refused the change (stale epoch, moved revision); nothing was written.
-    #[error("{0}")]
-    Refused(String),
-    /// Something failed on the replica (storage, a host).
-    #[error("{0}")]
-    Failed(String),
-}
-
-impl ApiError {
-    /// meshctl's exit code: 2 bad usage or input, 1 anything else that failed.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            ApiError::Invalid(_) => 2,
-            _ => 1,
-        }
-    }
-}
+/// Why a request failed: one enum per operation beside the shared cases (decision 0210).
+mod error;
+pub use error::{
+    ApiError, ApplyError, CertsError, ErrorClass, GenesisError, LogsError, PushError,
+    SettingsError, SettingsRule, SnapshotError,
+};
 
 /// `meshctl status`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

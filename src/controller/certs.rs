@@ -9,7 +9,7 @@ use std::sync::Weak;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use super::api::{ApiError, Body};
+use super::api::{ApiError, Body, CertsError};
 use super::service::Service;
 use crate::store::command::{Applied, Command, RequestId};
 use crate::store::revoked::{DenyMap, RevokedTarget, to_transport};
@@ -94,12 +94,12 @@ impl Service {
             .endpoint
             .reload_from_files(&tls.ca, &tls.cert, &tls.key)
             .map_err(|e| {
-                let message = format!(
-                    "replica {}: certificates not reloaded, still serving the ones it had: {e}",
-                    self.id
-                );
-                tracing::error!("{message}");
-                ApiError::Invalid(message)
+                let error = CertsError::NotReloaded {
+                    replica: self.id,
+                    reason: e.to_string(),
+                };
+                tracing::error!("{error}");
+                ApiError::from(error)
             })?;
         let (own, _) = self.endpoint.certificates();
         let own = own.as_ref().map(view);
@@ -161,7 +161,8 @@ impl Service {
         why: String,
     ) -> Result<Body, ApiError> {
         let term = self.leading_term()?;
-        let target = RevokedTarget::parse(&target).map_err(ApiError::Invalid)?;
+        let target = RevokedTarget::parse(&target)
+            .map_err(|reason| CertsError::BadTarget { target, reason })?;
         let command = Command::Once {
             request: id,
             command: Box::new(Command::Revoke { target, why }),
@@ -178,7 +179,7 @@ pub(crate) fn revoked_answer(applied: Applied) -> Result<Body, ApiError> {
             target: target.to_string(),
             entries,
         }),
-        other => Err(ApiError::Failed(format!(
+        other => Err(ApiError::internal(format!(
             "a revocation was answered with {other:?}; this is a bug in meshd, report it"
         ))),
     }

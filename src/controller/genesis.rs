@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::api::{ApiError, Body, PushTarget, RequestId};
+use super::api::{ApiError, Body, GenesisError, PushTarget, RequestId};
 use super::engine::PushJob;
 use super::service::Service;
 use crate::core::envelope::{Envelope, seal};
@@ -22,15 +22,15 @@ impl Service {
     ) -> Result<Body, ApiError> {
         let state = self.state()?;
         if !state.mesh.machines.contains_key(&machine) {
-            return Err(ApiError::Invalid(format!(
-                "there is no machine {machine} in the model; add [machines.{machine}] to the mesh file and `meshctl apply` it first"
-            )));
+            return Err(GenesisError::UnknownMachine { machine }.into());
         }
         if let Some(send) = state.last_sends.get(&machine) {
-            return Err(ApiError::Invalid(format!(
-                "machine {machine} already got send #{} at epoch {}; a genesis is only for a machine that never ran: use `meshctl push {machine}`",
-                send.sequence, send.epoch
-            )));
+            return Err(GenesisError::AlreadySent {
+                machine,
+                sequence: send.sequence,
+                epoch: send.epoch,
+            }
+            .into());
         }
         drop(state);
         let job = PushJob {
@@ -43,21 +43,22 @@ impl Service {
         };
         let (body, sealed) = self.run_push(actor, job).await?;
         let Body::Push(cascade) = body else {
-            return Err(ApiError::Failed(format!(
+            return Err(ApiError::internal(format!(
                 "the push for {machine}'s genesis answered {body:?}"
             )));
         };
         match sealed {
             Some(envelope) => Ok(Body::Genesis { envelope, cascade }),
-            None => Err(ApiError::Unavailable(format!(
-                "no genesis for {machine}: {}",
-                cascade
+            None => Err(GenesisError::NotSealed {
+                lines: cascade
                     .lines
                     .iter()
                     .map(|l| format!("{}: {:?}", l.machine, l.outcome))
                     .collect::<Vec<_>>()
-                    .join("; ")
-            ))),
+                    .join("; "),
+                machine,
+            }
+            .into()),
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mesh_transport::{MessageKind, Peer, Principal, TransportError};
 
-use super::api::{ApiError, Body};
+use super::api::{ApiError, Body, LogsError};
 use super::service::Service;
 use crate::core::wire::{
     LogsAnswer, LogsAsk, log_cursors_max, log_lines_max, logs_answer_what, logs_ask_what,
@@ -17,31 +17,29 @@ impl Service {
     /// Asks `machine`'s host for `ask` and checks the answer is about that machine.
     pub(crate) async fn logs(&self, machine: String, ask: LogsAsk) -> Result<Body, ApiError> {
         if ask.lines == 0 || ask.lines > log_lines_max {
-            return Err(ApiError::Invalid(format!(
-                "--lines {} is out of range; give 1 to {log_lines_max}",
-                ask.lines
-            )));
+            return Err(LogsError::LinesOutOfRange {
+                lines: u64::from(ask.lines),
+                max: u64::from(log_lines_max),
+            }
+            .into());
         }
         if ask.from.len() > log_cursors_max {
-            return Err(ApiError::Invalid(format!(
-                "{} cursors in one logs request, at most {log_cursors_max}",
-                ask.from.len()
-            )));
+            return Err(LogsError::TooManyCursors {
+                count: ask.from.len() as u64,
+                max: log_cursors_max as u64,
+            }
+            .into());
         }
         let Some(addr) = self.config().hosts().get(&machine).copied() else {
-            let known: Vec<&str> = self.config().hosts().keys().map(String::as_str).collect();
-            return Err(ApiError::Invalid(format!(
-                "no machine `{machine}` in [hosts] of replica {}'s config; known machines: {}",
-                self.id(),
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
-            )));
+            return Err(LogsError::UnknownMachine {
+                machine,
+                replica: self.id(),
+                known: self.config().hosts().keys().cloned().collect(),
+            }
+            .into());
         };
         let body = mesh_codec::encode(logs_ask_what, &ask)
-            .map_err(|e| ApiError::Failed(format!("cannot encode the logs request: {e}")))?;
+            .map_err(|e| ApiError::internal(format!("cannot encode the logs request: {e}")))?;
         let peer = Peer::expecting(addr, Principal::Host(machine.clone()));
         let timeout: Duration = self.endpoint.config().request_timeout();
         let bytes = match self
@@ -52,21 +50,29 @@ impl Service {
             Ok(bytes) => bytes,
             // The host read the request and said, naming itself, what is wrong with it (no such
             // module).
-            Err(TransportError::Refused { reason, .. }) => return Err(ApiError::Invalid(reason)),
+            Err(TransportError::Refused { reason, .. }) => {
+                return Err(LogsError::HostRefused { machine, reason }.into());
+            }
             Err(e) => {
-                return Err(ApiError::Unavailable(format!(
-                    "cannot read machine {machine}'s logs: {e}; is its mesh-host running?"
-                )));
+                return Err(LogsError::HostUnreachable {
+                    machine,
+                    reason: e.to_string(),
+                }
+                .into());
             }
         };
         let answer: LogsAnswer = mesh_codec::decode(logs_answer_what, &bytes).map_err(|e| {
-            ApiError::Failed(format!("machine {machine}'s answer is unreadable: {e}"))
+            LogsError::AnswerUnreadable {
+                machine: machine.clone(),
+                reason: e.to_string(),
+            }
         })?;
         if answer.machine != machine {
-            return Err(ApiError::Failed(format!(
-                "asked machine {machine} for logs and {} answered; check [hosts] in the replica config",
-                answer.machine
-            )));
+            return Err(LogsError::WrongMachine {
+                asked: machine,
+                answered: answer.machine,
+            }
+            .into());
         }
         Ok(Body::Logs(answer))
     }

@@ -7,10 +7,11 @@ use std::time::Duration;
 use mesh_raft::{Probed, probe_replica};
 
 use super::api::{
-    ApiError, Body, HistoryItem, HistoryPage, HistoryQuery, MachineView, ReplicaSaid, ReplicaView,
-    Request, RequestId, SettingsView, StatusView, history_page_bytes_max, history_page_items_max,
-    snapshot_chunk_bytes,
+    ApiError, ApplyError, Body, HistoryItem, HistoryPage, HistoryQuery, MachineView, ReplicaSaid,
+    ReplicaView, Request, RequestId, SettingsView, StatusView, history_page_bytes_max,
+    history_page_items_max, snapshot_chunk_bytes,
 };
+use super::api::{PushError, SettingsError, SettingsRule, SnapshotError};
 use super::push::known_of;
 use super::service::{Service, now_ms};
 use crate::core::compose::{World, compose, digest};
@@ -21,7 +22,7 @@ use crate::core::settings::{Edit, Layer, Scope, clear_layer, edit_layer, effecti
 use crate::core::validate::validate;
 use crate::store::app::MeshApp;
 use crate::store::command::{Applied, Command, Outcome, Refusal};
-use crate::store::state::{DomainState, leave_refused};
+use crate::store::state::DomainState;
 
 /// How long `status` waits for each replica's answer to its probe; a replica that takes longer is
 /// shown unreachable.
@@ -59,7 +60,9 @@ impl Service {
         drain: bool,
         staged: Option<super::upload::Staged>,
     ) -> Result<Body, ApiError> {
-        validate(&mesh).map_err(|e| ApiError::Invalid(format!("{e}\nnothing was stored")))?;
+        validate(&mesh).map_err(|e| ApplyError::Invalid {
+            problems: e.problems.iter().map(ToString::to_string).collect(),
+        })?;
         let mut attempt = 0;
         let (revision, settings_ignored, draining) = loop {
             attempt += 1;
@@ -89,14 +92,14 @@ impl Service {
                     settings_ignored,
                 }) => break (revision, settings_ignored, draining),
                 Outcome::Applied(other) => {
-                    return Err(ApiError::Failed(format!(
+                    return Err(ApiError::internal(format!(
                         "the store answered apply with {other:?}"
                     )));
                 }
                 Outcome::Refused(Refusal::RevisionMoved { .. }) if attempt < apply_attempts_max => {
                     continue;
                 }
-                Outcome::Refused(refusal) => return Err(ApiError::Refused(refusal.to_string())),
+                Outcome::Refused(refusal) => return Err(apply_refused(refusal)),
             }
         };
         let new_state = self.state()?;
@@ -145,13 +148,14 @@ impl Service {
             }
             (Request::Push { .. } | Request::Genesis { .. }, Applied::Sent { sequences }) => {
                 let machines: Vec<String> = sequences.into_iter().map(|(m, _)| m).collect();
-                Err(ApiError::Refused(format!(
-                    "request {id} already ran: it recorded sends to {}; nothing was sent again (`meshctl history` shows them)",
-                    machines.join(", ")
-                )))
+                Err(PushError::AlreadyRan {
+                    request: id.to_string(),
+                    machines,
+                }
+                .into())
             }
             (Request::CertsRevoke { .. }, first) => super::certs::revoked_answer(first),
-            (request, first) => Err(ApiError::Failed(format!(
+            (request, first) => Err(ApiError::internal(format!(
                 "request {id} was remembered with {first:?}, which does not answer a {} request",
                 super::metrics::request_kind(&request)
             ))),
@@ -179,9 +183,7 @@ impl Service {
             .collect();
         if history {
             // An unbounded answer: meshctl pages it with `Request::History` instead.
-            return Err(ApiError::Invalid(
-                "settings history comes page by page: ask `Request::History` with settings_only (meshctl does)".into(),
-            ));
+            return Err(SettingsError::HistoryPaged.into());
         }
         let history = Vec::new();
         let effective = scope
@@ -218,7 +220,7 @@ impl Service {
             remove: remove.clone(),
         };
         edit_layer(state.mesh.settings.layers.get(&scope), edit, replace)
-            .map_err(|e| ApiError::Invalid(format!("settings {scope}: {e}")))?;
+            .map_err(|e| rule_broken(&scope, &e))?;
         drop(state);
         let command = Command::Once {
             request: id,
@@ -230,7 +232,10 @@ impl Service {
                 why,
             }),
         };
-        let applied = self.propose(term, None, actor, command).await?;
+        let applied = self
+            .propose(term, None, actor, command)
+            .await
+            .map_err(|e| settings_refused(&scope, e))?;
         settings_answer(scope, applied)
     }
 
@@ -249,8 +254,7 @@ impl Service {
         if !state.mesh.settings.layers.contains_key(&scope) {
             check_scope(&state, &scope)?;
         }
-        clear_layer(state.mesh.settings.layers.get(&scope))
-            .map_err(|e| ApiError::Invalid(format!("settings {scope}: {e}")))?;
+        clear_layer(state.mesh.settings.layers.get(&scope)).map_err(|e| rule_broken(&scope, &e))?;
         drop(state);
         let command = Command::Once {
             request: id,
@@ -259,7 +263,10 @@ impl Service {
                 why,
             }),
         };
-        let applied = self.propose(term, None, actor, command).await?;
+        let applied = self
+            .propose(term, None, actor, command)
+            .await
+            .map_err(|e| settings_refused(&scope, e))?;
         settings_answer(scope, applied)
     }
 
@@ -271,12 +278,13 @@ impl Service {
             .work
             .with(&state, |work| lags(work.cache(), &known_of(&state)))?;
         let now = now_ms();
-        let machines = state
+        let mut machines: Vec<MachineView> = state
             .mesh
             .machines
             .keys()
             .map(|m| machine_view(&state, m, lags.get(m), now))
             .collect();
+        self.fill_heard(&mut machines);
         Ok(Body::Status(StatusView {
             replicas: self.replica_views().await,
             machines,
@@ -315,7 +323,7 @@ impl Service {
             .max()
             .unwrap_or(0);
         let mut out = Vec::new();
-        for (id, addr) in self.config.peers() {
+        for (id, addr) in &members {
             let answer = answers.get(id).cloned().flatten();
             out.push(ReplicaView {
                 id: *id,
@@ -356,7 +364,7 @@ impl Service {
         let mut bytes = 0usize;
         for item in items.into_iter().skip(query.offset as usize).take(limit) {
             let size = mesh_codec::encode("history item", &item)
-                .map_err(|e| ApiError::Failed(format!("cannot encode a history item: {e}")))?
+                .map_err(|e| ApiError::internal(format!("cannot encode a history item: {e}")))?
                 .len();
             // Always at least one item, so a page never stalls on one large entry.
             if !page.is_empty() && bytes + size > history_page_bytes_max {
@@ -375,12 +383,9 @@ impl Service {
     /// Every model apply, send and settings change, oldest first.
     pub(crate) fn history_items(&self) -> Result<Vec<HistoryItem>, ApiError> {
         let db = self.replica.database();
-        let sends = MeshApp::sends(db, None)
-            .map_err(|e| ApiError::Failed(format!("cannot read send records: {e}")))?;
-        let changes = MeshApp::settings_history(db)
-            .map_err(|e| ApiError::Failed(format!("cannot read settings history: {e}")))?;
-        let models = MeshApp::model_history(db)
-            .map_err(|e| ApiError::Failed(format!("cannot read model history: {e}")))?;
+        let sends = MeshApp::sends(db, None).map_err(|e| storage("send records", &e))?;
+        let changes = MeshApp::settings_history(db).map_err(|e| storage("settings history", &e))?;
+        let models = MeshApp::model_history(db).map_err(|e| storage("model history", &e))?;
         let mut items: Vec<(u64, HistoryItem)> = Vec::new();
         for m in models {
             items.push((m.time_ms, HistoryItem::Model(m)));
@@ -405,11 +410,13 @@ impl Service {
     ) -> Result<Body, ApiError> {
         let backup = match snapshot {
             None => {
-                let bytes = self
-                    .replica
-                    .backup()
-                    .await
-                    .map_err(|e| ApiError::Failed(format!("cannot build the backup: {e}")))?;
+                let bytes =
+                    self.replica
+                        .backup()
+                        .await
+                        .map_err(|e| SnapshotError::BackupFailed {
+                            reason: e.to_string(),
+                        })?;
                 let backup = Backup {
                     id: backup_id()?,
                     bytes: std::sync::Arc::new(bytes),
@@ -427,10 +434,12 @@ impl Service {
                 match held {
                     Some(b) if fresh(&b) => b,
                     _ => {
-                        return Err(ApiError::Invalid(format!(
-                            "snapshot {id} is no longer held by replica {} (another was taken, or {backup_held_ms} ms passed); run `meshctl snapshot save` again",
-                            self.id
-                        )));
+                        return Err(SnapshotError::NotHeld {
+                            snapshot: id,
+                            replica: self.id,
+                            held_ms: backup_held_ms,
+                        }
+                        .into());
                     }
                 }
             }
@@ -467,7 +476,7 @@ fn settings_answer(scope: Scope, applied: Applied) -> Result<Body, ApiError> {
             changed,
             removed,
         }),
-        other => Err(ApiError::Failed(format!(
+        other => Err(ApiError::internal(format!(
             "the store answered a settings write with {other:?}"
         ))),
     }
@@ -483,6 +492,7 @@ fn keep_draining(
     drain: bool,
 ) -> Result<Vec<String>, ApiError> {
     let mut draining = Vec::new();
+    let mut refused = Vec::new();
     for (name, machine) in &state.mesh.machines {
         if mesh.machines.contains_key(name) {
             continue;
@@ -491,13 +501,14 @@ fn keep_draining(
             continue;
         };
         if !drain {
-            return Err(ApiError::Invalid(format!(
-                "{}; nothing was stored",
-                leave_refused(name, &why)
-            )));
+            refused.push((name.clone(), why));
+            continue;
         }
         mesh.machines.insert(name.clone(), machine.clone());
         draining.push(name.clone());
+    }
+    if !refused.is_empty() {
+        return Err(ApplyError::WouldDropRunning { machines: refused }.into());
     }
     Ok(draining)
 }
@@ -524,10 +535,9 @@ fn should_be_changes(
         .with_signers(state.signers.clone());
     let mut changes = Vec::new();
     for machine in mesh.machines.keys() {
-        let composed = compose(&world, machine).map_err(|e| {
-            ApiError::Invalid(format!(
-                "machine {machine} does not compose with this mesh: {e}; nothing was stored"
-            ))
+        let composed = compose(&world, machine).map_err(|e| ApplyError::DoesNotCompose {
+            machine: machine.clone(),
+            reason: e.to_string(),
         })?;
         let now = ShouldBe {
             digest: digest(&composed.declaration),
@@ -560,9 +570,59 @@ fn should_be_changes(
 /// A scope must name a machine or module of the model: the state machine's own rule, checked
 /// before proposing so a bad scope writes nothing.
 fn check_scope(state: &DomainState, scope: &Scope) -> Result<(), ApiError> {
-    state
-        .check_scope(scope)
-        .map_err(|e| ApiError::Invalid(e.to_string()))
+    state.check_scope(scope).map_err(|e| {
+        SettingsError::UnknownScope {
+            scope: scope.clone(),
+            reason: e.to_string(),
+        }
+        .into()
+    })
+}
+
+/// A settings write that breaks a rule of `crate::core::settings`, named by the rule.
+fn rule_broken(scope: &Scope, e: &crate::core::settings::SettingsError) -> ApiError {
+    SettingsError::Rule {
+        scope: scope.clone(),
+        rule: SettingsRule::of(e),
+        reason: e.to_string(),
+    }
+    .into()
+}
+
+/// A store table that could not be read.
+pub(crate) fn storage(what: &str, e: &dyn std::fmt::Display) -> ApiError {
+    ApiError::Storage {
+        what: what.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+/// An apply the store refused: a revision that kept moving is the apply's own error (its
+/// fields say from where to where); other refusals stay the store's.
+pub(crate) fn apply_refused(refusal: Refusal) -> ApiError {
+    match refusal {
+        Refusal::RevisionMoved { expected, actual } => ApplyError::RevisionMoved {
+            expected,
+            found: actual,
+        }
+        .into(),
+        other => ApiError::refused(other),
+    }
+}
+
+/// A settings write refused by the state machine, on the state it landed on, is the settings'
+/// own refusal (nothing written); other refusals stay the store's.
+pub(crate) fn settings_refused(scope: &Scope, e: ApiError) -> ApiError {
+    match e {
+        ApiError::StoreRefused {
+            refusal: Refusal::Invalid(reason),
+        } => SettingsError::RefusedAtApply {
+            scope: scope.clone(),
+            reason,
+        }
+        .into(),
+        other => other,
+    }
 }
 
 /// Machines a push would still change, by the one definition of behind ([`lags`]).
@@ -612,6 +672,7 @@ fn machine_view(state: &DomainState, machine: &str, lag: Option<&Lag>, now_ms: u
         report_filed_ms: filed_ms,
         // A leader's clock ahead of this replica's reads as age 0, not as a report from the future.
         report_age_ms: filed_ms.map(|f| now_ms.saturating_sub(f)),
+        heard_ago_ms: None,
     }
 }
 
@@ -639,7 +700,8 @@ pub(crate) struct Backup {
 /// A random id for a backup, so a chunk request names the one it started reading.
 fn backup_id() -> Result<u64, ApiError> {
     let mut bytes = [0u8; 8];
-    getrandom::getrandom(&mut bytes)
-        .map_err(|e| ApiError::Failed(format!("the OS random source failed: {e}")))?;
+    getrandom::getrandom(&mut bytes).map_err(|e| ApiError::Random {
+        what: format!("naming a backup ({e})"),
+    })?;
     Ok(u64::from_le_bytes(bytes))
 }

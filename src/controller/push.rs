@@ -19,7 +19,10 @@ use mesh_transport::{MessageKind, Peer, Principal, Sink, TransportError};
 use openraft::ServerState;
 use tokio::sync::watch;
 
-use super::api::{ApiError, Body, PlanView, PushEvent, PushTarget, RequestId, push_event_what};
+use super::api::{
+    ApiError, Body, ErrorClass, PlanView, PushError, PushEvent, PushTarget, RequestId,
+    push_event_what,
+};
 use super::engine::{
     Action, Begin, Event, HostAnswer, Lease, PushEngine, PushJob, check_why, plan_dry,
 };
@@ -29,7 +32,7 @@ use crate::core::compose::MintRequest;
 use crate::core::envelope::{Envelope, seal};
 use crate::core::wire::{EnvelopeReply, envelope_reply_what};
 use crate::store::app::MeshApp;
-use crate::store::command::Command;
+use crate::store::command::{Applied, Command};
 
 pub(crate) use super::engine::known_of;
 
@@ -96,7 +99,7 @@ impl Service {
     ) -> Result<Body, ApiError> {
         let state = self.state()?;
         let history = MeshApp::settings_history(self.replica.database())
-            .map_err(|e| ApiError::Failed(format!("cannot read settings history: {e}")))?;
+            .map_err(|e| super::ops::storage("settings history", &e))?;
         let reveal = Reveal::new(&state, &history);
         let view = self.work.with(&state, |work| {
             plan_dry(&state, work, target, moves, &reveal)
@@ -147,11 +150,9 @@ impl Service {
         let wait = Duration::from_millis(push_queue_wait_ms);
         let _one_push = tokio::time::timeout(wait, self.pushing.lock())
             .await
-            .map_err(|_| {
-                ApiError::Unavailable(format!(
-                    "another push has been running on replica {} for over {push_queue_wait_ms} ms; retry when it has answered",
-                    self.id
-                ))
+            .map_err(|_| PushError::Busy {
+                replica: self.id,
+                waited_ms: push_queue_wait_ms,
             })?;
         let lease = engine_lease(&self.lease().await?);
         let state = self.state()?;
@@ -159,14 +160,20 @@ impl Service {
         if let Some(id) = job.request
             && let Some(first) = state.remembered(&id)
         {
-            return Err(ApiError::Refused(format!(
-                "request {id} already ran while this copy of it waited ({first:?}); nothing was sent again"
-            )));
+            let machines = match first {
+                Applied::Sent { sequences } => sequences.iter().map(|(m, _)| m.clone()).collect(),
+                _ => Vec::new(),
+            };
+            return Err(PushError::AlreadyRan {
+                request: id.to_string(),
+                machines,
+            }
+            .into());
         }
         let reveal = match job.saved {
             Some(_) => {
                 let history = MeshApp::settings_history(self.replica.database())
-                    .map_err(|e| ApiError::Failed(format!("cannot read settings history: {e}")))?;
+                    .map_err(|e| super::ops::storage("settings history", &e))?;
                 Reveal::new(&state, &history)
             }
             None => Reveal::none(),
@@ -269,9 +276,7 @@ impl Service {
             if tasks.is_empty() && wake.is_none() {
                 // Nothing in flight and nothing to wait for, yet no answer: never leave the
                 // operator waiting on it.
-                return Err(ApiError::Failed(format!(
-                    "the push engine of term {epoch} stopped without answering; this is a bug, report it"
-                )));
+                return Err(PushError::EngineStopped { epoch }.into());
             }
             let sleep = self.sleep_until(wake);
             tokio::select! {
@@ -326,7 +331,7 @@ impl Service {
     ) -> Event {
         match self.propose(epoch, expect, actor, command).await {
             Ok(applied) => Event::Committed(applied),
-            Err(ApiError::Refused(reason)) => Event::Refused(reason),
+            Err(e) if e.class() == ErrorClass::Refused => Event::Refused(e.to_string()),
             Err(e) => Event::Failed(e.to_string()),
         }
     }

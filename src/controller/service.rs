@@ -476,7 +476,7 @@ impl Service {
         self.app.state().map_err(|e| {
             let reason = format!("cannot read the domain state: {e}");
             self.fail(reason.clone());
-            ApiError::Failed(format!("{reason}; the replica stops"))
+            ApiError::Fatal { reason }
         })
     }
 
@@ -489,10 +489,10 @@ impl Service {
         if m.state == ServerState::Leader && m.current_leader == Some(self.id) {
             return Ok(m.current_term);
         }
-        Err(ApiError::Unavailable(format!(
-            "replica {} is not the leader (leader: {:?}); ask again",
-            self.id, m.current_leader
-        )))
+        Err(ApiError::NotLeader {
+            replica: self.id,
+            leader: m.current_leader,
+        })
     }
 
     /// A lease from the gate (G3): leadership confirmed by a quorum round.
@@ -517,11 +517,14 @@ impl Service {
             }
         }
         round.map_err(|e| match e {
-            GateError::NotLeader { leader } => ApiError::Unavailable(format!(
-                "replica {} is not the leader (leader: {leader:?}); ask again",
-                self.id
-            )),
-            other => ApiError::Unavailable(other.to_string()),
+            GateError::NotLeader { leader } => ApiError::NotLeader {
+                replica: self.id,
+                leader,
+            },
+            other => ApiError::NoLease {
+                replica: self.id,
+                reason: other.to_string(),
+            },
         })
     }
 
@@ -536,7 +539,7 @@ impl Service {
     ) -> Result<Applied, ApiError> {
         match self.propose_outcome(epoch, expect, actor, command).await? {
             Outcome::Applied(applied) => Ok(applied),
-            Outcome::Refused(refusal) => Err(ApiError::Refused(refusal.to_string())),
+            Outcome::Refused(refusal) => Err(ApiError::refused(refusal)),
         }
     }
 
@@ -556,18 +559,18 @@ impl Service {
             command,
         };
         let bytes = mesh_codec::encode("proposal", &proposal)
-            .map_err(|e| ApiError::Failed(format!("cannot encode the proposal: {e}")))?;
+            .map_err(|e| ApiError::internal(format!("cannot encode the proposal: {e}")))?;
         let done = self.replica.propose(bytes).await.map_err(|e| {
             self.metrics.commit(Err(()));
             match e {
-                ProposeError::NotLeader { .. } | ProposeError::Stopped => {
-                    ApiError::Unavailable(e.to_string())
-                }
-                other => ApiError::Failed(other.to_string()),
+                ProposeError::NotLeader { .. } | ProposeError::Stopped => ApiError::NotCommitted {
+                    reason: e.to_string(),
+                },
+                other => ApiError::internal(other.to_string()),
             }
         })?;
         let outcome = decode_outcome(&done.response)
-            .map_err(|e| ApiError::Failed(format!("cannot decode the store's answer: {e}")))?;
+            .map_err(|e| ApiError::internal(format!("cannot decode the store's answer: {e}")))?;
         self.metrics
             .commit(Ok(matches!(outcome, Outcome::Applied(_))));
         Ok(outcome)
@@ -681,7 +684,10 @@ impl Service {
     async fn command(&self, operator: &str, body: &[u8], lines: &Sink) -> Answer {
         let Call { id, request } = match mesh_codec::decode(request_what, body) {
             Ok(r) => r,
-            Err(e) => return self.answer(Err(ApiError::Invalid(format!("bad request: {e}")))),
+            Err(e) => {
+                let reason = format!("bad request: {e}");
+                return self.answer(Err(ApiError::BadRequest { reason }));
+            }
         };
         let actor = format!("operator:{operator}");
         // About this replica itself: answered here, leader or not (decision 0170).
@@ -765,11 +771,11 @@ impl Service {
             }
             let now = tokio::time::Instant::now();
             if now >= deadline {
-                return Err(ApiError::Unavailable(format!(
-                    "replica {} found no leader that answers within {} ms: {why}; retry in a few seconds",
-                    self.id,
-                    find.as_millis()
-                )));
+                return Err(ApiError::NoLeader {
+                    replica: self.id,
+                    waited_ms: find.as_millis() as u64,
+                    reason: why,
+                });
             }
             // Until the metrics name another leader (or a heartbeat later, to ask again).
             let pause = Duration::from_millis(self.replica.config().settings().heartbeat_ms);
@@ -824,7 +830,7 @@ impl Service {
         lines: &Sink,
     ) -> Result<Answer, ApiError> {
         let body = mesh_codec::encode(forwarded_what, forwarded)
-            .map_err(|e| ApiError::Failed(format!("cannot encode the forwarded request: {e}")))?;
+            .map_err(|e| ApiError::internal(format!("cannot encode the forwarded request: {e}")))?;
         let peer = Peer::expecting(addr, Principal::Replica(leader));
         let timeout = Duration::from_millis(forward_timeout_ms);
         let sent = if matches!(forwarded.request, Request::Push { .. }) {
@@ -834,33 +840,38 @@ impl Service {
                 .request(peer, MessageKind::Forward, body, timeout)
                 .await
         };
-        let bytes = sent.map_err(|e: TransportError| {
-            ApiError::Unavailable(format!(
-                "replica {} could not reach the leader {leader}: {e}",
-                self.id
-            ))
+        let bytes = sent.map_err(|e: TransportError| ApiError::LeaderUnreachable {
+            replica: self.id,
+            leader,
+            reason: e.to_string(),
         })?;
-        mesh_codec::decode(answer_what, &bytes)
-            .map_err(|e| ApiError::Failed(format!("the leader's answer is unreadable: {e}")))
+        mesh_codec::decode(answer_what, &bytes).map_err(|e| ApiError::LeaderAnswerUnreadable {
+            reason: e.to_string(),
+        })
     }
 
     /// A request another replica forwarded: handled only when this replica leads (no second hop).
     async fn forwarded(&self, from: u64, body: &[u8], lines: &Sink) -> Answer {
         let forwarded: Forwarded = match mesh_codec::decode(forwarded_what, body) {
             Ok(f) => f,
-            Err(e) => return self.answer(Err(ApiError::Invalid(format!("bad forward: {e}")))),
+            Err(e) => {
+                let reason = format!("bad forward: {e}");
+                return self.answer(Err(ApiError::BadRequest { reason }));
+            }
         };
         if forwarded.via != from {
-            return self.answer(Err(ApiError::Invalid(format!(
-                "replica {from} forwarded a request claiming to come via {}",
-                forwarded.via
-            ))));
+            return self.answer(Err(ApiError::BadRequest {
+                reason: format!(
+                    "replica {from} forwarded a request claiming to come via {}",
+                    forwarded.via
+                ),
+            }));
         }
         if !self.is_leader() {
-            return self.answer(Err(ApiError::Unavailable(format!(
-                "replica {} is no longer the leader; ask again",
-                self.id
-            ))));
+            return self.answer(Err(ApiError::NotLeader {
+                replica: self.id,
+                leader: self.leader().filter(|l| *l != self.id),
+            }));
         }
         let Forwarded {
             actor, id, request, ..

@@ -7,7 +7,8 @@
 //! makes current in one commit. Until that commit the current model is untouched.
 
 use super::api::{
-    ApiError, Body, Chunk, RequestId, UploadId, apply_inline_bytes_max, upload_chunk_bytes_max,
+    ApiError, ApplyError, Body, Chunk, RequestId, UploadId, apply_inline_bytes_max,
+    upload_chunk_bytes_max,
 };
 use super::service::{Service, now_ms};
 use crate::core::model::Mesh;
@@ -33,12 +34,16 @@ pub(crate) struct ChunkRequest {
 /// An inline `Apply` carries the model in one proposal: larger ones come as an upload.
 pub(crate) fn check_inline(mesh: &Mesh) -> Result<(), ApiError> {
     let bytes = mesh_codec::encode("model", mesh)
-        .map_err(|e| ApiError::Invalid(format!("{e}; nothing was stored")))?
+        .map_err(|e| ApplyError::Unencodable {
+            reason: e.to_string(),
+        })?
         .len();
     if bytes > apply_inline_bytes_max {
-        return Err(ApiError::Invalid(format!(
-            "the model encodes to {bytes} bytes, over the {apply_inline_bytes_max} bytes one apply request carries (apply_inline_bytes_max); a larger model is sent in chunks, which this meshctl did not do: use a meshctl of this version; nothing was stored"
-        )));
+        return Err(ApplyError::TooLarge {
+            bytes: bytes as u64,
+            limit: apply_inline_bytes_max as u64,
+        }
+        .into());
     }
     Ok(())
 }
@@ -83,10 +88,13 @@ impl Service {
             bytes,
         } = chunk;
         if bytes.len() > upload_chunk_bytes_max {
-            return Err(ApiError::Invalid(format!(
-                "upload {upload}: chunk {index} is {} bytes, over the limit of {upload_chunk_bytes_max} (upload_chunk_bytes_max); nothing was staged",
-                bytes.len()
-            )));
+            return Err(ApplyError::ChunkTooLarge {
+                upload,
+                index,
+                bytes: bytes.len() as u64,
+                limit: upload_chunk_bytes_max as u64,
+            }
+            .into());
         }
         let term = self.leading_term()?;
         let command = Command::StageChunk {
@@ -106,12 +114,17 @@ impl Service {
                 received,
                 chunks_total,
             }),
-            Ok(other) => Err(ApiError::Failed(format!(
+            Ok(other) => Err(ApiError::internal(format!(
                 "the store answered a staged chunk with {other:?}"
             ))),
-            Err(ApiError::Failed(e)) => Err(ApiError::Failed(format!(
-                "upload {upload}: chunk {index} was not staged: {e}; check batch_bytes_max in replica.toml is above {upload_chunk_bytes_max} bytes"
-            ))),
+            // Raft took no proposal of this size (its batch limit is below the chunk's).
+            Err(ApiError::Internal { reason }) => Err(ApplyError::ChunkNotStaged {
+                upload,
+                index,
+                reason,
+                limit: upload_chunk_bytes_max as u64,
+            }
+            .into()),
             Err(e) => Err(e),
         }
     }
@@ -131,7 +144,7 @@ impl Service {
         let mesh = {
             let state = self.state()?;
             staged_model(&state, actor, now_ms(), &upload, &digest)
-                .map_err(|e| ApiError::Invalid(format!("{e}; nothing was stored")))?
+                .map_err(|reason| ApplyError::UploadUnusable { upload, reason })?
         };
         let staged = Staged { upload, digest };
         self.apply_model(actor, id, mesh, why, drain, Some(staged))

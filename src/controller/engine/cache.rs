@@ -138,7 +138,7 @@ impl Work {
 }
 
 fn not_composing(revision: u64, e: &dyn std::fmt::Display) -> ApiError {
-    ApiError::Failed(format!(
+    ApiError::internal(format!(
         "the stored model does not compose at revision {revision}: {e}"
     ))
 }

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 pub(crate) use cache::{Cache, Work};
 
-use super::api::{ApiError, PlanView, PushLine, PushOutcome, PushTarget, PushView};
+use super::api::{ApiError, PlanView, PushError, PushLine, PushOutcome, PushTarget, PushView};
 use super::planview::{Reveal, plan_view, what_moved};
 use crate::core::compose::MintRequest;
 use crate::core::envelope::Envelope;
@@ -322,7 +322,7 @@ impl PushEngine {
                 self.step = Step::Holds;
             }
             (Step::Mints, other) => self.fail(
-                ApiError::Failed(format!("the store answered the mints with {other:?}")),
+                ApiError::internal(format!("the store answered the mints with {other:?}")),
                 out,
             ),
             (Step::Holds, _) => {}
@@ -337,12 +337,9 @@ impl PushEngine {
                         .map(|r| (r.machine.clone(), r.sequence))
                         .collect::<Vec<_>>() =>
             {
-                self.fail(
-                    ApiError::Refused(format!(
-                        "the store answered this push's records with other sends ({sequences:?}): this request already ran; nothing was sent"
-                    )),
-                    out,
-                )
+                let request = self.request.map_or_else(String::new, |r| r.to_string());
+                let machines = sequences.into_iter().map(|(m, _)| m).collect();
+                self.fail(PushError::AlreadyRan { request, machines }.into(), out)
             }
             (Step::Records, _) => {
                 self.step = if self.keep.is_some() {
@@ -352,7 +349,7 @@ impl PushEngine {
                 };
             }
             (step, other) => self.fail(
-                ApiError::Failed(format!(
+                ApiError::internal(format!(
                     "the store answered {other:?} while the push was at {step:?}, with no proposal in flight"
                 )),
                 out,
@@ -367,12 +364,8 @@ impl PushEngine {
             Step::Records => "send records",
             _ => return self.stop(format!("the store refused a hold: {reason}"), out),
         };
-        self.fail(
-            ApiError::Refused(format!(
-                "the store refused this push's {what}: {reason}; nothing was sent"
-            )),
-            out,
-        );
+        let what = what.to_string();
+        self.fail(PushError::StoreRefused { what, reason }.into(), out);
     }
 
     fn on_answered(&mut self, machine: String, answer: HostAnswer, out: &mut Vec<Action>) {
@@ -633,9 +626,7 @@ impl PushEngine {
 /// Refuses a push without a reason before anything else happens.
 pub(crate) fn check_why(why: &str) -> Result<(), ApiError> {
     if why.trim().is_empty() {
-        return Err(ApiError::Invalid(
-            "a push needs a reason: add `--why \"...\"`; it is kept with the send record".into(),
-        ));
+        return Err(PushError::NoReason.into());
     }
     Ok(())
 }
@@ -678,17 +669,17 @@ fn prepare(b: Begin<'_>) -> Result<PushEngine, ApiError> {
         // itself never covers revealed values.
         let now = plan_view(state, job.target, job.moves.clone(), &planned, reveal);
         if now.token != saved.token {
-            return Err(ApiError::Refused(format!(
-                "the saved plan {} no longer holds: {}; nothing was sent; review it again with `meshctl plan`",
-                saved.token,
-                what_moved(saved, &now)
-            )));
+            return Err(PushError::PlanMoved {
+                token: saved.token.clone(),
+                moved: what_moved(saved, &now),
+            }
+            .into());
         }
     }
     if random_failed {
-        return Err(ApiError::Failed(
-            "the OS random source failed while minting secrets; nothing was written".into(),
-        ));
+        return Err(ApiError::Random {
+            what: "minting secrets".into(),
+        });
     }
     let records = send_records(
         lease.epoch,
@@ -838,9 +829,7 @@ pub(crate) fn known_of(state: &DomainState) -> BTreeMap<String, Known> {
 fn target_of(state: &DomainState, target: PushTarget) -> Result<Target, ApiError> {
     Ok(match target {
         PushTarget::Machine(m) if !state.mesh.machines.contains_key(&m) => {
-            return Err(ApiError::Invalid(format!(
-                "there is no machine {m} in the mesh; `meshctl status` lists them"
-            )));
+            return Err(PushError::UnknownMachine { machine: m }.into());
         }
         PushTarget::Machine(m) => Target::Machine(m),
         PushTarget::Behind => Target::Behind,
@@ -849,11 +838,17 @@ fn target_of(state: &DomainState, target: PushTarget) -> Result<Target, ApiError
 }
 
 fn plan_error(e: PlanError) -> ApiError {
-    match e {
-        PlanError::Compose(c) => ApiError::Invalid(c.to_string()),
-        PlanError::MoveNotApplicable { .. } => ApiError::Invalid(e.to_string()),
-        other => ApiError::Failed(other.to_string()),
-    }
+    ApiError::Push(match e {
+        PlanError::Compose(c) => PushError::DoesNotCompose {
+            reason: c.to_string(),
+        },
+        PlanError::MoveNotApplicable { module, reason } => {
+            PushError::MoveNotApplicable { module, reason }
+        }
+        other => PushError::PlanFailed {
+            reason: other.to_string(),
+        },
+    })
 }
 
 /// Holds grouped by machine.

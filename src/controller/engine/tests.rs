@@ -230,10 +230,17 @@ fn a_refused_compare_and_set_sends_nothing() {
     let state = state_of(provider_consumer_mesh());
     let (mut engine, _) = begin(&state, job(named("g14")), lease_at(1, t0), t0);
     let out = engine.handle(t0, Event::Refused("revision moved from 3 to 4".into()));
-    let Some(Err(ApiError::Refused(e))) = answer(&out) else {
+    let Some(Err(ApiError::Push(PushError::StoreRefused { what, reason }))) = answer(&out) else {
         panic!("{out:?}");
     };
-    assert!(e.contains("mints") && e.contains("nothing was sent"), "{e}");
+    let e = answer(&out)
+        .and_then(|a| a.as_ref().err())
+        .map(ToString::to_string);
+    assert!(
+        what == "mints" && reason.contains("revision moved"),
+        "{e:?}"
+    );
+    assert!(e.is_some_and(|e| e.contains("nothing was sent")));
     assert!(sends(&out).is_empty());
     assert!(engine.handle(t0, Event::Tick).is_empty(), "done means done");
 
@@ -241,10 +248,10 @@ fn a_refused_compare_and_set_sends_nothing() {
     let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(1, t0), t0);
     assert_eq!(proposals(&first).len(), 1);
     let out = engine.handle(t0, Event::Refused("revision moved from 3 to 5".into()));
-    let Some(Err(ApiError::Refused(e))) = answer(&out) else {
+    let Some(Err(ApiError::Push(PushError::StoreRefused { what, .. }))) = answer(&out) else {
         panic!("{out:?}");
     };
-    assert!(e.contains("send records"), "{e}");
+    assert_eq!(what, "send records");
     assert!(sends(&out).is_empty());
 }
 
@@ -700,9 +707,13 @@ fn bad_input_and_a_failed_random_source_propose_nothing() {
     let mut no_why = job(named("g14"));
     no_why.why = "  ".into();
     let (_, out) = begin(&state, no_why, lease_at(1, t0), t0);
-    assert!(matches!(answer(&out), Some(Err(ApiError::Invalid(_)))));
+    assert!(matches!(
+        answer(&out),
+        Some(Err(ApiError::Push(PushError::NoReason)))
+    ));
     let (_, out) = begin(&state, job(named("nope")), lease_at(1, t0), t0);
-    assert!(matches!(answer(&out), Some(Err(ApiError::Invalid(e))) if e.contains("nope")));
+    assert!(matches!(answer(&out),
+        Some(Err(ApiError::Push(PushError::UnknownMachine { machine }))) if machine == "nope"));
     assert!(proposals(&out).is_empty());
 
     let state = Arc::new(state);
@@ -721,7 +732,9 @@ fn bad_input_and_a_failed_random_source_propose_nothing() {
         secret: &mut broken,
     };
     let (_, out) = PushEngine::begin(t0, begin);
-    assert!(matches!(answer(&out), Some(Err(ApiError::Failed(e))) if e.contains("random")));
+    assert!(
+        matches!(answer(&out), Some(Err(ApiError::Random { what })) if what.contains("secrets"))
+    );
     assert!(proposals(&out).is_empty());
 }
 
@@ -784,7 +797,10 @@ fn a_push_whose_request_already_recorded_other_sends_sends_nothing() {
         "another run's records licence no send"
     );
     assert!(
-        matches!(answer(&out), Some(Err(ApiError::Refused(_)))),
+        matches!(
+            answer(&out),
+            Some(Err(ApiError::Push(PushError::AlreadyRan { machines, .. }))) if machines == &["m0".to_string()]
+        ),
         "{out:?}"
     );
 
