@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use ed25519_dalek::SigningKey;
 use openraft::raft::{
@@ -24,7 +25,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use mesh::controller::api::{
-    Answer, ApiError, Body, Call, Forwarded, PushTarget, Request, RequestId, UploadId,
+    Answer, ApiError, Body, Call, Chunk, Forwarded, PushTarget, Request, RequestId, UploadId,
 };
 use mesh::core::declaration::{Declaration, Digest};
 use mesh::core::envelope::{Envelope, Position, open, seal};
@@ -286,8 +287,8 @@ fn logs_answers() -> Vec<LogsAnswer> {
     }]
 }
 
-/// Operator requests of the formats least likely to be mistaken for each other, among them
-/// the one a follower relays (Push) and the one relayed to a host (Logs).
+/// Operator requests, each field with a value of its own so that swapped fields show: among them
+/// the one a follower relays (Push), the one relayed to a host (Logs) and the model (Apply).
 fn operator_requests() -> Vec<Request> {
     vec![
         Request::Status,
@@ -316,6 +317,32 @@ fn operator_requests() -> Vec<Request> {
             machine: machine.into(),
             ask: logs_ask(),
         },
+        // The model as a whole travels in Apply: its format is pinned here too (so is the
+        // testkit model's content: change that fixture model and this fixture must be rewritten).
+        Request::Apply {
+            mesh: mesh_testkit::model::provider_consumer_mesh(),
+            why: "contract".into(),
+            drain: true,
+        },
+        Request::ApplyChunk {
+            upload: UploadId([8; 16]),
+            index: 1,
+            chunks_total: 3,
+            bytes_total: 5_000_000,
+            bytes: Chunk(Arc::new(vec![1, 2, 3, 4])),
+        },
+        Request::ApplyUpload {
+            upload: UploadId([8; 16]),
+            digest: [9; 32],
+            why: "large".into(),
+            drain: false,
+        },
+        Request::Genesis {
+            machine: "g14".into(),
+            why: "new machine".into(),
+        },
+        Request::CertsList,
+        Request::ReplicasRemove { id: 3 },
     ]
 }
 
@@ -342,6 +369,37 @@ fn operator_answers() -> Vec<Answer> {
             replica: 2,
             forwarded_by: None,
             body: Ok(Body::Logs(logs_answers().remove(0))),
+        },
+        Answer {
+            replica: 1,
+            forwarded_by: Some(3),
+            body: Ok(Body::Applied {
+                revision: 12,
+                changes: vec!["ace".into()],
+                settings_ignored: vec!["module/app".into()],
+                draining: vec!["old".into()],
+            }),
+        },
+        Answer {
+            replica: 1,
+            forwarded_by: None,
+            body: Ok(Body::SettingsSet {
+                scope: Scope::Machine(machine.into()),
+                added: vec!["a".into()],
+                changed: vec!["c".into()],
+                removed: vec!["r".into()],
+            }),
+        },
+        Answer {
+            replica: 2,
+            forwarded_by: None,
+            body: Ok(Body::SnapshotChunk {
+                snapshot: 7,
+                total: 9_000_000,
+                offset: 1 << 20,
+                bytes: vec![5; 8],
+                epoch_floor: 4,
+            }),
         },
         Answer {
             replica: 3,
