@@ -75,8 +75,8 @@ pub async fn operate(
     seed: u64,
     stop: watch::Receiver<bool>,
 ) -> Tally {
-    let a = tokio::spawn(operator(cluster.clone(), seed, 0, stop.clone()));
-    let b = tokio::spawn(operator(cluster, seed, 1, stop));
+    let a = tokio::spawn(one_operator(cluster.clone(), seed, 0, stop.clone()));
+    let b = tokio::spawn(one_operator(cluster, seed, 1, stop));
     let mut tally = Tally::default();
     for t in [a.await, b.await].into_iter().flatten() {
         tally.requests += t.requests;
@@ -87,7 +87,7 @@ pub async fn operate(
     tally
 }
 
-async fn operator(
+async fn one_operator(
     cluster: Arc<RwLock<Cluster>>,
     seed: u64,
     who: u64,
