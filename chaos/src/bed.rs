@@ -361,7 +361,17 @@ impl Cluster {
         faults: &Arc<SinkFaults>,
     ) -> Result<HostRun, BedError> {
         let config = HostConfig::load(path).map_err(bed("host config"))?;
-        let endpoint = listener::bind(&config).map_err(bed("host binds"))?;
+        // A restarted host binds its old port, which its last endpoint may hold a moment longer.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(stop_wait_ms);
+        let endpoint = loop {
+            match listener::bind(&config) {
+                Ok(e) => break e,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(BedError(format!("host {name} binds: {e}")));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
         let sink = ChaosSink {
             inner: QuicSink::new(endpoint.clone(), name, config.replicas().to_vec()),
             machine: name.to_string(),

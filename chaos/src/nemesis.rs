@@ -64,10 +64,13 @@ pub enum Fault {
     CrashReplica,
     /// Stop a host and its modules, restart it from its files.
     CrashHost,
+    /// Crash a host's agent at its next apply, after the mark and the declaration are on disk and
+    /// before anything is applied; stop it and restart it from its files.
+    CrashHostMidApply,
 }
 
 impl Fault {
-    pub const all: [Fault; 16] = [
+    pub const all: [Fault; 17] = [
         Fault::IsolateLeader,
         Fault::IsolateLeaderOut,
         Fault::IsolateLeaderIn,
@@ -84,6 +87,7 @@ impl Fault {
         Fault::DuplicateReports,
         Fault::CrashReplica,
         Fault::CrashHost,
+        Fault::CrashHostMidApply,
     ];
 
     /// The fault's name in schedules and tables.
@@ -105,6 +109,7 @@ impl Fault {
             Fault::DuplicateReports => "duplicate-reports",
             Fault::CrashReplica => "crash-replica",
             Fault::CrashHost => "crash-host",
+            Fault::CrashHostMidApply => "crash-host-mid-apply",
         }
     }
 
@@ -184,7 +189,13 @@ impl Mix {
                 IsolateLeader,
                 IsolateLeaderOut,
             ],
-            Mix::Processes => vec![CrashReplica, CrashHost, OvertakeReport, DuplicateReports],
+            Mix::Processes => vec![
+                CrashReplica,
+                CrashHost,
+                CrashHostMidApply,
+                OvertakeReport,
+                DuplicateReports,
+            ],
             Mix::Everything => Fault::all.to_vec(),
         }
     }
@@ -535,6 +546,41 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
                         what: format!("RESTART FAILED: {e}"),
                     });
                     format!("replica {id} did not restart: {e}")
+                }
+            }
+        }
+        Fault::CrashHostMidApply => {
+            let m = machines[rng.below(machines.len() as u64) as usize];
+            let from = {
+                let c = cluster.read().await;
+                note(&c, i, step.fault, format!("host {m} at its next apply"));
+                c.recorder.now()
+            };
+            crate::observe::crash_at_next_apply(Some(m));
+            let recorder = cluster.read().await.recorder.clone();
+            let crashed = recorder
+                .wait_for(
+                    from,
+                    time * 4,
+                    |e| matches!(e, Event::HostApplied { machine, .. } if machine == m),
+                )
+                .await;
+            crate::observe::crash_at_next_apply(None);
+            let mut c = cluster.write().await;
+            if !crashed {
+                return format!(
+                    "no envelope reached {m} within {} ms; not crashed",
+                    (time * 4).as_millis()
+                );
+            }
+            c.stop_host(m).await;
+            match c.restart_host(m).await {
+                Ok(()) => format!("host {m} restarted from its mark and applied record"),
+                Err(e) => {
+                    c.recorder.record(Event::Note {
+                        what: format!("RESTART FAILED: {e}"),
+                    });
+                    format!("host {m} did not restart: {e}")
                 }
             }
         }

@@ -23,6 +23,20 @@ static current: Mutex<Option<Recorder>> = Mutex::new(None);
 /// One run at a time: the layer is global, the recorder is the run's.
 static run_lock: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 static installed: OnceLock<Result<(), String>> = OnceLock::new();
+/// The machine whose next apply crashes its agent between the mark and the apply (the
+/// `crash-host-mid-apply` fault), if armed.
+static crash_next_apply: Mutex<Option<String>> = Mutex::new(None);
+
+/// Arms (`Some`) or disarms the crash of `machine`'s agent at its next apply: when the agent
+/// says it persisted the mark and applies, the task applying unwinds right there, so the
+/// declaration is on disk but not applied — what a crash between the two leaves behind.
+pub fn crash_at_next_apply(machine: Option<&str>) {
+    *crash_next_apply.lock().unwrap_or_else(|p| p.into_inner()) = machine.map(String::from);
+}
+
+/// The crash the observer injects: unwinds the applying task without the panic hook's message.
+#[derive(Debug)]
+pub struct InjectedCrash(pub String);
 
 /// The environment variable that also prints the real code's logs (an `EnvFilter` directive).
 pub const log_env: &str = "CHAOS_LOG";
@@ -152,9 +166,29 @@ impl<S: tracing::Subscriber> Layer<S> for Observer {
         let mut fields = Fields::default();
         event.record(&mut fields);
         let Some(seen) = fields.event() else { return };
+        let crash = match &seen {
+            Event::HostApplied { machine, .. } => {
+                let mut armed = crash_next_apply.lock().unwrap_or_else(|p| p.into_inner());
+                (armed.as_deref() == Some(machine.as_str())).then(|| {
+                    *armed = None;
+                    machine.clone()
+                })
+            }
+            _ => None,
+        };
         let recorder = slot().clone();
         if let Some(recorder) = recorder {
             recorder.record(seen);
+            if let Some(machine) = &crash {
+                recorder.record(Event::Note {
+                    what: format!(
+                        "{machine}'s agent crashes between persisting its mark and applying"
+                    ),
+                });
+            }
+        }
+        if let Some(machine) = crash {
+            std::panic::resume_unwind(Box::new(InjectedCrash(machine)));
         }
     }
 }
