@@ -1,5 +1,7 @@
 //! `meshd --config replica.toml`: one controller replica (Raft over QUIC, operator API, host reports);
-//! `meshd restore --config replica.toml --from FILE`: a fresh store from a snapshot file (G9). Logs
+//! `meshd restore --config replica.toml --from FILE`: a fresh store from a snapshot file (G9);
+//! `meshd recover --config replica.toml [--force-new-cluster]`: a survivor of quorum loss made a
+//! one-member cluster (decision 0235). Logs
 //! go to stderr (`--log-format text|json`, colours only on a terminal); SIGTERM or SIGINT hand a
 //! leader's leadership to an up-to-date follower (decision 0152), stop serving, shut Raft down and
 //! exit 0.
@@ -58,6 +60,17 @@ enum Cmd {
         #[arg(long)]
         from: PathBuf,
     },
+    /// After losing a quorum of replicas: make this stopped, surviving replica a one-member
+    /// cluster with its data, its first term above every epoch floor it knows (decision 0235).
+    /// Without --force-new-cluster it only says what it would do and changes nothing.
+    Recover {
+        /// Path to replica.toml.
+        #[arg(long)]
+        config: PathBuf,
+        /// Rewrite the store: the other replicas are no longer members.
+        #[arg(long)]
+        force_new_cluster: bool,
+    },
 }
 
 #[tokio::main]
@@ -66,6 +79,13 @@ async fn main() -> anyhow::Result<()> {
     mesh::logging::init(args.log_format);
     match (args.command, args.config) {
         (Some(Cmd::Restore { config, from }), _) => run_restore(config, from).await,
+        (
+            Some(Cmd::Recover {
+                config,
+                force_new_cluster,
+            }),
+            _,
+        ) => run_recover(config, force_new_cluster).await,
         (None, Some(config)) => run(config).await,
         (None, None) => anyhow::bail!("give --config replica.toml (or `meshd restore --help`)"),
     }
@@ -85,6 +105,30 @@ async fn run_restore(config: PathBuf, from: PathBuf) -> anyhow::Result<()> {
         done.snapshot_floor,
         done.term_floor
     );
+    Ok(())
+}
+
+async fn run_recover(config: PathBuf, force: bool) -> anyhow::Result<()> {
+    let config = ReplicaConfig::load(&config)?;
+    let done = mesh::controller::recover::recover(&config, force)
+        .await
+        .with_context(|| {
+            format!(
+                "recovering replica {} (its store was not changed)",
+                config.id()
+            )
+        })?;
+    println!("{}", done.line());
+    if done.done {
+        println!(
+            "Start meshd on it now; it leads alone in term {}. Never start the other replicas on their old stores: move them aside, then add the replicas back (docs/operator-guide.md, \"Recovering from quorum loss\").",
+            done.first_term()
+        );
+    } else {
+        println!(
+            "Nothing was changed. Run it on every survivor and keep the one with the highest last index; give --force-new-cluster (with meshd stopped) to recover it."
+        );
+    }
     Ok(())
 }
 

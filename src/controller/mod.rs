@@ -13,6 +13,7 @@ mod ops;
 mod page;
 mod planview;
 mod push;
+pub mod recover;
 pub mod relay;
 pub mod restore;
 pub mod service;
