@@ -79,7 +79,7 @@ pub enum MembersError {
         answering: Vec<u64>,
     },
     #[error(
-        "replica {id} leads; it cannot remove itself. Stop it (SIGTERM hands leadership over) or wait for another leader, then ask again through another replica. Nothing was changed"
+        "replica {id} leads and cannot remove itself: stop its meshd with SIGTERM (it hands leadership to an up-to-date follower), then ask again. Nothing was changed"
     )]
     RemovingTheLeader { id: u64 },
     #[error("{reason}")]
