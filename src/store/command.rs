@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use crate::core::declaration::Digest;
 use crate::core::model::{Mesh, Provision};
-use crate::core::report::Report;
+use crate::core::report::{Report, ReportPosition};
 use crate::core::settings::{Layer, Scope};
 use crate::core::summary::Summary;
 
@@ -100,6 +100,18 @@ pub enum Command {
     /// Replica `replica`'s envelope key into the state (`Some`) or out of it (`None`): every
     /// declaration carries the added replicas' keys (decision 0230).
     SetSigner { replica: u64, key: Option<[u8; 32]> },
+    /// File hosts' reports, in order, each into its machine's account (G5), as one proposal: the
+    /// leader gathers the reports that arrive while the last batch commits (decision 0216).
+    RecordReports { reports: Vec<ReportFiling> },
+}
+
+/// One report of a [`Command::RecordReports`], with the highest position the leader heard from
+/// that host without filing it (reports that only said "still here"): one at or below it is
+/// refused and counted like one at or below the account's last (G5).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReportFiling {
+    pub report: Report,
+    pub heard: Option<ReportPosition>,
 }
 
 /// How many operator requests' outcomes the state keeps (oldest forgotten first): far more than
@@ -227,6 +239,9 @@ pub enum Applied {
     },
     /// Replica `replica`'s key is in the state (`known`) or not, after a `SetSigner`.
     Signer { replica: u64, known: bool },
+    /// Each report of a `RecordReports`, in its order: whether it was accepted (false: refused as
+    /// not newer, and counted).
+    Reports { accepted: Vec<bool> },
 }
 
 /// Why the state machine refused a proposal. Nothing changed.

@@ -271,6 +271,17 @@ impl DomainState {
                     accepted,
                 })
             }
+            Command::RecordReports { reports } => {
+                let mut accepted = Vec::with_capacity(reports.len());
+                for filing in reports {
+                    let machine = &filing.report.machine;
+                    let account = self.accounts.entry(machine.clone()).or_default();
+                    let filed = account.file_above(filing.report.clone(), filing.heard, p.time_ms);
+                    accepted.push(matches!(filed, Filed::Accepted));
+                    changed.push(Changed::Account(machine.clone()));
+                }
+                Ok(Applied::Reports { accepted })
+            }
             Command::SetHolds { machine, holds } => {
                 self.holds.insert(machine.clone(), holds.clone());
                 changed.push(Changed::Holds(machine.clone()));
