@@ -77,9 +77,13 @@ fn machine_line(m: &MachineView, width: usize) -> String {
         Some((e, s, r, None)) => format!("report e{e} s{s} #{r} nothing applied"),
         None => "no report".to_string(),
     };
-    let age = match m.report_age_ms {
-        Some(ms) => format!(" ({})", age(ms)),
-        None => String::new(),
+    let age = match (m.report_age_ms, m.heard_ago_ms) {
+        (Some(ms), Some(heard)) => format!(" (filed {}, heard {})", age(ms), age(heard)),
+        (Some(ms), None) => format!(
+            " (filed {}, not heard since the leader took office)",
+            age(ms)
+        ),
+        (None, _) => String::new(),
     };
     let state = machine_state(m);
     let mut line = format!("  {:width$}  {sent}  {report}{age}  {state}", m.name);

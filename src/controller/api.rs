@@ -284,6 +284,10 @@ pub struct MachineView {
     pub report_filed_ms: Option<u64>,
     /// How long before this answer that was, on the answering replica's clock.
     pub report_age_ms: Option<u64>,
+    /// How long ago the leader that answers last heard the host (any report, changed or not;
+    /// kept in its memory only, decision 0216). `None`: not since it took office, or the answer
+    /// is not a leader's.
+    pub heard_ago_ms: Option<u64>,
 }
 
 /// `meshctl plan`: everything the push would do, machine by machine, like `terraform plan`.

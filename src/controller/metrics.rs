@@ -85,7 +85,15 @@ impl Metrics {
         for word in ["applied", "sent", "held", "refused", "failed"] {
             let _ = m.sends.get_or_create(&[("outcome", word)]);
         }
-        for word in ["accepted", "refused", "not_leader", "error"] {
+        for word in [
+            "accepted",
+            "heard",
+            "refused",
+            "unproven",
+            "busy",
+            "not_leader",
+            "error",
+        ] {
             let _ = m.reports.get_or_create(&[("outcome", word)]);
         }
         for word in ["granted", "refused"] {
@@ -112,7 +120,7 @@ impl Metrics {
         );
         r.register(
             "mesh_reports",
-            "Host reports received, by outcome: accepted (filed into the account), refused (not newer than the account), not_leader, error",
+            "Host reports received, by outcome: accepted (filed into the account), heard (said what the account says: not proposed, decision 0216), refused (not newer than the account or than what was heard), unproven, busy (report queue full), not_leader, error",
             m.reports.clone(),
         );
         r.register(

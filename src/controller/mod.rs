@@ -15,6 +15,7 @@ mod planview;
 mod push;
 pub mod recover;
 pub mod relay;
+mod reports;
 pub mod restore;
 pub mod service;
 mod upload;

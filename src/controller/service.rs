@@ -109,6 +109,10 @@ pub struct Service {
     /// Set once when the replica can no longer keep its promises (a storage or floor-file
     /// failure, openraft stopped): meshd stops on it (decision 0183).
     pub(crate) fatal: tokio::sync::watch::Sender<Option<String>>,
+    /// What the leader heard from its hosts in its term, in memory only (decision 0216).
+    pub(crate) live: super::reports::Liveness,
+    /// The queue of reports to file in shared proposals (decision 0216).
+    pub(crate) filer: super::reports::Filer,
 }
 
 /// A started replica: the service and the tasks around it. Call [`Running::shutdown`] to stop it.
@@ -203,6 +207,7 @@ pub async fn start_on(
         write_floor(&dir, term_floor)?;
     }
     tracing::info!(replica = config.id(), listen = %endpoint.local_addr(), term_floor, "replica started");
+    let (filer, filer_queue) = super::reports::Filer::new();
     let service = Arc::new(Service {
         id: config.id(),
         config,
@@ -218,7 +223,10 @@ pub async fn start_on(
         metrics: Metrics::new(),
         backup: std::sync::Mutex::new(None),
         fatal: tokio::sync::watch::Sender::new(None),
+        live: super::reports::Liveness::new(),
+        filer,
     });
+    super::reports::spawn_filer(Arc::downgrade(&service), filer_queue);
     let http = match service.config.http() {
         Some(addr) => Some(super::http::HttpServer::start(addr, Arc::downgrade(&service)).await?),
         None => None,
@@ -909,25 +917,8 @@ impl Service {
             return Ok(ReportReply::Refused { reason });
         }
         self.raise_floor_to(term, &actor, report.epoch).await;
-        match self
-            .propose(term, None, &actor, Command::RecordReport { report })
-            .await
-        {
-            Ok(Applied::Report { accepted, .. }) => {
-                self.metrics
-                    .report(if accepted { "accepted" } else { "refused" });
-                Ok(ReportReply::Filed { accepted })
-            }
-            Ok(other) => {
-                self.metrics.report("error");
-                Err(format!("the store answered a report with {other:?}"))
-            }
-            Err(e) => {
-                self.metrics.report("not_leader");
-                tracing::warn!(machine = frame_machine, error = %e, "report not filed");
-                Ok(self.not_leader())
-            }
-        }
+        // Heard in memory, or filed in a shared proposal (decision 0216).
+        self.take_report(term, report, body.len()).await
     }
 
     /// A report may claim an epoch above the floor only with the signed header of the envelope it
@@ -986,7 +977,7 @@ impl Service {
         }
     }
 
-    fn not_leader(&self) -> ReportReply {
+    pub(crate) fn not_leader(&self) -> ReportReply {
         let leader = self
             .leader()
             .filter(|l| *l != self.id)

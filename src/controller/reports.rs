@@ -1,0 +1,473 @@
+//! The leader's side of host reports at fleet rate (issue 14 item 3, decision 0216).
+//!
+//! - **Liveness in memory.** The leader keeps, per machine of the model, when it last heard the
+//!   host and the highest report position it heard ([`Liveness`]), for its own term only: a new
+//!   leader starts with nothing and says "not heard since this leader took office" until the
+//!   host reports again. Nothing of it is replicated.
+//! - **Unchanged reports are not proposed.** A report that says what the account's last filed
+//!   report says (`Report::says_the_same`: everything but the report sequence), newer than
+//!   anything filed or heard, while none of that machine's reports is being filed and the
+//!   leader has applied its own term's entries, is answered `Filed { accepted: true }` and only
+//!   moves the heard position and time. Every other report is filed through Raft.
+//! - **Reports are filed in shared proposals.** They wait in one bounded queue
+//!   ([`queue_max`]); one task takes whatever is queued, up to [`batch_reports_max`] reports or
+//!   [`batch_bytes_max`] bytes, as one `Command::RecordReports`, with at most
+//!   [`batches_in_flight_max`] batches committing at once. Each report carries the heard
+//!   position, so one at or below it is refused and counted (G5) like one at or below the
+//!   account's last.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::service::Service;
+use crate::core::report::{Account, Report, ReportPosition};
+use crate::core::wire::ReportReply;
+use crate::store::command::{Applied, Command, ReportFiling};
+
+/// Most reports waiting for a batch; past it a host is told to try again (its report stays
+/// queued on its disk).
+pub const queue_max: usize = 8192;
+/// Most reports in one proposal.
+pub const batch_reports_max: usize = 1024;
+/// Most bytes of encoded reports in one proposal (the Raft batch limit is 4 MiB by default).
+pub const batch_bytes_max: usize = 1024 * 1024;
+/// Most report batches committing at once.
+pub const batches_in_flight_max: usize = 2;
+
+/// What the leader heard from one host during its term.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heard {
+    /// When (this replica's monotonic clock).
+    pub at: Instant,
+    /// The highest position heard: filed, or unchanged and not proposed.
+    pub position: ReportPosition,
+}
+
+#[derive(Default)]
+struct Live {
+    heard: Option<Heard>,
+    /// This machine's reports queued or committing now.
+    in_flight: u32,
+}
+
+struct TermMap {
+    term: u64,
+    since: Instant,
+    machines: HashMap<String, Live>,
+}
+
+/// The leader's memory of its hosts, for one term at a time; bounded by the model's machines.
+pub(crate) struct Liveness {
+    inner: Mutex<TermMap>,
+}
+
+/// What a status answer says of a host's liveness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeardView {
+    /// This leader heard the host this long ago.
+    Ago(Duration),
+    /// This leader, leading for this long, has not heard the host since it took office.
+    NotSince(Duration),
+}
+
+impl Liveness {
+    pub(crate) fn new() -> Liveness {
+        Liveness {
+            inner: Mutex::new(TermMap {
+                term: 0,
+                since: Instant::now(),
+                machines: HashMap::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TermMap> {
+        // A panic while holding it leaves at worst a stale heard time: recoverable.
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The map for `term`, forgetting an older term's (another leader may have filed since).
+    fn for_term(map: &mut TermMap, term: u64) {
+        if map.term != term {
+            map.term = term;
+            map.since = Instant::now();
+            map.machines.clear();
+        }
+    }
+
+    /// What this replica, leading in `term`, heard from `machine`. A term it has not heard
+    /// anything in yet is one it just took office in.
+    pub(crate) fn view(&self, term: u64, machine: &str, now: Instant) -> HeardView {
+        let map = self.lock();
+        if map.term != term {
+            return HeardView::NotSince(Duration::ZERO);
+        }
+        match map.machines.get(machine).and_then(|l| l.heard) {
+            Some(h) => HeardView::Ago(now.saturating_duration_since(h.at)),
+            None => HeardView::NotSince(now.saturating_duration_since(map.since)),
+        }
+    }
+
+    /// Decides what to do with `report` in `term`, given the machine's durable account, and
+    /// notes it: heard (not proposed), or counted as in flight until [`Liveness::filed`].
+    fn route(
+        &self,
+        term: u64,
+        account: Option<&Account>,
+        caught_up: bool,
+        report: &Report,
+        now: Instant,
+    ) -> Route {
+        let mut map = self.lock();
+        Self::for_term(&mut map, term);
+        let live = map.machines.entry(report.machine.clone()).or_default();
+        let heard = live.heard.map(|h| h.position);
+        let route = route(account, heard, live.in_flight > 0, caught_up, report);
+        match route {
+            Route::Heard => {
+                live.heard = Some(Heard {
+                    at: now,
+                    position: report.position(),
+                });
+            }
+            Route::File { .. } => live.in_flight += 1,
+        }
+        route
+    }
+
+    /// `report`, routed to be filed at `arrived`, was filed (`Some(accepted)`) or not (`None`).
+    fn filed(&self, term: u64, report: &Report, arrived: Instant, accepted: Option<bool>) {
+        let mut map = self.lock();
+        if map.term != term {
+            return;
+        }
+        let Some(live) = map.machines.get_mut(&report.machine) else {
+            return;
+        };
+        live.in_flight = live.in_flight.saturating_sub(1);
+        if accepted == Some(true) {
+            let position = report.position();
+            let newer = live.heard.is_none_or(|h| h.position < position);
+            if newer {
+                live.heard = Some(Heard {
+                    at: arrived,
+                    position,
+                });
+            }
+        }
+    }
+}
+
+/// What to do with one report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// It says what the account says: answer filed, keep it in memory only.
+    Heard,
+    /// Propose it, with the position heard so far (a report at or below it is refused).
+    File { heard: Option<ReportPosition> },
+}
+
+/// The rule (pure): a report is only heard, not proposed, when it is newer than the account's
+/// last and than anything heard, says the same as the account's last report, no report of its
+/// machine is being filed (the account may be about to change), and the leader has applied its
+/// own term's entries (the account it reads is the latest committed).
+pub fn route(
+    account: Option<&Account>,
+    heard: Option<ReportPosition>,
+    in_flight: bool,
+    caught_up: bool,
+    report: &Report,
+) -> Route {
+    let file = Route::File { heard };
+    let Some(account) = account else { return file };
+    let Some(last) = account.report.as_ref() else {
+        return file;
+    };
+    let high = account.last.max(heard);
+    let newer = high.is_none_or(|h| report.position() > h);
+    if newer && !in_flight && caught_up && last.says_the_same(report) {
+        Route::Heard
+    } else {
+        file
+    }
+}
+
+/// One report waiting for a batch.
+struct Queued {
+    term: u64,
+    filing: ReportFiling,
+    bytes: usize,
+    arrived: Instant,
+    reply: oneshot::Sender<Option<bool>>,
+}
+
+/// The queue into the batching task.
+pub(crate) struct Filer {
+    queue: mpsc::Sender<Queued>,
+}
+
+/// The receiving end, until the service exists to run it.
+pub(crate) struct FilerQueue(mpsc::Receiver<Queued>);
+
+impl Filer {
+    pub(crate) fn new() -> (Filer, FilerQueue) {
+        let (tx, rx) = mpsc::channel(queue_max);
+        (Filer { queue: tx }, FilerQueue(rx))
+    }
+}
+
+/// Starts the task that empties the queue; it ends when the service (and its sender) is gone.
+pub(crate) fn spawn_filer(service: Weak<Service>, queue: FilerQueue) {
+    tokio::spawn(run_batches(service, queue.0));
+}
+
+async fn run_batches(service: Weak<Service>, mut queue: mpsc::Receiver<Queued>) {
+    let slots = Arc::new(Semaphore::new(batches_in_flight_max));
+    let mut carried: Option<Queued> = None;
+    loop {
+        let first = match carried.take() {
+            Some(q) => q,
+            None => match queue.recv().await {
+                Some(q) => q,
+                None => return,
+            },
+        };
+        // Wait for a slot before gathering, so reports pile up while batches commit.
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let term = first.term;
+        let mut bytes = first.bytes;
+        let mut batch = vec![first];
+        while batch.len() < batch_reports_max {
+            let Ok(next) = queue.try_recv() else { break };
+            if next.term != term || bytes + next.bytes > batch_bytes_max {
+                carried = Some(next);
+                break;
+            }
+            bytes += next.bytes;
+            batch.push(next);
+        }
+        let Some(s) = service.upgrade() else { return };
+        tokio::spawn(async move {
+            s.file_batch(term, batch).await;
+            drop(permit);
+        });
+    }
+}
+
+impl Service {
+    /// Fills in when this replica, as leader, last heard each machine's host; on a replica that
+    /// does not lead, nothing is heard (it never hears reports).
+    pub(crate) fn fill_heard(&self, machines: &mut [crate::controller::api::MachineView]) {
+        let Ok(term) = self.leading_term() else {
+            return;
+        };
+        let now = Instant::now();
+        for m in machines {
+            m.heard_ago_ms = match self.live.view(term, &m.name, now) {
+                HeardView::Ago(d) => Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                HeardView::NotSince(_) => None,
+            };
+        }
+    }
+
+    /// Files (or only hears) a report that passed the checks, as leader in `term`; `bytes` is its
+    /// encoded size.
+    pub(crate) async fn take_report(
+        &self,
+        term: u64,
+        report: Report,
+        bytes: usize,
+    ) -> Result<ReportReply, String> {
+        let arrived = Instant::now();
+        let (account, known) = {
+            // The snapshot is dropped before any wait: one held across an apply makes it copy.
+            let state = self.app.state().map_err(|e| e.to_string())?;
+            let known = state.mesh.machines.contains_key(&report.machine);
+            (state.accounts.get(&report.machine).cloned(), known)
+        };
+        // Only machines of the model are remembered: the memory stays bounded by the model.
+        let route = if known {
+            self.live.route(
+                term,
+                account.as_ref(),
+                self.caught_up(term),
+                &report,
+                arrived,
+            )
+        } else {
+            Route::File { heard: None }
+        };
+        let heard = match route {
+            Route::Heard => {
+                self.metrics.report("heard");
+                return Ok(ReportReply::Filed { accepted: true });
+            }
+            Route::File { heard } => heard,
+        };
+        let (reply, answer) = oneshot::channel();
+        let queued = Queued {
+            term,
+            filing: ReportFiling {
+                report: report.clone(),
+                heard,
+            },
+            bytes,
+            arrived,
+            reply,
+        };
+        if self.filer.queue.try_send(queued).is_err() {
+            if known {
+                self.live.filed(term, &report, arrived, None);
+            }
+            self.metrics.report("busy");
+            tracing::warn!(machine = %report.machine, max = queue_max, "report queue full; the host keeps the report and sends it again");
+            return Ok(self.not_leader());
+        }
+        match answer.await {
+            Ok(Some(accepted)) => {
+                self.metrics
+                    .report(if accepted { "accepted" } else { "refused" });
+                Ok(ReportReply::Filed { accepted })
+            }
+            _ => {
+                self.metrics.report("not_leader");
+                Ok(self.not_leader())
+            }
+        }
+    }
+
+    /// Whether this leader has applied an entry of its own `term` (its blank entry at least), so
+    /// the accounts it reads hold everything earlier leaders committed.
+    fn caught_up(&self, term: u64) -> bool {
+        let m = self.replica.metrics();
+        let m = m.borrow();
+        m.last_applied.is_some_and(|l| l.leader_id.term == term)
+    }
+
+    /// Proposes one batch and answers each report in it.
+    async fn file_batch(&self, term: u64, batch: Vec<Queued>) {
+        let reports = batch.iter().map(|q| q.filing.clone()).collect();
+        let actor = format!("replica:{}", self.id);
+        let command = Command::RecordReports { reports };
+        let answers: Vec<Option<bool>> = match self.propose(term, None, &actor, command).await {
+            Ok(Applied::Reports { accepted }) if accepted.len() == batch.len() => {
+                accepted.into_iter().map(Some).collect()
+            }
+            Ok(other) => {
+                tracing::error!(answer = ?other, reports = batch.len(), "the store answered a batch of reports with something else");
+                vec![None; batch.len()]
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, reports = batch.len(), "reports not filed; their hosts send them again");
+                vec![None; batch.len()]
+            }
+        };
+        for (q, accepted) in batch.into_iter().zip(answers) {
+            self.live.filed(term, &q.filing.report, q.arrived, accepted);
+            let _ = q.reply.send(accepted);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(report_sequence: u64, restarts: u32) -> Report {
+        Report {
+            machine: "ace".into(),
+            epoch: 2,
+            sequence: 3,
+            report_sequence,
+            applied: None,
+            modules: vec![crate::core::report::ModuleStatus {
+                name: "web".into(),
+                state: crate::core::report::ModuleState::Ready,
+                restarts,
+                pid: Some(7),
+                last_exit: None,
+            }],
+            refused_older: 0,
+            last_refusal: None,
+            proof: None,
+        }
+    }
+
+    fn account(last: Report) -> Account {
+        let mut a = Account::default();
+        a.file(last);
+        a
+    }
+
+    #[test]
+    fn only_a_newer_unchanged_report_is_heard_without_a_proposal() {
+        let a = account(report(10, 0));
+        assert_eq!(
+            route(Some(&a), None, false, true, &report(11, 0)),
+            Route::Heard
+        );
+        // Changed: filed.
+        assert_eq!(
+            route(Some(&a), None, false, true, &report(11, 1)),
+            Route::File { heard: None }
+        );
+        // Not newer than the account: filed, to be refused and counted.
+        assert!(matches!(
+            route(Some(&a), None, false, true, &report(10, 0)),
+            Route::File { .. }
+        ));
+        // Not newer than what was heard: filed with the heard position, refused and counted.
+        let heard = Some(report(15, 0).position());
+        assert_eq!(
+            route(Some(&a), heard, false, true, &report(14, 0)),
+            Route::File { heard }
+        );
+        assert_eq!(
+            route(Some(&a), heard, false, true, &report(16, 0)),
+            Route::Heard
+        );
+        // A report of the machine is being filed, or the leader has not applied its term yet.
+        assert!(matches!(
+            route(Some(&a), None, true, true, &report(11, 0)),
+            Route::File { .. }
+        ));
+        assert!(matches!(
+            route(Some(&a), None, false, false, &report(11, 0)),
+            Route::File { .. }
+        ));
+        // Never filed: filed.
+        assert!(matches!(
+            route(None, None, false, true, &report(1, 0)),
+            Route::File { .. }
+        ));
+    }
+
+    #[test]
+    fn a_new_term_forgets_what_the_last_one_heard() {
+        let live = Liveness::new();
+        let a = account(report(10, 0));
+        let now = Instant::now();
+        assert_eq!(
+            live.route(4, Some(&a), true, &report(11, 0), now),
+            Route::Heard
+        );
+        assert!(matches!(live.view(4, "ace", now), HeardView::Ago(_)));
+        // A new term: nothing heard, and the report is decided against the account alone.
+        assert_eq!(
+            live.view(5, "ace", now),
+            HeardView::NotSince(Duration::ZERO)
+        );
+        assert_eq!(
+            live.route(5, Some(&a), true, &report(12, 0), now),
+            Route::Heard
+        );
+        assert!(matches!(live.view(5, "ace", now), HeardView::Ago(_)));
+    }
+}
