@@ -75,8 +75,7 @@ impl std::fmt::Display for Floors {
             self.proven,
             self.proven_by
                 .as_ref()
-                .map(|m| format!(" ({m})"))
-                .unwrap_or_default(),
+                .map_or(String::new(), |m| format!(" ({m})")),
             self.sent,
             self.vote,
             self.last_log
