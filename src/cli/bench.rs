@@ -25,6 +25,8 @@ use super::{CliError, Output, exit_done, exit_failed};
 use crate::controller::api::{Answer, Body, Call, Request};
 use crate::core::settings::{Layer, Scope};
 
+pub mod reports;
+
 /// Every key the bench writes starts with this; a layer holding one when a run starts is a run
 /// that was interrupted (`meshctl bench --clean` removes them).
 pub const key_prefix: &str = "meshctl-bench-";
@@ -119,6 +121,20 @@ pub struct BenchArgs {
     /// Only remove keys an interrupted run left behind, then stop.
     #[arg(long)]
     pub clean: bool,
+    /// Instead of writes: N simulated hosts (1 to 10,000) file reports with the leader, with
+    /// real host certificates and report frames, at --rate reports/s in all (default 1,000).
+    #[arg(long, value_name = "HOSTS")]
+    pub reports: Option<u32>,
+    /// With --reports: module states in each report (0 to 64).
+    #[arg(long, default_value_t = 10)]
+    pub modules: u32,
+    /// With --reports: percent of reports that differ from the host's one before (0 to 100).
+    #[arg(long, value_name = "PERCENT", default_value_t = 0)]
+    pub changing: u32,
+    /// With --reports: the directory `meshctl init` wrote, with ca.pem and ca.key to issue the
+    /// hosts' certificates from (default: the context file's directory).
+    #[arg(long)]
+    pub dir: Option<std::path::PathBuf>,
 }
 
 /// The run the arguments ask for, or why not (bad usage, exit 2).
@@ -327,6 +343,15 @@ pub fn cleanup_requests(layers: &[(Scope, Layer)], why: &str) -> Vec<Request> {
 }
 
 pub fn run(ctx: Option<&Path>, args: &BenchArgs) -> Result<Output, CliError> {
+    if let Some(hosts) = args.reports {
+        let spec = reports::spec(args, hosts)?;
+        let context = context::resolve(ctx)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(ClientError::Runtime)?;
+        return runtime.block_on(reports::run(&context, &spec));
+    }
     let spec = spec(args)?;
     let context = context::resolve(ctx)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
