@@ -8,8 +8,8 @@ use std::process::Output;
 use std::sync::{Arc, Mutex};
 
 use mesh::controller::api::{
-    Answer, ApiError, Body, PushError, PushLine, PushOutcome, PushView, ReplicaSaid, ReplicaView,
-    Request, StatusView,
+    Answer, ApiError, ApplyError, Body, PushError, PushLine, PushOutcome, PushView, ReplicaSaid,
+    ReplicaView, Request, StatusView,
 };
 use mesh::store::command::HeldMount;
 use mesh_transport::{
@@ -226,6 +226,43 @@ async fn invalid_answer_from_the_replica_is_one_line_and_exit_2() {
     let out = bed.run(&["plan", "zz", "--diff"]).await;
     assert_eq!(out.status.code(), Some(2));
     assert!(one_line(&out).contains("there is no machine zz in the mesh"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_whose_revision_kept_moving_exits_1_and_json_names_the_cause() {
+    // Decision 0210: the exit code and --json's kind and cause come from the variant.
+    let answer = Answer {
+        replica: 1,
+        forwarded_by: None,
+        body: Err(ApiError::Apply(ApplyError::RevisionMoved {
+            expected: 4,
+            found: 5,
+        })),
+    };
+    let bed = bed(answer, false).await;
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/mesh.toml");
+    let out = bed.run(&["apply", "--file", file, "--why", "w"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let line = one_line(&out);
+    assert!(
+        line.contains("revision 4") && line.contains("to 5") && line.contains("meshctl apply"),
+        "{line}"
+    );
+    let out = bed
+        .run(&["apply", "--file", file, "--why", "w", "--json"])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    let doc: serde_json::Value = serde_json::from_str(&text(&out.stdout)).expect("one document");
+    assert_eq!(doc["error"]["kind"], "refused", "{doc}");
+    assert_eq!(doc["error"]["cause"], "apply.revision_moved", "{doc}");
+    assert_eq!(doc["error"]["exit_code"], 1, "{doc}");
+    assert!(
+        bed.asked()
+            .iter()
+            .all(|r| matches!(r, Request::Apply { .. })),
+        "{:?}",
+        bed.asked()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
