@@ -212,6 +212,17 @@ struct FenceState {
     stopped: bool,
     /// Acts begun and not yet ended.
     acting: usize,
+    /// An act was dropped without [`Acting::end`] (its future cancelled mid-write): its bytes may
+    /// still leave (quinn finishes a dropped stream), so the fence waits for the lease's end.
+    abandoned: bool,
+}
+
+impl FenceState {
+    /// Whether the lease may no longer be written under before its end: acting stopped, no
+    /// act in flight, none abandoned.
+    fn drained(&self) -> bool {
+        self.stopped && self.acting == 0 && !self.abandoned
+    }
 }
 
 impl std::fmt::Debug for VoteFence {
@@ -223,16 +234,29 @@ impl std::fmt::Debug for VoteFence {
 }
 
 /// One act in flight under a lease (an envelope's write): counted by its [`VoteFence`] until it
-/// drops. Hold it from before the act's last check until no byte of it can leave any more.
+/// ends. Begin it before the act's last check and [`Acting::end`] it once no byte of it can leave
+/// any more; dropped without `end` (a cancelled future), it is taken to be still writing until
+/// the lease's end.
 #[derive(Debug)]
 pub struct Acting<'a> {
     fence: &'a VoteFence,
+    ended: bool,
+}
+
+impl Acting<'_> {
+    /// The act can write no more (its request returned).
+    pub fn end(mut self) {
+        self.ended = true;
+    }
 }
 
 impl Drop for Acting<'_> {
     fn drop(&mut self) {
         let mut state = self.fence.lock();
         state.acting = state.acting.saturating_sub(1);
+        if !self.ended {
+            state.abandoned = true;
+        }
         if state.acting == 0 {
             self.fence.drained.notify_waiters();
         }
@@ -241,7 +265,8 @@ impl Drop for Acting<'_> {
 
 /// A place for the act of one write that may be tried more than once (a resend through the same
 /// gate): the first [`ActSlot::begin`] begins it, later ones check only that acting was not
-/// stopped; it ends when the slot drops.
+/// stopped; [`ActSlot::end`] ends it. A slot dropped with its act not ended (the write's future
+/// cancelled) leaves the fence to the lease's end.
 #[derive(Debug)]
 pub struct ActSlot<'a> {
     fence: &'a VoteFence,
@@ -260,6 +285,14 @@ impl ActSlot<'_> {
             return Err(GateError::StoppedActing);
         }
         Ok(())
+    }
+
+    /// The write returned: nothing of it can leave any more.
+    pub fn end(&self) {
+        let act = self.held.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(act) = act {
+            act.end();
+        }
     }
 }
 
@@ -286,22 +319,34 @@ impl VoteFence {
     }
 
     /// Whether a lease handed out here may still be written under: until its end, or, once acting
-    /// stopped, until the last act in flight ended.
+    /// stopped, until the last act in flight ended (unless one was abandoned).
     pub fn is_open(&self) -> bool {
         let state = self.lock();
         let leased = state.until.is_some_and(|until| self.clock.now() < until);
-        leased && !(state.stopped && state.acting == 0)
+        leased && !state.drained()
     }
 
-    /// Begins one act under the lease (call it before the act's last check, keep the answer
-    /// until the act can write no more); `Err` once [`VoteFence::stop_acting`] was called.
+    /// Begins one act under the lease (call it before the act's last check, [`Acting::end`] it
+    /// when the act can write no more); `Err` once [`VoteFence::stop_acting`] was called.
     pub fn begin_act(&self) -> Result<Acting<'_>, GateError> {
         let mut state = self.lock();
         if state.stopped {
             return Err(GateError::StoppedActing);
         }
         state.acting += 1;
-        Ok(Acting { fence: self })
+        Ok(Acting {
+            fence: self,
+            ended: false,
+        })
+    }
+
+    /// Runs `f`, a synchronous act (a seal), as one act under the lease; `Err` without running it
+    /// once acting stopped.
+    pub fn act<T>(&self, f: impl FnOnce() -> T) -> Result<T, GateError> {
+        let acting = self.begin_act()?;
+        let done = f();
+        acting.end();
+        Ok(done)
     }
 
     /// An [`ActSlot`] on this fence, for one write that may be sent twice.
@@ -335,9 +380,7 @@ impl VoteFence {
                 let state = self.lock();
                 let now = self.clock.now();
                 match state.until {
-                    Some(until) if now < until && !(state.stopped && state.acting == 0) => {
-                        until.duration_since(now)
-                    }
+                    Some(until) if now < until && !state.drained() => until.duration_since(now),
                     _ => return true,
                 }
             };

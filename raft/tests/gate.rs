@@ -320,9 +320,9 @@ async fn g3_once_acting_stopped_no_act_begins_and_the_fence_closes_when_the_last
         "a slot that began refuses a resend"
     );
     assert!(fence.is_open(), "an act in flight keeps the fence");
-    drop(first);
+    first.end();
     assert!(fence.is_open(), "one act still in flight keeps the fence");
-    drop(resent);
+    resent.end();
     assert!(
         !fence.is_open(),
         "no act in flight and none to come: closed"
@@ -332,4 +332,28 @@ async fn g3_once_acting_stopped_no_act_begins_and_the_fence_closes_when_the_last
             .closed_by(tokio::time::Instant::now() + Duration::from_millis(1))
             .await
     );
+}
+
+#[test]
+fn g3_an_act_dropped_mid_write_keeps_the_fence_until_the_lease_ends() {
+    // Decision 0225: an act whose future was dropped before it ended may still have bytes on
+    // their way (quinn finishes a dropped stream), so it does not let the fence lift early.
+    let clock = Arc::new(TestClock::new());
+    let fence = VoteFence::new(clock.clone());
+    fence.hold(clock.now() + Duration::from_millis(300));
+    let dropped = fence.act_slot();
+    dropped.begin().expect("an act begins");
+    let ended = fence.begin_act().expect("another act begins");
+    assert_eq!(fence.act(|| 7), Ok(7), "a synchronous act runs and ends");
+    fence.stop_acting();
+    ended.end();
+    drop(dropped);
+    assert_eq!(fence.acting(), 0);
+    assert!(
+        fence.is_open(),
+        "an abandoned act holds the fence to the lease's end"
+    );
+    clock.advance(Duration::from_millis(300));
+    assert!(!fence.is_open(), "closed at the lease's end");
+    assert_eq!(fence.act(|| 7), Err(GateError::StoppedActing));
 }

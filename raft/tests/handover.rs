@@ -146,7 +146,7 @@ async fn g3_a_leader_handing_over_waits_for_its_act_in_flight_and_not_for_its_le
             }
         }
         released.store(true, Ordering::SeqCst);
-        drop(act);
+        act.end();
     };
     let (handed, ()) = tokio::join!(handing, holding);
     let handed = handed.expect("handed over once the act ended");

@@ -69,9 +69,14 @@ impl Service {
         envelope: &Envelope,
         deadline: Instant,
     ) -> Result<Vec<u8>, String> {
-        self.leads_in(envelope.epoch)?;
         // Sealing is an act under the lease (decision 0225): refused once acting stopped.
-        let _acting = self.fence.begin_act().map_err(|e| e.to_string())?;
+        self.fence
+            .act(|| self.seal_checked(envelope, deadline))
+            .map_err(|e| e.to_string())?
+    }
+
+    fn seal_checked(&self, envelope: &Envelope, deadline: Instant) -> Result<Vec<u8>, String> {
+        self.leads_in(envelope.epoch)?;
         let now = self.clock.now();
         if now >= deadline {
             return Err(format!(

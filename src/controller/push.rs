@@ -364,16 +364,16 @@ impl Service {
         tracing::info!(machine = %machine, epoch, sequence = envelope.sequence, "sending envelope");
         let peer = Peer::expecting(addr, Principal::Host(machine.clone()));
         let timeout: Duration = self.endpoint.config().request_timeout();
+        // The write is an act under the lease until it returns (decision 0225): a leader handing
+        // over waits for it, and begins no other.
+        let acting = self.fence.act_slot();
         let gate = || -> Result<Duration, String> {
+            acting.begin().map_err(|e| e.to_string())?;
             self.leads_in(epoch)?;
             let now = self.clock.now();
             let deadline = deadline.now();
             match deadline.checked_duration_since(now) {
-        // The write is an act under the lease until it returns (decision 0225): a leader handing
-        // over waits for it, and begins no other.
-        let acting = self.fence.act_slot();
                 Some(left) if !left.is_zero() => {
-            acting.begin().map_err(|e| e.to_string())?;
                     // The moment bytes may leave under this epoch: the chaos checkers' "sent".
                     tracing::debug!(replica = self.id, machine = %machine, epoch, sequence = envelope.sequence, "envelope write allowed");
                     Ok(left)
@@ -402,6 +402,8 @@ impl Service {
                 .request_gated(peer, MessageKind::Envelope, bytes, timeout, &gate)
                 .await;
         }
+        // Returned: nothing of this write leaves any more.
+        acting.end();
         let answer = match answer {
             Ok(a) => a,
             Err(e @ TransportError::Gated { .. }) => return HostAnswer::Gated(e.to_string()),
