@@ -36,14 +36,17 @@ pub const reconcile_every_ms: u64 = 300;
 /// How long a stopping replica or host may take.
 pub const stop_wait_ms: u64 = 15_000;
 
-/// Raft timings for a run: elections in a few hundred milliseconds and snapshots every hundred
-/// entries, so faults meet elections, closing leases and snapshot catch-up within seconds.
+/// Raft timings for a run: elections in about a second and snapshots every hundred entries, so
+/// faults meet elections, closing leases and snapshot catch-up within seconds. The lease window
+/// (election_timeout_min − margin = 500 ms) leaves room for a loaded 2-core machine's quorum
+/// rounds; at 320 ms an overloaded box refused most pushes ("the quorum round took longer than
+/// the lease"), which is right but stops a run from converging.
 pub fn raft_settings() -> RaftSettings {
     RaftSettings {
-        heartbeat_ms: 50,
-        election_timeout_min_ms: 400,
-        election_timeout_max_ms: 800,
-        lease_margin_ms: 80,
+        heartbeat_ms: 60,
+        election_timeout_min_ms: 600,
+        election_timeout_max_ms: 1_200,
+        lease_margin_ms: 100,
         propose_timeout_ms: 2_000,
         snapshot_logs_since_last: 100,
         logs_kept_after_snapshot: 30,

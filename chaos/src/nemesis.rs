@@ -21,7 +21,7 @@ pub const steps_max: usize = 32;
 pub const fault_ms_min: u64 = 200;
 pub const fault_ms_max: u64 = 700;
 /// How long a leader-deposing fault stays on at least: an election and a new lease fit in it.
-pub const depose_ms: u64 = 1_500;
+pub const depose_ms: u64 = 2_500;
 /// Calm between two steps, at most.
 pub const calm_ms_max: u64 = 200;
 /// Longest wait for another replica's lease while a leader is cut off.

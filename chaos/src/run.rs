@@ -23,9 +23,9 @@ use crate::observe::Observed;
 use crate::workload::{Tally, ask_recorded, model, operate};
 
 /// How long the cluster may take to elect its first leader and take the first push.
-pub const setup_wait_ms: u64 = 30_000;
+pub const setup_wait_ms: u64 = 60_000;
 /// How long the healed cluster may take to bring every machine to its should-be.
-pub const converge_wait_ms: u64 = 30_000;
+pub const converge_wait_ms: u64 = 60_000;
 /// How long the reports of a converging push may take before the next push.
 pub const settle_ms: u64 = 2_000;
 /// How long the operators may take to notice the stop.
