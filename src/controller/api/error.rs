@@ -5,7 +5,8 @@
 //! Each variant says with its fields *what* went wrong; its `Display` is the one line an operator
 //! reads (the thing, what is wrong, what to do); [`ApiError::class`] decides meshctl's exit code
 //! (decision 0062) and [`ApiError::cause`] is the stable name `--json` prints (`docs/json.md`).
-//! A new variant gets a new cause; a cause is never renamed or reused.
+//! A new variant gets a new cause and goes last in its enum (bincode tags variants by index; the
+//! wire contract pins them); a cause is never renamed or reused.
 
 use serde::{Deserialize, Serialize};
 
