@@ -4,7 +4,9 @@
 //! leads alone in a term above every epoch used, keeps its data, and a push reaches every host,
 //! none refusing the new epoch. Then the two lost replicas start on their old stores: they find
 //! each other (the old membership's quorum) but never learn the new term from the survivor, so a
-//! push through them is refused by every host and the hosts stay at the recovered epoch.
+//! push through them is refused by every host and the hosts stay at the recovered epoch. Last, one
+//! of them is added back on an empty store (`join = true`, `meshctl replicas add`) and a push goes
+//! through the two-member cluster.
 
 use mesh::host::state::StateFiles;
 use mesh_beds::{Bed, binaries, wait_ms_default};
@@ -30,6 +32,18 @@ fn applied_epochs(bed: &Bed) -> anyhow::Result<Vec<(String, u64)>> {
         out.push((machine.to_string(), applied.position.epoch));
     }
     Ok(out)
+}
+
+/// Runs meshctl with `context` and fails unless it exits 0.
+fn ok(bed: &Bed, context: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
+    let run = bed.meshctl_in(context, args)?;
+    anyhow::ensure!(
+        run.code == Some(0),
+        "meshctl {args:?}: {}{}",
+        run.stdout,
+        run.stderr
+    );
+    Ok(())
 }
 
 fn meshd(bed: &Bed, args: &[&str]) -> anyhow::Result<std::process::Output> {
@@ -254,27 +268,101 @@ fn recover_after_losing_two(bed: &mut Bed) -> anyhow::Result<()> {
         "the survivor lost its leadership: {}",
         status["replicas"]
     );
-    let ok = |args: &[&str]| -> anyhow::Result<()> {
-        let run = bed.meshctl_in(&new_context, args)?;
-        anyhow::ensure!(
-            run.code == Some(0),
-            "meshctl {args:?} through the survivor: {}{}",
-            run.stdout,
-            run.stderr
-        );
-        Ok(())
-    };
-    ok(&[
-        "settings",
-        "set",
-        "mesh",
-        "region=still-recovered",
-        "--why",
-        "after the old members came back",
-    ])?;
-    ok(&["push", "--all", "--why", "recovered again"])?;
+    ok(
+        bed,
+        &new_context,
+        &[
+            "settings",
+            "set",
+            "mesh",
+            "region=still-recovered",
+            "--why",
+            "after the old members came back",
+        ],
+    )?;
+    ok(
+        bed,
+        &new_context,
+        &["push", "--all", "--why", "recovered again"],
+    )?;
     for (machine, epoch) in applied_epochs(bed)? {
         anyhow::ensure!(epoch == term, "{machine} applied epoch {epoch}, not {term}");
+    }
+
+    // The way back: a lost replica's old store moved aside, it starts as a joiner on an empty one
+    // and is added to the recovered cluster (decision 0230's `replicas add`).
+    for id in &lost {
+        bed.kill_replica(*id)?;
+    }
+    let back = lost[0];
+    let dir = bed.dir.join(format!("replica-{back}"));
+    for file in ["replica.redb", "epoch-floor"] {
+        let path = dir.join(file);
+        if path.exists() {
+            std::fs::rename(&path, dir.join(format!("{file}.old-cluster")))?;
+        }
+    }
+    let config_file = bed.dir.join(format!("replica-{back}.toml"));
+    let text = std::fs::read_to_string(&config_file)?;
+    std::fs::write(&config_file, format!("join = true\n{text}"))?;
+    bed.restart_replica(back)?;
+    let addr = bed
+        .layout
+        .replicas
+        .iter()
+        .find(|(id, _)| *id == back)
+        .map(|(_, a)| a.to_string())
+        .ok_or_else(|| anyhow::anyhow!("no address for replica {back}"))?;
+    let id = back.to_string();
+    let dir = bed.dir.display().to_string();
+    bed.wait_for("the lost replica is added back", wait_ms_default, || {
+        let run = bed.meshctl_in(
+            &new_context,
+            &[
+                "replicas", "add", "--id", &id, "--addr", &addr, "--dir", &dir,
+            ],
+        )?;
+        Ok((run.code == Some(0)).then_some(run.stdout))
+    })?;
+    ok(
+        bed,
+        &new_context,
+        &[
+            "settings",
+            "set",
+            "mesh",
+            "region=two-again",
+            "--why",
+            "with a replica added back",
+        ],
+    )?;
+    ok(
+        bed,
+        &new_context,
+        &["push", "--all", "--why", "two members"],
+    )?;
+    let status = bed
+        .meshctl_in(&new_context, &["status", "--json"])?
+        .json()?;
+    let rows = status["answer"]["replicas"].clone();
+    let level = rows.as_array().is_some_and(|rows| {
+        [survivor, back].iter().all(|id| {
+            rows.iter().any(|r| {
+                r["id"].as_u64() == Some(*id)
+                    && r["reachable"] == true
+                    && r["epoch"].as_u64() >= Some(term)
+            })
+        })
+    });
+    anyhow::ensure!(
+        level,
+        "not both members at the recovered term or above: {rows}"
+    );
+    for (machine, epoch) in applied_epochs(bed)? {
+        anyhow::ensure!(
+            epoch >= term,
+            "{machine} applied epoch {epoch}, below {term}"
+        );
     }
     Ok(())
 }
