@@ -4,7 +4,9 @@
 //! voter through joint consensus, every host holding its signing key in the declaration it applied
 //! first; then a follower is removed the same way. Every acknowledged write is in the store after
 //! both changes. Last, with one of the three voters left dead, removing another is refused with one
-//! clear line and the membership does not change.
+//! clear line and the membership does not change. A second bed stops one host first: the new
+//! replica stays a learner, named as waiting for that machine, until the host is back and the same
+//! `replicas add` finishes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -232,5 +234,58 @@ fn add_then_remove(slot: &mut Option<Bed>) -> anyhow::Result<()> {
         still.contains(&(4, "voter".to_string())) || still.contains(&(4, "leader".to_string()))
     );
     *slot = Some(bed);
+    Ok(())
+}
+
+#[test]
+fn g2_a_replica_stays_a_learner_while_a_machine_has_not_applied_its_key() -> anyhow::Result<()> {
+    let mut bed = Bed::start(binaries!(), 3, pair)?;
+    bed.leader_other_than(None)?;
+    bed.apply(pair, "first model")?;
+    bed.meshctl_ok(&["push", "--all", "--why", "first send"])?;
+    bed.stop_host("g14")?;
+    let port = free_ports(1)?[0];
+    let spec = format!("4={port}");
+    let dir = bed.dir.display().to_string();
+    bed.meshctl_ok(&["init", "--dir", &dir, "--add-replica", &spec])?;
+    bed.start_replica(4)?;
+    bed.layout.replicas.push((4, port));
+    let addr = port.to_string();
+    let add = ["replicas", "add", "--id", "4", "--addr", addr.as_str()];
+
+    // g14 cannot be given the key: replica 4 may not become a voter.
+    let held = bed.meshctl(&add)?;
+    assert_eq!(held.code, Some(1), "{}{}", held.stdout, held.stderr);
+    assert!(held.one_line_error(), "{}", held.stderr);
+    assert!(
+        held.stderr.contains("learner") && held.stderr.contains("g14"),
+        "{}",
+        held.stderr
+    );
+    assert!(
+        members(&bed)?.contains(&(4, "learner".to_string())),
+        "replica 4 is more than a learner while g14 lacks its key"
+    );
+
+    // g14 back: the same command finishes the add, and g14 holds the key.
+    bed.start_host("g14")?;
+    let done = bed.wait_for(
+        "replica 4 a voter once g14 is back",
+        wait_ms_default,
+        || {
+            let run = bed.meshctl(&add)?;
+            Ok((run.code == Some(0)).then_some(run))
+        },
+    )?;
+    assert!(
+        rows(&done.stdout).contains(&(4, "voter".to_string())),
+        "{}",
+        done.stdout
+    );
+    let key = public_key(&bed, 4)?;
+    let applied = StateFiles::new(&bed.host_root("g14"))
+        .load_applied()?
+        .ok_or_else(|| anyhow::anyhow!("g14 applied nothing"))?;
+    assert_eq!(applied.declaration.signers.get(&4), Some(&key));
     Ok(())
 }
