@@ -112,7 +112,7 @@ pub fn exit_codes_text() -> String {
 
 When several apply to one push, the first of {exit_failed}, {exit_module_failed}, {exit_wait_timeout}, {exit_held} wins.
 With --json the exit code is the same, and an error is printed on stdout as
-{{\"schema\": \"mesh/v1\", \"error\": {{\"kind\", \"exit_code\", \"message\"}}}} (see docs/json.md).
+{{\"schema\": \"mesh/v1\", \"error\": {{\"kind\", \"cause\", \"exit_code\", \"message\"}}}} (see docs/json.md).
 "
     )
 }
