@@ -518,6 +518,35 @@ impl Bed {
         self.write_context_without(Some(id))
     }
 
+    /// Sends replica `id` SIGTERM (a leader hands its leadership over first, decision 0152) and
+    /// leaves it out of the bed's context; [`Bed::reap_replica`] waits for it to exit.
+    pub fn terminate_replica(&self, id: u64) -> anyhow::Result<()> {
+        self.signal_replica(id, Signal::SIGTERM)?;
+        self.write_context_without(Some(id))
+    }
+
+    /// Waits up to `wait_ms` until replica `id`, sent SIGTERM by [`Bed::terminate_replica`], has
+    /// exited, and forgets it as [`Bed::kill_replica`] does; its exit status.
+    pub fn reap_replica(
+        &mut self,
+        id: u64,
+        wait_ms: u64,
+    ) -> anyhow::Result<std::process::ExitStatus> {
+        let child = self
+            .replicas
+            .get_mut(&id)
+            .ok_or_else(|| anyhow!("no replica {id} in this bed"))?;
+        let status = mesh_testkit::wait::poll_blocking(
+            Duration::from_millis(wait_ms),
+            Duration::from_millis(poll_ms),
+            || Ok::<_, String>(child.exited()),
+        )
+        .map_err(|e| anyhow!("replica {id} did not exit within {wait_ms} ms of SIGTERM: {e}"))?;
+        self.replicas.remove(&id);
+        self.write_context_without(Some(id))?;
+        Ok(status)
+    }
+
     /// Starts replica `id` again after [`Bed::kill_replica`] (on the same store) and puts it back
     /// in the bed's context.
     pub fn restart_replica(&mut self, id: u64) -> anyhow::Result<()> {
