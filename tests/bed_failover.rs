@@ -95,14 +95,16 @@ fn status_shows_a_killed_replica_unreachable_and_each_live_one_with_its_own_answ
         .find(|id| *id != leader)
         .ok_or_else(|| anyhow::anyhow!("no follower"))?;
     bed.kill_replica(follower)?;
-    let rows = bed.wait_for("the killed follower unreachable", 5_000, || {
-        let status = bed.status()?;
-        let rows = status["replicas"].as_array().cloned().unwrap_or_default();
-        let gone = rows
-            .iter()
-            .any(|r| r["id"] == follower && r["reachable"] == false);
-        Ok(gone.then_some(rows))
-    })?;
+    // "Unreachable within a second of its kill" (issue 12 done-when), without a timing assert:
+    // status asks every replica live, each within status_ping_ms (300 ms), and remembers nothing,
+    // so the very first status after the kill already shows it unreachable — not a later one.
+    let status = bed.status()?;
+    let rows = status["replicas"].as_array().cloned().unwrap_or_default();
+    assert!(
+        rows.iter()
+            .any(|r| r["id"] == follower && r["reachable"] == false),
+        "the first status after the kill shows replica {follower} unreachable: {status}"
+    );
     for row in &rows {
         if row["id"] == follower {
             assert_eq!(row["epoch"], 0, "{row}");
