@@ -172,19 +172,19 @@ pub fn init_add(dir: &Path, spec: &str) -> Result<String, CliError> {
     if let Some(problem) = addr::advertise_problem(address) {
         return Err(usage(format!("replica {id}: {problem}")));
     }
-    let template = template_config(dir)?;
-    if template.peers.contains_key(&id.to_string()) {
-        return Err(usage(format!(
-            "replica {id} is already in [peers] of the replicas in {}; pick a new id",
-            dir.display()
-        )));
-    }
     let sub = format!("replica-{id}");
     let config_path = dir.join(format!("{sub}.toml"));
     if config_path.exists() || dir.join(&sub).exists() {
         return Err(usage(format!(
             "{} already exists: replica {id} was written before; start it, or pick a new id",
             config_path.display()
+        )));
+    }
+    let template = template_config(dir)?;
+    if template.peers.contains_key(&id.to_string()) {
+        return Err(usage(format!(
+            "replica {id} is already in [peers] of the replicas in {}; pick a new id",
+            dir.display()
         )));
     }
     // Every replica's public key, so the new one checks the epochs hosts prove (G9).
@@ -324,4 +324,81 @@ fn template_config(dir: &Path) -> Result<ReplicaConfigFile, CliError> {
             dir.display()
         )))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::init::{Layout, write};
+
+    fn mesh_dir() -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("mesh");
+        let at = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+        let layout = Layout {
+            dir: dir.clone(),
+            replicas: vec![(1, at(7101)), (2, at(7102)), (3, at(7103))],
+            machines: vec![("ace".into(), at(7201))],
+            mesh: None,
+            operator: "admin".into(),
+        };
+        write(&layout).expect("init writes the mesh");
+        (tmp, dir)
+    }
+
+    #[test]
+    fn g11_add_replica_writes_a_joining_config_meshd_accepts_with_every_peer_and_key() {
+        let (_tmp, dir) = mesh_dir();
+        let out = init_add(&dir, "4=127.0.0.1:7104").expect("add-replica");
+        assert!(
+            out.contains("meshctl replicas add --id 4 --addr 127.0.0.1:7104"),
+            "{out}"
+        );
+        let config = ReplicaConfig::load(&dir.join("replica-4.toml")).expect("meshd accepts it");
+        assert!(
+            config.join(),
+            "the new replica would found a cluster of its own"
+        );
+        assert_eq!(
+            config.peers().keys().copied().collect::<Vec<u64>>(),
+            vec![1, 2, 3, 4]
+        );
+        assert_eq!(
+            config.trusted_keys().keys().copied().collect::<Vec<u64>>(),
+            vec![1, 2, 3],
+            "the others' envelope keys"
+        );
+        config.read_signing_key().expect("a 0600 signing key");
+        // A fifth sees the fourth among its peers.
+        init_add(&dir, "5=127.0.0.1:7105").expect("a fifth");
+        let fifth = ReplicaConfig::load(&dir.join("replica-5.toml")).expect("fifth");
+        assert!(fifth.peers().contains_key(&4), "{:?}", fifth.peers());
+    }
+
+    #[test]
+    fn g11_add_replica_never_overwrites_and_refuses_an_id_in_use_or_a_bad_address() {
+        let (_tmp, dir) = mesh_dir();
+        let taken = init_add(&dir, "2=127.0.0.1:7109").expect_err("id 2 is a founding replica");
+        assert!(
+            taken.to_string().contains("replica 2 was written before"),
+            "{taken}"
+        );
+        let bad = init_add(&dir, "4=somewhere").expect_err("not ip:port");
+        assert!(bad.to_string().contains("ID=ADDR"), "{bad}");
+        let wildcard = init_add(&dir, "4=0.0.0.0:7104").expect_err("a wildcard");
+        assert_eq!(
+            wildcard.exit_code(),
+            crate::cli::exit_bad_input,
+            "{wildcard}"
+        );
+        init_add(&dir, "4=127.0.0.1:7104").expect("first add");
+        let before = std::fs::read(dir.join("replica-4/signing.key")).expect("key");
+        let again = init_add(&dir, "4=127.0.0.1:7104").expect_err("written before");
+        assert!(again.to_string().contains("already exists"), "{again}");
+        assert_eq!(
+            std::fs::read(dir.join("replica-4/signing.key")).expect("key"),
+            before,
+            "the signing key was overwritten"
+        );
+    }
 }
