@@ -168,6 +168,16 @@ pub fn render_figures(f: &Figures) -> String {
     )
 }
 
+/// A failure's text as a kind to count: the timeout's remaining milliseconds dropped (they
+/// differ per report), cut at [`error_chars_max`].
+pub fn error_kind(what: &str) -> String {
+    let kind = match what.split_once(": no answer within ") {
+        Some((head, _)) => format!("{head}: no answer within {report_timeout_ms} ms"),
+        None => what.to_string(),
+    };
+    kind.chars().take(error_chars_max).collect()
+}
+
 /// Whether report `k` of host `i` differs from the one before, for `changing` percent of them
 /// (a fixed spread, the same every run).
 pub fn changes(i: u32, k: u64, changing: u32) -> bool {
@@ -581,8 +591,7 @@ impl HostJob {
                     done.lat_us.push(u32::try_from(us).unwrap_or(u32::MAX));
                 }
                 Err(what) => {
-                    let what: String = what.chars().take(error_chars_max).collect();
-                    *done.errors.entry(what).or_default() += 1;
+                    *done.errors.entry(error_kind(&what)).or_default() += 1;
                 }
             }
             // The next slot not yet past.
@@ -655,6 +664,15 @@ impl HostJob {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timeouts_count_as_one_kind_whatever_time_was_left() {
+        let a = error_kind("replica 1: 127.0.0.1:7001: no answer within 1999 ms");
+        let b = error_kind("replica 1: 127.0.0.1:7001: no answer within 972 ms");
+        assert_eq!(a, b);
+        assert_eq!(a, "replica 1: 127.0.0.1:7001: no answer within 2000 ms");
+        assert_eq!(error_kind("refused: why"), "refused: why");
+    }
 
     #[test]
     fn changing_spreads_the_share_asked_for() {
