@@ -100,6 +100,18 @@ fn recover_after_losing_two(bed: &mut Bed) -> anyhow::Result<()> {
     for id in &lost {
         bed.kill_replica(*id)?;
     }
+    // Alone, the survivor campaigns and loses: its vote climbs above every epoch hosts saw, and
+    // that is the floor recover must go above.
+    let alone = bed.context_for(survivor)?;
+    let campaigned = bed.wait_for("the survivor campaigns alone", wait_ms_default, || {
+        let doc = bed.meshctl_in(&alone, &["status", "--json"])?.json()?;
+        Ok(doc["answer"]["replicas"].as_array().and_then(|rows| {
+            rows.iter()
+                .find(|r| r["id"].as_u64() == Some(survivor))
+                .and_then(|r| r["epoch"].as_u64())
+                .filter(|e| *e > old_epoch + 1)
+        }))
+    })?;
     bed.kill_replica(survivor)?;
     let config = bed.dir.join(format!("replica-{survivor}.toml"));
     let config = config.display().to_string();
@@ -118,6 +130,10 @@ fn recover_after_losing_two(bed: &mut Bed) -> anyhow::Result<()> {
     let dry = dry_run()?;
     anyhow::ensure!(dry.contains("voters before [1, 2, 3]"), "dry run: {dry}");
     anyhow::ensure!(dry_run()? == dry, "a dry run changed the store");
+    anyhow::ensure!(
+        first_term(&dry).is_some_and(|t| t > campaigned),
+        "the dry run's first term is not above the survivor's vote {campaigned}: {dry}"
+    );
 
     let done = meshd(
         bed,
@@ -149,6 +165,12 @@ fn recover_after_losing_two(bed: &mut Bed) -> anyhow::Result<()> {
         let status = bed.status()?;
         Ok((status["leader"].as_u64() == Some(survivor)).then_some(status))
     })?;
+    // Its store was not reset: recover keeps the floor file the store reached.
+    anyhow::ensure!(
+        status["store_reset"].is_null(),
+        "the recovered replica says its store was reset: {}",
+        status["store_reset"]
+    );
     let row = status["replicas"]
         .as_array()
         .and_then(|r| r.iter().find(|r| r["id"].as_u64() == Some(survivor)))

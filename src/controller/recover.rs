@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use mesh_raft::BasicNode;
 
 use super::config::ReplicaConfig;
-use super::floor::{FloorError, read_floor, write_floor};
+use super::floor::{FloorError, read_floor};
 use crate::store::app::MeshApp;
 
 /// Why a recovery did not happen; nothing was changed.
@@ -136,7 +136,7 @@ fn show(index: Option<u64>) -> String {
 }
 
 /// Reads every floor of `config`'s store and, with `force`, rewrites the store into a one-member
-/// cluster whose vote is at the highest of them, and the floor file to it. meshd must be stopped
+/// cluster whose vote is at the highest of them. meshd must be stopped
 /// on this store. Logs the result loudly (an ERROR line: the other replicas are gone for good).
 pub async fn recover(config: &ReplicaConfig, force: bool) -> Result<Recovery, RecoverError> {
     let id = config.id();
@@ -167,12 +167,10 @@ pub async fn recover(config: &ReplicaConfig, force: bool) -> Result<Recovery, Re
     if !force {
         return Ok(recovery);
     }
-    // The floor file first: should the rewrite fail, a raised floor only lifts the next term.
-    write_floor(dir, vote_term)?;
+    // The floor file stays as it is: it holds the highest floor the store reached (a raised one
+    // would read as a reset store at start), and the vote at `vote_term`, at or above it, carries
+    // the choice. The first term's blank entry raises the store's floor, and the file follows.
     let recovered = mesh_raft::force_new_cluster(id, dir, node, vote_term).await?;
-    if recovered.term > vote_term {
-        write_floor(dir, recovered.term)?;
-    }
     recovery.vote_term = recovered.term;
     recovery.done = true;
     tracing::error!(
