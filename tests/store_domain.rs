@@ -481,3 +481,57 @@ fn remembered_requests_are_bounded_and_the_oldest_is_forgotten_first() {
             .is_some()
     );
 }
+
+#[tokio::test]
+async fn requests_forgotten_in_memory_leave_the_store_so_a_restart_remembers_only_the_newest() {
+    // A request id runs at most once, and the store keeps only the last `requests_remembered_max`
+    // (decision 0180): the rows of forgotten requests must leave the table too (their key is the
+    // order they were remembered in, migration 0010), or a restart would bring them back.
+    use mesh::store::command::requests_remembered_max;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = start(dir.path()).await;
+    fn id_of(i: usize) -> RequestId {
+        let mut id = [0u8; 16];
+        id[8..].copy_from_slice(&(i as u64).to_le_bytes());
+        RequestId(id)
+    }
+    let total = requests_remembered_max + 7;
+    let one = Arc::new(one);
+    let mut start_at = 0;
+    while start_at < total {
+        let end = (start_at + 500).min(total);
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in start_at..end {
+            let one = one.clone();
+            tasks.spawn(async move {
+                let command = Command::Once {
+                    request: id_of(i),
+                    command: Box::new(Command::RaiseEpochFloor { epoch: 1 }),
+                };
+                (i, one.propose(one.term, None, command).await)
+            });
+        }
+        // Each batch is remembered before the next is proposed, so ids 0..7 are the oldest.
+        while let Some(done) = tasks.join_next().await {
+            let (i, outcome) = done.expect("task");
+            assert!(matches!(outcome, Outcome::Applied(_)), "request {i}: {outcome:?}");
+        }
+        start_at = end;
+    }
+    let Ok(one) = Arc::try_unwrap(one) else {
+        panic!("the replica is still shared")
+    };
+    one.replica.shutdown().await.expect("shutdown");
+    let restarted = start(dir.path()).await;
+    let state = restarted.app.state().expect("state");
+    assert_eq!(
+        state.requests.len(),
+        requests_remembered_max,
+        "the store kept rows of forgotten requests"
+    );
+    assert!(
+        (0..7).all(|i| state.remembered(&id_of(i)).is_none()),
+        "a forgotten request came back after the restart"
+    );
+    assert!(state.remembered(&id_of(total - 1)).is_some(), "the newest is kept");
+}

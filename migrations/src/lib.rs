@@ -13,6 +13,7 @@ mod m0006_requests;
 mod m0007_revoked;
 mod m0008_uploads;
 mod m0009_signers;
+mod m0010_requests_in_order;
 pub mod records;
 pub mod tables;
 
@@ -23,7 +24,7 @@ use redb::{Database, ReadableDatabase, TableError, WriteTransaction};
 pub use mesh_codec::CodecError;
 
 /// The schema version this binary writes: the version of its last migration.
-pub const schema_version_latest: u64 = m0009_signers::VERSION;
+pub const schema_version_latest: u64 = m0010_requests_in_order::VERSION;
 
 /// Why a migration step failed: it names the storage or encoding fault underneath.
 #[derive(Debug, thiserror::Error)]
@@ -141,6 +142,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: m0009_signers::VERSION,
         name: m0009_signers::NAME,
         step: m0009_signers::step,
+    },
+    Migration {
+        version: m0010_requests_in_order::VERSION,
+        name: m0010_requests_in_order::NAME,
+        step: m0010_requests_in_order::step,
     },
 ];
 

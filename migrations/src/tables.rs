@@ -54,9 +54,27 @@ pub const SETTINGS_HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("
 /// Model applies (since 0005): revision → encoded domain record (why, who, when, machines changed).
 pub const MODEL_HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("model_history");
 
-/// Recent operator requests (since 0006): request id (16 bytes) → encoded domain record (the order
-/// it was remembered in and its first outcome), bounded by the domain's limit.
+/// Recent operator requests (since 0006): [`request_key`] (since 0010; the request id alone
+/// before) → encoded domain record (the order it was remembered in and its first outcome), bounded
+/// by the domain's limit.
 pub const REQUESTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("requests");
+
+/// The key of a `requests` row: the order the request was remembered in (big-endian, so rows sort
+/// by it) and its 16-byte id.
+pub fn request_key(order: u64, id: &[u8; 16]) -> [u8; 24] {
+    let mut key = [0u8; 24];
+    key[..8].copy_from_slice(&order.to_be_bytes());
+    key[8..].copy_from_slice(id);
+    key
+}
+
+/// The request id in a `requests` key, or `None` when the key is not [`request_key`]'s shape.
+pub fn request_id_of(key: &[u8]) -> Option<[u8; 16]> {
+    if key.len() != 24 {
+        return None;
+    }
+    key[8..].try_into().ok()
+}
 
 /// The deny list (since 0007): entry key (`serial:<hex>` or `principal:<kind>:<name>`) → encoded
 /// domain record (what, why, who, when), bounded by the domain's limit.

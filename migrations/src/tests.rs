@@ -19,6 +19,13 @@ fn bytes(table: &str, i: u64) -> Vec<u8> {
     format!("{table}-value-{i}").into_bytes()
 }
 
+/// A `requests` value as the domain writes it: the order it was remembered in first (counting
+/// down, so the order of rows by id and by order differ), then the rest of the record.
+fn request_value(i: u64) -> Vec<u8> {
+    mesh_codec::encode("fixture request", &(rows_per_table - i, bytes("requests", i)))
+        .expect("encode fixture request")
+}
+
 fn fill_str_table(db: &Database, def: TableDefinition<&str, &[u8]>, name: &str) {
     let txn = db.begin_write().expect("begin write");
     {
@@ -115,7 +122,7 @@ fn write_fixture_rows(db: &Database, version: u64) {
             let mut t = txn.open_table(tables::REQUESTS).expect("open requests");
             for i in 0..rows_per_table {
                 let key = [i as u8; 16];
-                t.insert(key.as_slice(), bytes("requests", i).as_slice())
+                t.insert(key.as_slice(), request_value(i).as_slice())
                     .expect("insert request");
             }
         }
@@ -185,6 +192,16 @@ fn check_fixture_rows(db: &Database, version: u64) {
         let txn = db.begin_read().expect("begin read");
         let t = txn.open_table(tables::REQUESTS).expect("open requests");
         assert_eq!(t.len().expect("len"), rows_per_table, "requests lost rows");
+        // Since 0010 every row is keyed by the order its record starts with, then its id.
+        for i in 0..rows_per_table {
+            let key = tables::request_key(rows_per_table - i, &[i as u8; 16]);
+            let value = t.get(key.as_slice()).expect("get request");
+            assert_eq!(
+                value.map(|v| v.value().to_vec()),
+                Some(request_value(i)),
+                "requests row {i} not under its order and id after migration 0010"
+            );
+        }
     }
 }
 
@@ -373,4 +390,27 @@ fn redb_file_without_meta_is_refused_as_not_a_mesh_store() {
     }
     let err = open(&path).expect_err("foreign store refused");
     assert!(matches!(err, MigrationError::NotAMeshStore { .. }), "{err}");
+}
+
+#[test]
+fn migration_0010_refuses_a_requests_key_that_is_not_a_request_id_and_leaves_the_store_at_0009() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = store_path(&dir);
+    {
+        let db = open_with(&path, &MIGRATIONS[..9]).expect("open at 0009");
+        let txn = db.begin_write().expect("begin write");
+        {
+            let mut t = txn.open_table(tables::REQUESTS).expect("open requests");
+            t.insert([7u8; 3].as_slice(), request_value(1).as_slice())
+                .expect("insert");
+        }
+        txn.commit().expect("commit");
+    }
+    let err = open(&path).expect_err("a 3-byte request key must be refused").to_string();
+    assert!(
+        err.contains("requests_in_order") && err.contains("3-byte key"),
+        "the refusal names the migration and the key: {err}"
+    );
+    let db = open_with(&path, &MIGRATIONS[..9]).expect("open at 0009 again");
+    assert_eq!(schema_version(&db, &path).expect("version"), 9);
 }

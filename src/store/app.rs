@@ -248,17 +248,18 @@ fn write_changes(
                     }
                 }
             }
-            Changed::Request(id) => {
+            Changed::Request { id, order } => {
                 let mut t = txn.open_table(tables::REQUESTS)?;
+                let key = tables::request_key(*order, &id.0);
                 match state.requests.get(id) {
                     Some(r) => {
                         t.insert(
-                            id.0.as_slice(),
+                            key.as_slice(),
                             mesh_codec::encode("remembered request", r)?.as_slice(),
                         )?;
                     }
                     None => {
-                        t.remove(id.0.as_slice())?;
+                        t.remove(key.as_slice())?;
                     }
                 }
             }
@@ -370,9 +371,9 @@ fn read_snapshot(txn: &ReadTransaction) -> Result<DomainSnapshot, AppError> {
     }
     for row in txn.open_table(tables::REQUESTS)?.iter()? {
         let (k, v) = row?;
-        let id: [u8; 16] = k.value().try_into().map_err(|_| {
+        let id = tables::request_id_of(k.value()).ok_or_else(|| {
             AppError::Other(format!(
-                "a stored request id is {} bytes, not 16",
+                "a stored request key is {} bytes, not 24 (order and id, migration 0010)",
                 k.value().len()
             ))
         })?;
@@ -531,7 +532,12 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
     changed.extend(state.provisions.keys().cloned().map(Changed::Provision));
     changed.extend(state.accounts.keys().cloned().map(Changed::Account));
     changed.extend(state.holds.keys().cloned().map(Changed::Holds));
-    changed.extend(state.requests.keys().copied().map(Changed::Request));
+    changed.extend(
+        state
+            .requests
+            .iter()
+            .map(|(id, r)| Changed::Request { id: *id, order: r.order }),
+    );
     changed.extend(state.revoked.keys().cloned().map(Changed::Revoked));
     changed.extend(state.signers.keys().copied().map(Changed::Signer));
     for (id, upload) in &state.uploads {

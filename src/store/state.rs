@@ -59,8 +59,9 @@ pub enum Changed {
     Holds(String),
     EpochFloor,
     Revision,
-    /// A request remembered (`Some`) or forgotten (`None`).
-    Request(RequestId),
+    /// A request remembered (in the state) or forgotten (gone from it), with the order it was
+    /// remembered in: its row's key starts with it (migration 0010).
+    Request { id: RequestId, order: u64 },
     /// A deny-list row added or removed, by its key.
     Revoked(String),
     /// An upload's head row written, or (gone from the state) its head and chunk rows removed.
@@ -153,13 +154,13 @@ impl DomainState {
             },
         );
         self.request_order.insert(order, id);
-        changed.push(Changed::Request(id));
+        changed.push(Changed::Request { id, order });
         while self.requests.len() > requests_remembered_max {
-            let Some((_, oldest)) = self.request_order.pop_first() else {
+            let Some((order, oldest)) = self.request_order.pop_first() else {
                 break;
             };
             self.requests.remove(&oldest);
-            changed.push(Changed::Request(oldest));
+            changed.push(Changed::Request { id: oldest, order });
         }
     }
 
@@ -299,6 +300,9 @@ impl DomainState {
             Command::Revoke { target, why } => {
                 super::revoked::revoke(self, p, target, why, changed)
             }
+            Command::SetSigner { replica, key } => {
+                super::signers::set_signer(self, p, *replica, *key, changed)
+            }
             Command::RaiseEpochFloor { epoch } => {
                 if *epoch > self.epoch_floor {
                     self.epoch_floor = *epoch;
@@ -310,9 +314,6 @@ impl DomainState {
             }
         }
     }
-            Command::SetSigner { replica, key } => {
-                super::signers::set_signer(self, p, *replica, *key, changed)
-            }
 
     /// `ApplyModel` (inline, or staged through an upload): the model rules again (the controller
     /// checked them before proposing; this holds for any proposer), no machine leaves while it
