@@ -574,7 +574,15 @@ impl Service {
                 ProposeError::NotLeader { .. } | ProposeError::Stopped => ApiError::NotCommitted {
                     reason: e.to_string(),
                 },
-                other => ApiError::internal(other.to_string()),
+                ProposeError::Timeout { timeout_ms } => ApiError::Timeout {
+                    what: "the write's commit".into(),
+                    waited_ms: timeout_ms,
+                },
+                ProposeError::TooLarge { bytes, max } => ApiError::ProposalTooLarge {
+                    bytes: bytes as u64,
+                    limit: max as u64,
+                },
+                ProposeError::Raft(reason) => ApiError::RaftFailed { reason },
             }
         })?;
         let outcome = decode_outcome(&done.response)

@@ -72,6 +72,21 @@ pub(crate) fn apply_command(
     }
 }
 
+/// A chunk Raft took no proposal of (its batch limit is below the chunk's) names the chunk and
+/// the setting to raise; any other error passes as it is.
+pub(crate) fn chunk_refused(upload: UploadId, index: u32, e: ApiError) -> ApiError {
+    match e {
+        ApiError::ProposalTooLarge { .. } => ApplyError::ChunkNotStaged {
+            upload,
+            index,
+            reason: e.to_string(),
+            limit: upload_chunk_bytes_max as u64,
+        }
+        .into(),
+        other => other,
+    }
+}
+
 impl Service {
     /// `Request::ApplyChunk`: one proposal, refused by the state machine (with nothing staged)
     /// past the staging limits.
@@ -117,15 +132,7 @@ impl Service {
             Ok(other) => Err(ApiError::internal(format!(
                 "the store answered a staged chunk with {other:?}"
             ))),
-            // Raft took no proposal of this size (its batch limit is below the chunk's).
-            Err(ApiError::Internal { reason }) => Err(ApplyError::ChunkNotStaged {
-                upload,
-                index,
-                reason,
-                limit: upload_chunk_bytes_max as u64,
-            }
-            .into()),
-            Err(e) => Err(e),
+            Err(e) => Err(chunk_refused(upload, index, e)),
         }
     }
 

@@ -115,6 +115,21 @@ pub enum ApiError {
     Logs(#[from] LogsError),
     #[error(transparent)]
     Members(#[from] crate::controller::members::MembersError),
+    // New variants go last (bincode tags by index; the wire contract pins these answers).
+    /// No answer within `waited_ms` to `what`; it may still have happened: with the same request
+    /// id a retry is answered with its first outcome, never run twice (decision 0180).
+    #[error(
+        "no answer to {what} within {waited_ms} ms; it may still commit: run the command again (a retry never runs it twice)"
+    )]
+    Timeout { what: String, waited_ms: u64 },
+    /// One proposal over Raft's batch limit (`batch_bytes_max`).
+    #[error(
+        "the write is {bytes} bytes, over the limit of {limit} bytes one proposal carries (batch_bytes_max in replica.toml); nothing was written"
+    )]
+    ProposalTooLarge { bytes: u64, limit: u64 },
+    /// Raft refused the proposal for a reason of its own.
+    #[error("raft refused the proposal: {reason}")]
+    RaftFailed { reason: String },
 }
 
 fn leader_name(leader: Option<u64>) -> String {
@@ -148,7 +163,10 @@ impl ApiError {
             | ApiError::Storage { .. }
             | ApiError::Random { .. }
             | ApiError::Fatal { .. }
-            | ApiError::Internal { .. } => Failed,
+            | ApiError::Internal { .. }
+            | ApiError::Timeout { .. }
+            | ApiError::ProposalTooLarge { .. }
+            | ApiError::RaftFailed { .. } => Failed,
             ApiError::Apply(e) => e.class(),
             ApiError::Settings(e) => e.class(),
             ApiError::Push(e) => e.class(),
@@ -181,6 +199,9 @@ impl ApiError {
             ApiError::Random { .. } => "random",
             ApiError::Fatal { .. } => "fatal",
             ApiError::Internal { .. } => "internal",
+            ApiError::Timeout { .. } => "timeout",
+            ApiError::ProposalTooLarge { .. } => "proposal_too_large",
+            ApiError::RaftFailed { .. } => "raft_failed",
             ApiError::Apply(e) => e.cause(),
             ApiError::Settings(e) => e.cause(),
             ApiError::Push(e) => e.cause(),

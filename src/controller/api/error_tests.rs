@@ -77,6 +77,15 @@ fn samples() -> Vec<(ApiError, ErrorClass)> {
         (ApiError::Fatal { reason: s("r") }, Failed),
         (ApiError::internal("r"), Failed),
         (
+            ApiError::Timeout {
+                what: s("w"),
+                waited_ms: 1,
+            },
+            Failed,
+        ),
+        (ApiError::ProposalTooLarge { bytes: 2, limit: 1 }, Failed),
+        (ApiError::RaftFailed { reason: s("r") }, Failed),
+        (
             ApplyError::Invalid {
                 problems: vec![s("p")],
             }
@@ -436,4 +445,26 @@ fn a_settings_rule_is_named_by_the_core_error_it_comes_from() {
         });
         assert_eq!(e.cause(), cause);
     }
+}
+
+#[test]
+fn a_chunk_over_raft_s_batch_limit_is_chunk_not_staged_naming_the_chunk() {
+    let upload = UploadId([9; 16]);
+    let too_large = ApiError::ProposalTooLarge { bytes: 9, limit: 8 };
+    let e = crate::controller::upload::chunk_refused(upload, 3, too_large);
+    assert!(
+        matches!(
+            &e,
+            ApiError::Apply(ApplyError::ChunkNotStaged { upload: u, index: 3, .. }) if *u == upload
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("batch_bytes_max"), "{e}");
+    let gone = ApiError::NotCommitted {
+        reason: "stopping".into(),
+    };
+    assert_eq!(
+        crate::controller::upload::chunk_refused(upload, 3, gone.clone()),
+        gone
+    );
 }
