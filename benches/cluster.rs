@@ -415,11 +415,16 @@ impl Bed {
         for (_, running) in std::mem::take(&mut self.replicas) {
             running.shutdown().await?;
         }
-        for host in std::mem::take(&mut self.hosts) {
-            let _ = host.stop.send(true);
-            host.endpoint.close().await;
-            host.agent.shutdown().await;
-        }
+        // All at once: each close may wait up to a second for its peers, 1,000 hosts in turn
+        // took minutes.
+        let hosts = std::mem::take(&mut self.hosts)
+            .into_iter()
+            .map(|host| async move {
+                let _ = host.stop.send(true);
+                host.endpoint.close().await;
+                host.agent.shutdown().await;
+            });
+        futures::future::join_all(hosts).await;
         for op in &self.operators {
             op.close().await;
         }
@@ -916,8 +921,24 @@ fn wait_all_answer(bed: &mesh_beds::Bed) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // 3. push --behind to N hosts
 
+/// The host counts of the push section: `MESH_BENCH_PUSH_HOSTS=1000` (a comma list), or
+/// [`push_hosts`].
+fn push_host_counts() -> Result<Vec<usize>> {
+    match std::env::var("MESH_BENCH_PUSH_HOSTS") {
+        Ok(list) => list
+            .split(',')
+            .map(|n| {
+                n.trim().parse().with_context(|| {
+                    format!("MESH_BENCH_PUSH_HOSTS: {n:?} is not a host count; give e.g. 100,1000")
+                })
+            })
+            .collect(),
+        Err(_) => Ok(push_hosts.to_vec()),
+    }
+}
+
 async fn push_behind() -> Result<()> {
-    for n in push_hosts {
+    for n in push_host_counts()? {
         let setup = Instant::now();
         let bed = Bed::start(3, n, RaftSettings::default(), 1).await?;
         let ids: Vec<u64> = bed.replicas.keys().copied().collect();
@@ -939,50 +960,84 @@ async fn push_behind() -> Result<()> {
         )
         .await?;
         let setup = setup.elapsed();
-        let t0 = Instant::now();
-        let mut round = 0;
-        let confirmed = loop {
-            round += 1;
-            let view = match push_behind_once(&bed, leader).await {
-                Ok(view) => view,
-                Err(e) if round < push_rounds_max => {
-                    println!("push --behind to {n} hosts, push {round}: {e}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let applied = view
-                .lines
-                .iter()
-                .filter(|l| matches!(l.outcome, PushOutcome::Applied { .. }))
-                .count();
-            println!(
-                "push --behind to {n} hosts, push {round}: answer after {:.0} ms, {applied}/{} lines applied",
-                ms(t0.elapsed()),
-                view.lines.len()
-            );
-            print_outcomes(&view.lines);
-            // A push that stopped part-way (its lease closed) leaves the rest behind: the operator
-            // pushes --behind again, as meshctl's message says.
-            if applied == view.lines.len() || round == push_rounds_max {
-                break wait_confirmed(&bed, leader, n).await;
-            }
-        };
-        let reported = t0.elapsed();
-        match confirmed {
-            Ok(c) => println!(
-                "push --behind to {n} hosts: every machine applied and reported after {:.0} ms ({c} confirmed, {round} pushes), setup {:.1} s, load {}",
-                ms(reported),
-                setup.as_secs_f64(),
-                load_average()
-            ),
-            Err(e) => {
-                println!("push --behind to {n} hosts: {e} after {round} pushes");
-                diagnose(&bed, leader).await?;
-            }
-        }
+        let dials0 = bed.service(leader)?.endpoint().counts().dials;
+        converge(&bed, leader, n, "first contact", setup).await?;
+        let dials1 = bed.service(leader)?.endpoint().counts().dials;
+        // Every declaration carries the deny list: revoking a principal nobody holds makes every
+        // machine behind again, and the push goes over the connections the first one opened.
+        bed.ok(
+            leader,
+            &Request::CertsRevoke {
+                target: "operator:bench-nobody".into(),
+                why: "bench: every machine behind again".into(),
+            },
+        )
+        .await?;
+        converge(&bed, leader, n, "connections kept", Duration::ZERO).await?;
+        let dials2 = bed.service(leader)?.endpoint().counts().dials;
+        println!(
+            "push --behind to {n} hosts: the leader dialled {} connections for the first push, {} for the second",
+            dials1 - dials0,
+            dials2 - dials1
+        );
         bed.shutdown().await?;
+    }
+    Ok(())
+}
+
+/// Pushes `--behind` until every line is applied, then waits for every machine's report; prints
+/// when the pushes applied everything and when status confirmed it.
+async fn converge(bed: &Bed, leader: u64, n: usize, what: &str, setup: Duration) -> Result<()> {
+    let t0 = Instant::now();
+    let mut round = 0;
+    let mut applied_total = 0;
+    let confirmed = loop {
+        round += 1;
+        let view = match push_behind_once(bed, leader).await {
+            Ok(view) => view,
+            Err(e) if round < push_rounds_max => {
+                println!("push --behind to {n} hosts, push {round}: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let applied = view
+            .lines
+            .iter()
+            .filter(|l| matches!(l.outcome, PushOutcome::Applied { .. }))
+            .count();
+        applied_total += applied;
+        println!(
+            "push --behind to {n} hosts ({what}), push {round}: answer after {:.0} ms, {applied}/{} lines applied",
+            ms(t0.elapsed()),
+            view.lines.len()
+        );
+        print_outcomes(&view.lines);
+        // A push that stopped part-way (its lease closed) leaves the rest behind: the operator
+        // pushes --behind again, as meshctl's message says.
+        if applied == view.lines.len() || round == push_rounds_max {
+            if applied_total >= n {
+                println!(
+                    "push --behind to {n} hosts ({what}): every machine applied after {:.0} ms ({round} pushes)",
+                    ms(t0.elapsed())
+                );
+            }
+            break wait_confirmed(bed, leader, n).await;
+        }
+    };
+    let reported = t0.elapsed();
+    match confirmed {
+        Ok(c) => println!(
+            "push --behind to {n} hosts ({what}): every machine applied and reported after {:.0} ms ({c} confirmed, {round} pushes), setup {:.1} s, load {}",
+            ms(reported),
+            setup.as_secs_f64(),
+            load_average()
+        ),
+        Err(e) => {
+            println!("push --behind to {n} hosts ({what}): {e} after {round} pushes");
+            diagnose(bed, leader).await?;
+        }
     }
     Ok(())
 }

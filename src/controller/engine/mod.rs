@@ -468,8 +468,11 @@ impl PushEngine {
                 self.finish_stopped(&reason, &mut out);
                 return out;
             }
-            // While a renewal is out nothing new starts, even on a lease still open.
+            // While a renewal is out no proposal starts, even on a lease still open. Sends do, on
+            // a lease still open: each writes only under the lease as the renewal extends it, and
+            // is stopped at the write if it does not (decision 0221).
             let may_act = !self.renewing && self.lease.closed(now).is_none();
+            let may_send = self.lease.closed(now).is_none();
             match self.step {
                 Step::Mints if self.plan.mints.is_empty() => self.step = Step::Holds,
                 Step::Holds if self.holds.is_empty() => self.step = Step::Records,
@@ -516,7 +519,7 @@ impl PushEngine {
                     });
                 }
                 Step::Sending => {
-                    self.send_more(may_act, &mut out);
+                    self.send_more(may_send, &mut out);
                     if self.queue.is_empty() && self.in_flight.is_empty() {
                         self.finish(&mut out);
                     }

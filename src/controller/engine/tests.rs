@@ -258,8 +258,9 @@ fn a_refused_compare_and_set_sends_nothing() {
 #[test]
 fn g3_no_step_starts_after_the_lease_and_renewal_is_asked_before_its_end() {
     // G3: the engine asks for a new quorum round from the lease's half-way point on, before its
-    // end; while the round is out nothing new is proposed or sent, and every send's deadline is
-    // the end of the lease it was handed out under.
+    // end; while the round is out nothing new is proposed, a send goes out only on the lease
+    // still open (its write waits on the renewal's extension, decision 0221), none after the
+    // lease's end, and every send's deadline is the end of the lease it was handed out under.
     let t0 = Instant::now();
     let state = state_of(many(sends_in_flight_max + 6));
     let lease = lease_at(4, t0);
@@ -277,14 +278,23 @@ fn g3_no_step_starts_after_the_lease_and_renewal_is_asked_before_its_end() {
     assert_eq!(out, vec![Action::ConfirmLease]);
     assert_eq!(engine.wake_at(), None, "one round at a time");
     let out = engine.handle(half, applied("m000"));
-    assert!(sends(&out).is_empty(), "no send while the renewal is out");
+    let sent = sends(&out);
+    assert_eq!(
+        sent.len(),
+        1,
+        "the freed slot is used on the lease still open"
+    );
+    assert_eq!(sent[0].1, lease.until);
+    let out = engine.handle(lease.until, applied("m001"));
+    assert!(sends(&out).is_empty(), "no send after the lease's end");
     // Renewed in the same term: the queued sends go, under the new lease's end.
-    let renewed = lease_at(4, half);
-    let out = engine.handle(half, Event::Lease(Ok(renewed)));
+    let renewed = lease_at(4, half + window / 4);
+    let out = engine.handle(lease.until, Event::Lease(Ok(renewed)));
     let sent = sends(&out);
     assert_eq!(sent.len(), 1, "one slot freed");
     assert_eq!(sent[0].1, renewed.until);
-    assert_eq!(engine.wake_at(), Some(half + window / 2));
+    assert_eq!(extends(&out), vec![renewed.until]);
+    assert_eq!(engine.wake_at(), Some(renewed.started + window / 2));
 }
 
 #[test]
