@@ -1,8 +1,8 @@
 //! Cluster benchmark (plain `Instant`, prints figures): three replicas over real QUIC on loopback with
 //! in-process hosts. Commit throughput (1, 64, 500 clients), failover, `push --behind` to N hosts and
-//! controller memory with 10,000 machines; and failover of the real binaries (`kill`: SIGKILL of the
-//! leader → new leader → host applies its envelope, and → `meshctl push` through a survivor
-//! succeeds). Run with `cargo bench --bench cluster [-- <section>...]` (sections: throughput,
+//! controller memory with 10,000 machines; and failover of the real binaries (`kill`: SIGKILL, then
+//! SIGTERM, of the leader → new leader → host applies its envelope, and → `meshctl push` through a
+//! survivor succeeds). Run with `cargo bench --bench cluster [-- <section>...]` (sections: throughput,
 //! failover, kill, push, memory); figures go to docs/benchmarks.md.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -749,23 +749,61 @@ async fn wait_rejoined(bed: &Bed, old: u64, new: u64) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2b. Failover of the real binaries: SIGKILL of the leader
+// 2b. Failover of the real binaries: SIGKILL and SIGTERM of the leader
 
 const pair_mesh: &str = include_str!("../beds/meshes/pair.toml");
 
+/// How long a SIGTERMed replica may take to hand over and exit before the bench gives up.
+const term_exit_ms: u64 = 10_000;
+
+/// How the leader is stopped in a run of [`kill_failover`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// SIGKILL: the survivors elect after their election timeout (decision 0110).
+    Kill,
+    /// SIGTERM: the leader hands its leadership over before it exits (decisions 0152, 0225).
+    Term,
+}
+
+impl Stop {
+    fn signal(self) -> &'static str {
+        match self {
+            Stop::Kill => "SIGKILL",
+            Stop::Term => "SIGTERM",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Stop::Kill => "kill",
+            Stop::Term => "term",
+        }
+    }
+}
+
 /// Three `meshd` and two `mesh-host` processes (the bed harness, default settings); per run the
-/// leader is SIGKILLed and the clock runs from the kill to (a) the new leader's "leader of term"
-/// log line, (b) machine ace's host writing an applied envelope of a newer epoch (its state file,
-/// polled every 2 ms), (c) the first `meshctl push ace` through a survivor that exits 0, started
-/// right after the kill and repeated until one does. Runs alternate the survivor meshctl asks.
+/// leader is SIGKILLed (then SIGTERMed, `kill_runs` runs each) and the clock runs from the signal
+/// to (a) the new leader's "leader of term" log line, (b) machine ace's host writing an applied
+/// envelope of a newer epoch (its state file, polled every 2 ms), (c) the first `meshctl push ace`
+/// through a survivor that exits 0, started right after the signal and repeated until one does.
+/// Runs alternate the survivor meshctl asks. A SIGTERMed leader must log "handed over to N" with
+/// the N that leads, before it exits; the run fails otherwise.
 fn kill_failover() -> Result<()> {
-    use mesh::host::state::StateFiles;
     let mut bed = mesh_beds::Bed::start(mesh_beds::binaries!(), 3, pair_mesh)?;
     bed.leader_other_than(None)?;
     bed.apply(pair_mesh, "bench")?;
     bed.meshctl_ok(&["push", "--all", "--why", "bench"])?;
+    for stop in [Stop::Kill, Stop::Term] {
+        failover_runs_of(&mut bed, stop)?;
+    }
+    Ok(())
+}
+
+fn failover_runs_of(bed: &mut mesh_beds::Bed, stop: Stop) -> Result<()> {
+    use mesh::host::state::StateFiles;
     println!(
-        "failover of real processes (meshd ×3, mesh-host ×2, default RaftSettings: heartbeat {} ms, election {}-{} ms), {kill_runs} runs",
+        "failover of real processes on {} of the leader (meshd ×3, mesh-host ×2, default RaftSettings: heartbeat {} ms, election {}-{} ms), {kill_runs} runs",
+        stop.signal(),
         RaftSettings::default().heartbeat_ms,
         RaftSettings::default().election_timeout_min_ms,
         RaftSettings::default().election_timeout_max_ms
@@ -781,13 +819,14 @@ fn kill_failover() -> Result<()> {
         let survivors: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
         let via = survivors[run % survivors.len()];
         let context = bed.context_for(via)?;
-        let log_len: BTreeMap<u64, usize> = survivors
-            .iter()
-            .map(|id| (*id, bed.replica_log(*id).len()))
-            .collect();
+        let log_len: BTreeMap<u64, usize> =
+            (1..=3).map(|id| (id, bed.replica_log(id).len())).collect();
         let wall0 = std::time::SystemTime::now();
         let t0 = Instant::now();
-        bed.kill_replica(old)?;
+        match stop {
+            Stop::Kill => bed.kill_replica(old)?,
+            Stop::Term => bed.terminate_replica(old)?,
+        }
         let watcher = {
             let host = StateFiles::new(&bed.host_root("ace"));
             std::thread::spawn(move || -> Result<Duration> {
@@ -807,7 +846,8 @@ fn kill_failover() -> Result<()> {
         let mut attempts = 0;
         let push = loop {
             attempts += 1;
-            let out = bed.meshctl_in(&context, &["push", "ace", "--why", "after the kill"])?;
+            let why = format!("after the {}", stop.signal());
+            let out = bed.meshctl_in(&context, &["push", "ace", "--why", &why])?;
             if out.code == Some(0) {
                 break t0.elapsed();
             }
@@ -818,9 +858,31 @@ fn kill_failover() -> Result<()> {
         let apply = watcher
             .join()
             .map_err(|_| anyhow!("the host watcher panicked"))??;
-        let (new, elect) = leader_line_after(&bed, &log_len, wall0)?;
+        let survivors_len: BTreeMap<u64, usize> = log_len
+            .iter()
+            .filter(|(id, _)| **id != old)
+            .map(|(id, len)| (*id, *len))
+            .collect();
+        let (new, elect) = leader_line_after(bed, &survivors_len, wall0)?;
+        let handed = match stop {
+            Stop::Kill => String::new(),
+            Stop::Term => {
+                let status = bed.reap_replica(old, term_exit_ms)?;
+                let log = bed.replica_log(old);
+                let tail = log.get(log_len[&old]..).unwrap_or_default();
+                let said = format!("handed over to {new}");
+                if !tail.lines().any(|l| l.contains(&said)) {
+                    bail!(
+                        "replica {old} exited ({status}) without logging {said:?}; its log after SIGTERM:\n{tail}"
+                    );
+                }
+                format!("; replica {old} logged \"{said}\" and exited ({status})")
+            }
+        };
         println!(
-            "kill run {run}: leader {old} SIGKILLed; replica {new} leads after {:.0} ms; ace applied its envelope after {:.0} ms; meshctl push via replica {via} succeeded after {:.0} ms ({attempts} attempt{}) (load {})",
+            "{} run {run}: leader {old} got {}; replica {new} leads after {:.0} ms; ace applied its envelope after {:.0} ms; meshctl push via replica {via} succeeded after {:.0} ms ({attempts} attempt{}){handed} (load {})",
+            stop.label(),
+            stop.signal(),
             ms(elect),
             ms(apply),
             ms(push),
@@ -831,16 +893,17 @@ fn kill_failover() -> Result<()> {
         applied.push(apply);
         pushed.push(push);
         bed.restart_replica(old)?;
-        wait_all_answer(&bed)?;
+        wait_all_answer(bed)?;
     }
+    let signal = stop.signal();
     for (what, list) in [
-        ("kill → new leader", &mut elected),
+        (format!("{signal} → new leader"), &mut elected),
         (
-            "kill → host applied the new leader's envelope",
+            format!("{signal} → host applied the new leader's envelope"),
             &mut applied,
         ),
         (
-            "kill → meshctl push through a survivor succeeded",
+            format!("{signal} → meshctl push through a survivor succeeded"),
             &mut pushed,
         ),
     ] {
