@@ -124,6 +124,10 @@ impl Liveness {
         now: Instant,
     ) -> Route {
         let mut map = self.lock();
+        if term < map.term {
+            // Decided under a term this replica has left: filed (and refused there), never heard.
+            return Route::File { heard: None };
+        }
         Self::for_term(&mut map, term);
         let live = map.machines.entry(report.machine.clone()).or_default();
         let heard = live.heard.map(|h| h.position);
@@ -467,6 +471,12 @@ mod tests {
         assert_eq!(
             live.route(5, Some(&a), true, &report(12, 0), now),
             Route::Heard
+        );
+        assert!(matches!(live.view(5, "ace", now), HeardView::Ago(_)));
+        // A report decided under the term left behind does not bring that term's map back.
+        assert_eq!(
+            live.route(4, Some(&a), true, &report(13, 0), now),
+            Route::File { heard: None }
         );
         assert!(matches!(live.view(5, "ace", now), HeardView::Ago(_)));
     }
