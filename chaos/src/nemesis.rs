@@ -17,6 +17,8 @@ use crate::rng::Rng;
 
 /// Steps in one schedule at most.
 pub const steps_max: usize = 32;
+/// Steps in one schedule at least, however short its time: the headline fault and two drawn.
+pub const steps_min: usize = 3;
 /// Shortest and longest time a fault stays on.
 pub const fault_ms_min: u64 = 200;
 pub const fault_ms_max: u64 = 700;
@@ -225,14 +227,14 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// Draws steps from `mix` until they fill `total_ms` (or [`steps_max`]); the mix's first
-    /// fault comes first.
+    /// Draws steps from `mix` until they fill `total_ms` and number at least [`steps_min`] (at
+    /// most [`steps_max`]); the mix's first fault comes first.
     pub fn generate(seed: u64, mix: Mix, total_ms: u64) -> Self {
         let mut rng = Rng::new(seed, 0x4e_3e5);
         let faults = mix.faults();
         let mut steps = Vec::new();
         let mut planned = 0;
-        while (planned < total_ms || steps.is_empty()) && steps.len() < steps_max {
+        while (planned < total_ms || steps.len() < steps_min) && steps.len() < steps_max {
             let fault = if steps.is_empty() {
                 faults[0]
             } else {

@@ -1,7 +1,7 @@
 //! The nemesis schedule: a function of its seed (so a printed seed replays the same faults),
 //! bounded, and opening with the fault its mix is named after.
 
-use mesh_chaos::nemesis::{Fault, Mix, Schedule, steps_max};
+use mesh_chaos::nemesis::{Fault, Mix, Schedule, steps_max, steps_min};
 
 #[test]
 fn the_same_seed_draws_the_same_schedule_and_another_seed_another() {
@@ -15,12 +15,13 @@ fn the_same_seed_draws_the_same_schedule_and_another_seed_another() {
 
 #[test]
 fn a_schedule_fills_its_time_within_the_step_limit() {
-    // Limits: a long run still has at most `steps_max` steps; a short one has at least one.
+    // Limits: a long run still has at most `steps_max` steps; a short one has `steps_min`, so
+    // every run meets its headline fault and two drawn ones.
     for seed in 0..20 {
         let long = Schedule::generate(seed, Mix::Partitions, 10_000_000);
         assert_eq!(long.steps.len(), steps_max);
         let short = Schedule::generate(seed, Mix::Partitions, 1);
-        assert_eq!(short.steps.len(), 1);
+        assert_eq!(short.steps.len(), steps_min);
         let planned: u64 = Schedule::generate(seed, Mix::Everything, 3_000)
             .steps
             .iter()
