@@ -89,6 +89,26 @@ free_base() {
     return 1
 }
 
+# cpu_ms PID...: CPU time (user + system) the processes used so far, in milliseconds. Fields 14 and
+# 15 of /proc/PID/stat, counted after the ")" that ends the command name (which may hold spaces).
+cpu_ms() {
+    local t=0 p
+    for p in "$@"; do
+        [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+    done
+    echo $((t * 1000 / $(getconf CLK_TCK)))
+}
+
+# timed_client OUT CMD...: runs the benchmark client, its output to OUT, its own CPU time
+# (user + system, /usr/bin/time) to OUT.cpu in milliseconds; returns the client's exit code.
+timed_client() {
+    local out=$1 rc=0
+    shift
+    /usr/bin/time -f '%U %S' -o "$out.time" "$@" >"$out" 2>"$out.err" || rc=$?
+    awk '{ printf "%d", ($1 + $2) * 1000 }' "$out.time" >"$out.cpu"
+    return $rc
+}
+
 wait_until() { # wait_until SECONDS WHAT COMMAND...
     local secs=$1 what=$2
     shift 2
@@ -174,7 +194,11 @@ run_etcd() { # run_etcd LOAD → prints etcdctl's output, sets etcd_rc
         --cert "$pki/client.crt" --key "$pki/client.key")
     wait_until 60 "etcd" "${ctl[@]}" endpoint health
     etcd_rc=0
-    "${ctl[@]}" check perf --load="$load" >"$dir/perf.out" 2>&1 || etcd_rc=$?
+    local before
+    before=$(cpu_ms "${pids[@]}")
+    timed_client "$dir/perf.out" "${ctl[@]}" check perf --load="$load" || etcd_rc=$?
+    echo $(($(cpu_ms "${pids[@]}") - before)) >"$dir/servers.cpu"
+    cat "$dir/perf.out.err" >>"$dir/perf.out"
     # The progress bar redraws with carriage returns; keep the verdict lines.
     tr '\r' '\n' <"$dir/perf.out" | grep -E 'PASS|FAIL|Slowest|Stddev|Throughput|rror' || true
     stop_pids
@@ -199,7 +223,11 @@ run_mesh() { # run_mesh LOAD → prints meshctl bench's output, sets mesh_rc
     wait_until 60 "mesh leader" sh -c "'$meshctl' --context '$dir/m/context.toml' status --json | grep -qE '\"leader\": *[0-9]'"
     "$meshctl" "${ctx[@]}" apply -f "$dir/mesh.toml" --why "side-by-side: $machines machines" >"$dir/apply.log" 2>&1
     mesh_rc=0
-    "$meshctl" "${ctx[@]}" bench --load "$load" >"$dir/bench.out" 2>"$dir/bench.err" || mesh_rc=$?
+    local before
+    before=$(cpu_ms "${pids[@]}")
+    timed_client "$dir/bench.out" "$meshctl" "${ctx[@]}" bench --load "$load" || mesh_rc=$?
+    echo $(($(cpu_ms "${pids[@]}") - before)) >"$dir/servers.cpu"
+    mv "$dir/bench.out.err" "$dir/bench.err"
     cat "$dir/bench.out"
     [ -s "$dir/bench.err" ] && grep -v '^meshctl bench: running' "$dir/bench.err" || true
     stop_pids
@@ -214,6 +242,9 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f", a / b; else
 
 echo "side-by-side: $(date -u '+%Y-%m-%d %H:%M UTC'), nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(etcd --version | head -1), mesh $mesh_from"
 summary=""
+cpu_summary=""
+# CPU per write: both tools write for 60 s at every load, so writes = rate × 60.
+per_write() { awk -v ms="$1" -v r="$2" 'BEGIN { if (r > 0) printf "%.0f", ms * 1000 / (r * 60); else print "-" }'; }
 for load in "${loads[@]}"; do
     echo "== load $load: etcd (3 members, mutual TLS), etcdctl check perf --load=$load (load average $(cut -d' ' -f1-3 /proc/loadavg))"
     run_etcd "$load"
@@ -232,9 +263,22 @@ for load in "${loads[@]}"; do
     summary+=$(printf '\n%-4s %10s %10s %8s   %10s %10s %8s   %10s %10s %8s' \
         "$load" "$er" "$mr" "$(ratio "$mr" "$er")" "$es" "$ms" "$(ratio "$ms" "$es")" \
         "$ed" "$md" "$(ratio "$md" "$ed")")
+    esc=$(cat "$tmp/etcd-$load/servers.cpu" 2>/dev/null || echo 0)
+    ecc=$(cat "$e.cpu" 2>/dev/null || echo 0)
+    msc=$(cat "$tmp/mesh-$load/servers.cpu" 2>/dev/null || echo 0)
+    mcc=$(cat "$m.cpu" 2>/dev/null || echo 0)
+    cpu_summary+=$(printf '\n%-4s %10s %10s %8s   %10s %10s %8s' "$load" \
+        "$(per_write "$esc" "$er")" "$(per_write "$msc" "$mr")" \
+        "$(ratio "$(per_write "$msc" "$mr")" "$(per_write "$esc" "$er")")" \
+        "$(per_write "$ecc" "$er")" "$(per_write "$mcc" "$mr")" \
+        "$(ratio "$(per_write "$mcc" "$mr")" "$(per_write "$ecc" "$er")")")
 done
 echo
 echo "== side by side (ratio = mesh / etcd; writes/s higher is better, slowest and stddev lower)"
 printf '%-4s %10s %10s %8s   %10s %10s %8s   %10s %10s %8s' load 'etcd w/s' 'mesh w/s' ratio \
     'etcd slow' 'mesh slow' ratio 'etcd sd' 'mesh sd' ratio
 echo "$summary"
+echo
+echo "== CPU per write in µs (user + system; servers: the 3 members or replicas while the client ran; client: etcdctl or meshctl bench)"
+printf '%-4s %10s %10s %8s   %10s %10s %8s' load 'etcd srv' 'mesh srv' ratio 'etcdctl' 'meshctl' ratio
+echo "$cpu_summary"
