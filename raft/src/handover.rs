@@ -56,7 +56,9 @@ impl<A: App> Replica<A> {
     /// 2. Pick a voter whose replicated log matches this leader's last index (waiting for one,
     ///    within `within`).
     /// 3. Step down by handing the own Raft a vote for it in the next term, with its log: openraft
-    ///    grants it (higher term, log no shorter), persists it and stops leading.
+    ///    grants it (higher term, log no shorter), persists it and stops leading. openraft refuses
+    ///    it within its own vote lease just after an election: tried again every heartbeat, with
+    ///    the takers and their logs read again.
     /// 4. Wait until `fence` has closed: once acting stopped, that is as soon as no act that began
     ///    is still in flight (at the latest the lease's end). Then nothing more is written under
     ///    the old lease, and a second lease may be granted (G3).
@@ -106,12 +108,16 @@ impl<A: App> Replica<A> {
         handed
     }
 
-    /// Steps 3 to 6 of [`Replica::hand_over`], trying `takers` in turn.
+    /// Steps 3 to 6 of [`Replica::hand_over`], trying `takers` in turn. While openraft refuses
+    /// the step-down vote (its own vote lease just after an election) the takers are read again
+    /// every heartbeat: entries appended meanwhile (reports still commit on a stopping leader)
+    /// make the log a taker matched a moment ago too short, and a stale one would be refused until
+    /// the deadline.
     #[allow(clippy::too_many_arguments)]
     async fn hand_over_to<F, Fut>(
         &self,
-        takers: Vec<(NodeId, LogId)>,
-        last: Option<u64>,
+        mut takers: Vec<(NodeId, LogId)>,
+        mut last: Option<u64>,
         fence: Option<&VoteFence>,
         within: Duration,
         deadline: tokio::time::Instant,
@@ -125,7 +131,7 @@ impl<A: App> Replica<A> {
         let id = self.id();
         let pause = Duration::from_millis(self.config().settings().heartbeat_ms);
         let mut tried: Vec<String> = Vec::new();
-        let no_taker = |tried: &[String]| HandoverError::NoTaker {
+        let no_taker = |tried: &[String], last: Option<u64>| HandoverError::NoTaker {
             id,
             last,
             waited_ms: within.as_millis() as u64,
@@ -135,110 +141,110 @@ impl<A: App> Replica<A> {
                 tried.join("; ")
             },
         };
-        for (to, matched) in takers {
-            let Some(term) = self.vote_for(to, matched, deadline, pause).await? else {
-                // openraft's own vote lease just after an election, or the log moved on.
-                tried.push(format!(
-                    "replica {to}: this leader could not step down for it"
-                ));
-                continue;
-            };
-            tracing::info!(
-                replica = id,
-                to,
-                term,
-                after_ms = since(began),
-                "handover: stepped down, voted for replica {to} in term {term}"
-            );
-            if let Some(fence) = fence {
-                if !fence.closed_by(deadline).await {
-                    tried.push(format!(
-                        "this replica's lease did not end in time ({} act(s) still in flight)",
-                        fence.acting()
-                    ));
-                    return Err(no_taker(&tried));
+        let mut stepped_down = false;
+        loop {
+            for (to, matched) in takers.iter().copied() {
+                let Some(term) = self.vote_for(to, matched).await? else {
+                    // openraft's own vote lease just after an election, or the log moved on.
+                    continue;
+                };
+                stepped_down = true;
+                tracing::info!(
+                    replica = id,
+                    to,
+                    term,
+                    after_ms = since(began),
+                    "handover: stepped down, voted for replica {to} in term {term}"
+                );
+                if let Some(fence) = fence {
+                    if !fence.closed_by(deadline).await {
+                        tried.push(format!(
+                            "this replica's lease did not end in time ({} act(s) still in flight)",
+                            fence.acting()
+                        ));
+                        return Err(no_taker(&tried, last));
+                    }
+                    tracing::info!(
+                        replica = id,
+                        after_ms = since(began),
+                        "handover: the lease ended, no act in flight"
+                    );
+                }
+                if let Err(why) = tell(to).await {
+                    tried.push(format!("replica {to}: {why}"));
+                    continue;
                 }
                 tracing::info!(
                     replica = id,
+                    to,
                     after_ms = since(began),
-                    "handover: the lease ended, no act in flight"
+                    "handover: replica {to} campaigns"
                 );
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let elected = self
+                    .raft()
+                    .wait(Some(left))
+                    .metrics(
+                        |m| m.current_leader == Some(to) && m.current_term >= term,
+                        "the follower takes over",
+                    )
+                    .await;
+                return match elected {
+                    Ok(m) => {
+                        let done = HandedOver {
+                            to,
+                            term: m.current_term,
+                        };
+                        tracing::info!(
+                            replica = id,
+                            to,
+                            term = done.term,
+                            after_ms = since(began),
+                            "leadership {done}"
+                        );
+                        Ok(done)
+                    }
+                    Err(e) => {
+                        tried.push(format!(
+                            "replica {to} was told to campaign but did not lead: {e}"
+                        ));
+                        Err(no_taker(&tried, last))
+                    }
+                };
             }
-            if let Err(why) = tell(to).await {
-                tried.push(format!("replica {to}: {why}"));
-                continue;
-            }
-            tracing::info!(
-                replica = id,
-                to,
-                after_ms = since(began),
-                "handover: replica {to} campaigns"
-            );
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let elected = self
-                .raft()
-                .wait(Some(left))
-                .metrics(
-                    |m| m.current_leader == Some(to) && m.current_term >= term,
-                    "the follower takes over",
-                )
-                .await;
-            match elected {
-                Ok(m) => {
-                    let done = HandedOver {
-                        to,
-                        term: m.current_term,
-                    };
-                    tracing::info!(
-                        replica = id,
-                        to,
-                        term = done.term,
-                        after_ms = since(began),
-                        "leadership {done}"
-                    );
-                    return Ok(done);
-                }
-                Err(e) => {
-                    tried.push(format!(
-                        "replica {to} was told to campaign but did not lead: {e}"
-                    ));
-                    return Err(no_taker(&tried));
-                }
-            }
-        }
-        Err(no_taker(&tried))
-    }
-
-    /// Hands the own Raft a vote for `to` (with log `matched`) in the next term, retrying every
-    /// `pause` until `deadline` while openraft refuses it; the term when granted.
-    async fn vote_for(
-        &self,
-        to: NodeId,
-        matched: LogId,
-        deadline: tokio::time::Instant,
-        pause: Duration,
-    ) -> Result<Option<u64>, HandoverError> {
-        loop {
-            let vote = self
-                .raft()
-                .with_raft_state(|s| *s.vote_ref())
-                .await
-                .map_err(|_| HandoverError::Stopped)?;
-            let term = vote.leader_id().term + 1;
-            let request = VoteRequest::new(Vote::new(term, to), Some(matched));
-            let answer = self
-                .raft()
-                .vote(request)
-                .await
-                .map_err(|_| HandoverError::Stopped)?;
-            if answer.vote_granted {
-                return Ok(Some(term));
+            if stepped_down {
+                // Stepped down for a taker that could not be told: no longer the leader, so
+                // there is nobody left to pick from.
+                return Err(no_taker(&tried, last));
             }
             if tokio::time::Instant::now() + pause > deadline {
-                return Ok(None);
+                tried.push(format!(
+                    "this leader could not step down for {:?} (openraft's vote lease after an election, or a log that kept moving)",
+                    takers.iter().map(|(to, _)| *to).collect::<Vec<_>>()
+                ));
+                return Err(no_taker(&tried, last));
             }
             tokio::time::sleep(pause).await;
+            (takers, last) = self.takers(deadline, pause).await?;
         }
+    }
+
+    /// Hands the own Raft a vote for `to` (with log `matched`) in the next term, once; the term
+    /// when granted, `None` when openraft refused it.
+    async fn vote_for(&self, to: NodeId, matched: LogId) -> Result<Option<u64>, HandoverError> {
+        let vote = self
+            .raft()
+            .with_raft_state(|s| *s.vote_ref())
+            .await
+            .map_err(|_| HandoverError::Stopped)?;
+        let term = vote.leader_id().term + 1;
+        let request = VoteRequest::new(Vote::new(term, to), Some(matched));
+        let answer = self
+            .raft()
+            .vote(request)
+            .await
+            .map_err(|_| HandoverError::Stopped)?;
+        Ok(answer.vote_granted.then_some(term))
     }
 
     /// The voters whose replicated log matches this leader's last index, with that log id, and

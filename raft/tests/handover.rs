@@ -158,3 +158,50 @@ async fn g3_a_leader_handing_over_waits_for_its_act_in_flight_and_not_for_its_le
     assert_eq!(cluster.metrics(handed.to).current_leader, Some(handed.to));
     assert_eq!(cluster.read(handed.to, "k").as_deref(), Some("v"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_right_after_its_election_hands_over_while_entries_still_commit() {
+    // Decision 0225: a leader stopped right after its election waits out openraft's own vote
+    // lease before it can step down, and entries still commit meanwhile (a stopping leader files
+    // reports). It must vote with the taker's log as it is then, not as it was when it began: a
+    // stale one is refused until the deadline and the handover fails.
+    let cluster = Cluster::start(3, fast_settings(), 0).await;
+    let (leader, term) = cluster.wait_leader(&all(), 0).await;
+    let done = AtomicBool::new(false);
+    let writing = async {
+        let mut written = 0u64;
+        while !done.load(Ordering::SeqCst) {
+            let command = mesh_raft::kv::Set {
+                key: format!("w{written}"),
+                value: b"v".to_vec(),
+            }
+            .encode()
+            .expect("encode");
+            if cluster.replica(leader).propose(command).await.is_err() {
+                break;
+            }
+            written += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        written
+    };
+    let handing = async {
+        let handed = cluster
+            .replica(leader)
+            .hand_over(None, wait_deadline, |to| {
+                let raft = cluster.replica(to).raft().clone();
+                async move { raft.trigger().elect().await.map_err(|e| e.to_string()) }
+            })
+            .await;
+        done.store(true, Ordering::SeqCst);
+        handed
+    };
+    let (handed, written) = tokio::join!(handing, writing);
+    let handed = handed.expect("handed over although entries committed while it waited");
+    assert!(
+        written > 0,
+        "entries committed while the leader handed over"
+    );
+    assert!(handed.to != leader && handed.term > term);
+    assert_eq!(cluster.metrics(handed.to).current_leader, Some(handed.to));
+}
