@@ -215,9 +215,6 @@ pub async fn answer(
 ) -> Result<Vec<u8>, String> {
     let request: RaftRequest =
         mesh_codec::decode("raft request", body).map_err(|e| e.to_string())?;
-    if let Some(refusal) = crate::recover::outside_membership(raft, request.from) {
-        return Err(refusal);
-    }
     let reply = if request.timings != *timings {
         let own = raft.metrics().borrow().id;
         log_loudly(
@@ -234,6 +231,13 @@ pub async fn answer(
             timings: *timings,
         }
     } else {
+        // A probe changes nothing and carries no vote: it is answered to anyone, so a replica
+        // about to start learns that its timings differ (decision 0150) before it is a member.
+        if !matches!(request.call, RaftCall::Probe)
+            && let Some(refusal) = crate::recover::outside_membership(raft, request.from)
+        {
+            return Err(refusal);
+        }
         match request.call {
             RaftCall::AppendEntries(rpc) => {
                 RaftReply::AppendEntries(raft.append_entries(rpc).await)
