@@ -98,6 +98,7 @@ pub enum Command {
     /// Certificates: renew, reload, list, revoke.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
+    /// The cluster's replicas: list, add (after `init --add-replica`), remove.
     #[command(subcommand)]
     Replicas(replicas::ReplicasCommand),
     /// Module output from a machine, read by its mesh-host through a replica: the last

@@ -146,8 +146,8 @@ pub(crate) fn signers_trusted(state: &DomainState) -> BTreeMap<u64, VerifyingKey
         .collect()
 }
 
-/// The machines that were sent a declaration but have not confirmed one carrying replica `id`'s
-/// `key` (by their last send and its report, or by this push's own answer), sorted.
+/// The machines of the model that were sent a declaration but have not confirmed one carrying
+/// replica `id`'s `key` (by their last send and its report, or by this push's answer), sorted.
 fn key_missing_on(
     state: &DomainState,
     id: u64,
@@ -158,6 +158,8 @@ fn key_missing_on(
     state
         .last_sends
         .iter()
+        // A machine the model dropped is never pushed again: it cannot hold the key up.
+        .filter(|(machine, _)| state.mesh.machines.contains_key(*machine))
         .filter(|(machine, send)| {
             let carries = send.summary.signers.get(&id) == Some(&hex);
             let confirmed = state.confirmed(machine) || applied_now.contains(*machine);
