@@ -208,6 +208,8 @@ fn read_position(db: &Database) -> Result<Inspected, StoreError> {
 
 /// How often a refusal of one sender is logged at most.
 const refusal_logged_every: Duration = Duration::from_secs(10);
+/// Senders whose last logged refusal is remembered at most; beyond, the memory starts again.
+const refusals_remembered_max: usize = 1024;
 
 /// When replica `from` is outside the membership this replica's Raft has in force, the refusal to
 /// answer instead of handling its Raft message (decision 0235): a replica of the cluster a
@@ -241,6 +243,9 @@ pub fn outside_membership(raft: &Raft, from: NodeId) -> Option<String> {
                 .get(&(own, from))
                 .is_none_or(|at| now.duration_since(*at) >= refusal_logged_every);
             if due {
+                if last.len() >= refusals_remembered_max {
+                    last.clear();
+                }
                 last.insert((own, from), now);
             }
             due
