@@ -195,7 +195,8 @@ pub(crate) struct PushEngine {
     request: Option<RequestId>,
     /// Indexes of sends not yet handed out, in plan order.
     queue: VecDeque<usize>,
-    in_flight: BTreeMap<String, usize>,
+    /// Sends handed out and not answered: their index and the lease end they went out under.
+    in_flight: BTreeMap<String, (usize, Instant)>,
     lines: Vec<Option<PushLine>>,
     stopped: Option<String>,
 }
@@ -282,7 +283,9 @@ impl PushEngine {
                     Err(e) => self.stop(e, &mut out),
                 }
             }
-            Event::Answered { machine, answer } => self.on_answered(machine, answer, &mut out),
+            Event::Answered { machine, answer } => {
+                self.on_answered(now, machine, answer, &mut out)
+            }
             Event::Deposed(reason) => self.stop(reason, &mut out),
             Event::Tick => {}
         }
@@ -368,10 +371,28 @@ impl PushEngine {
         self.fail(PushError::StoreRefused { what, reason }.into(), out);
     }
 
-    fn on_answered(&mut self, machine: String, answer: HostAnswer, out: &mut Vec<Action>) {
-        let Some(index) = self.in_flight.remove(&machine) else {
+    fn on_answered(
+        &mut self,
+        now: Instant,
+        machine: String,
+        answer: HostAnswer,
+        out: &mut Vec<Action>,
+    ) {
+        let Some((index, under)) = self.in_flight.remove(&machine) else {
             return;
         };
+        if matches!(answer, HostAnswer::Gated(_))
+            && self.stopped.is_none()
+            && ((self.renewing && now >= under) || self.lease.until > under)
+        {
+            // Stopped at the write after its lease ended while a renewal was out, or with the
+            // lease renewed since: nothing
+            // of it was written, so it goes back to the head of the queue and leaves again under
+            // the renewed lease (decision 0221). Refused again under that lease, it stops the
+            // push as any send stopped at the write.
+            self.queue.push_front(index);
+            return;
+        }
         let (send, record) = (&self.plan.sends[index], &self.records[index]);
         let reason = send.reason.to_string();
         let mut stop = None;
@@ -545,7 +566,7 @@ impl PushEngine {
                 return;
             };
             let machine = self.plan.sends[index].machine.clone();
-            self.in_flight.insert(machine, index);
+            self.in_flight.insert(machine, (index, self.lease.until));
             out.push(Action::Send {
                 envelope: self.envelope(index),
                 deadline: self.lease.until,

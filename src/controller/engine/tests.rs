@@ -494,6 +494,51 @@ fn g3_sends_on_their_way_are_extended_only_by_a_renewal_in_the_same_term() {
     assert!(extends(&out).is_empty(), "{out:?}");
 }
 
+fn gated(machine: &str) -> Event {
+    Event::Answered {
+        machine: machine.into(),
+        answer: HostAnswer::Gated("not sent to 10.0.0.1:7444: lease closed".into()),
+    }
+}
+
+#[test]
+fn g3_a_send_stopped_at_the_write_during_a_renewal_leaves_again_under_the_renewed_lease() {
+    // G3 (decision 0221): a send stopped at the write while its lease was being renewed wrote
+    // nothing; it goes back to the queue, leaves again under the renewed lease, and only a
+    // refusal under that lease stops the push.
+    let t0 = Instant::now();
+    let state = state_of(many(2));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    through_records(&mut engine, &first, t0);
+    let half = t0 + window / 2;
+    let end = t0 + window;
+    assert_eq!(engine.handle(half, Event::Tick), vec![Action::ConfirmLease]);
+    // The round is slow: the lease ends before it answers, and m000's write comes after.
+    let out = engine.handle(end, gated("m000"));
+    assert!(
+        out.iter()
+            .all(|a| !matches!(a, Action::Line(_) | Action::Stopped { .. })),
+        "{out:?}"
+    );
+    let renewed = lease_at(4, half + window / 4);
+    let out = engine.handle(end, Event::Lease(Ok(renewed)));
+    let again = sends(&out);
+    assert_eq!(again.len(), 1, "{out:?}");
+    assert_eq!(again[0].0.machine, "m000");
+    assert_eq!(again[0].1, renewed.until);
+    let out = engine.handle(end, gated("m000"));
+    assert!(
+        out.iter().any(
+            |a| matches!(a, Action::Stopped { reason, .. } if reason.contains("lease closed"))
+        ),
+        "{out:?}"
+    );
+    let out = engine.handle(end, applied("m001"));
+    let view = answer(&out).expect("answers").as_ref().expect("ok");
+    assert!(matches!(&lines(view)["m000"],
+        PushOutcome::Failed { error, .. } if error.starts_with("stopped at the write:")));
+}
+
 #[test]
 fn g2_a_host_holding_a_newer_envelope_stops_the_rest() {
     // G2/G3: a host refusing an envelope as older than one it accepted has seen a newer leader:
