@@ -277,26 +277,39 @@ async fn g7_plan_diff_is_empty_after_a_leader_change_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g3_a_send_held_up_past_the_lease_on_its_way_out_leaves_no_byte_for_the_host() {
-    // G3, the lease at the write: the envelope waits in the leader's transport (a delay fault
-    // standing in for a dial backoff or a slow handshake) longer than the lease. The lease is
+    // G3, the lease at the write: the envelope waits in the leader's transport (a held send
+    // standing in for a dial backoff or a slow handshake) while the leader, cut off from the
+    // other replicas, cannot renew its lease, until every lease it had has ended. The lease is
     // checked after that wait, so the send stops naming the lease and the host applies nothing.
-    // (With the lease checked before the transport, the bytes left after the lease.)
+    // (With the lease checked before the transport, the bytes left after the lease. A renewal
+    // confirmed meanwhile would let the write go, decision 0221: hence the cut.)
     let bed = Bed::start(&["ace"], &[]).await;
     let leader = bed.wait_leader().await;
     bed.apply(leader, &mount_mesh("/srv/a")).await;
     let host = bed.hosts["ace"].endpoint.local_addr();
     let window = bed.service(leader).replica().config().lease_window();
     let faults = bed.service(leader).endpoint().faults();
-    faults.delay(host, window * 4);
-    let body = bed.push(leader, "ace", &[]).await.expect("push answers");
+    faults.hold(host);
+    let push = bed.push(leader, "ace", &[]);
+    let cut = async {
+        mesh_testkit::wait_for("ace's envelope waiting in the leader's transport", || {
+            faults.held_waiting(host) == 1
+        })
+        .await;
+        bed.isolate(leader);
+        // Every lease confirmed before the cut ends within one window of it.
+        tokio::time::sleep(window * 2).await;
+        faults.heal(host);
+    };
+    let (body, ()) = tokio::join!(push, cut);
+    let body = body.expect("push answers");
     match lines(&body).get("ace") {
         Some(PushOutcome::Failed { error, .. }) => {
-            assert!(error.contains("stopped at the write"), "{error}");
+            assert!(error.starts_with("stopped"), "{error}");
             assert!(error.contains("lease"), "{error}");
         }
         other => panic!("expected a failed line naming the lease, got {other:?}"),
     }
-    faults.delay(host, std::time::Duration::ZERO);
     tokio::time::sleep(window * 2).await;
     assert!(bed.hosts["ace"].agent.applied().await.is_none());
     bed.shutdown().await;
