@@ -186,11 +186,18 @@ impl World {
     }
 
     /// Adds or replaces a module; returns the machines whose declaration may change: its old and
-    /// new machine and every machine consuming from it.
+    /// new machine, every machine consuming from it, and the machines of the providers it consumed
+    /// from before and consumes from now (a provision kept while it was gone, or while it did not
+    /// need that kind, is live again and granted once more on the provider's side).
     pub fn put_module(&mut self, module: Module) -> BTreeSet<String> {
         let mut touched = self.remove_module(&module.name);
         touched.insert(module.machine.clone());
         touched.extend(self.consumer_machines(&module.name));
+        for need in &module.consumes {
+            if let Some(provider) = self.modules.get(&need.from) {
+                touched.insert(provider.machine.clone());
+            }
+        }
         index_module(&mut self.modules_on, &mut self.consumers_of, &module);
         self.modules.insert(module.name.clone(), module);
         touched

@@ -321,6 +321,121 @@ mod tests {
     }
 
     #[test]
+    fn g1_provider_recomposed_when_a_consumer_comes_back_to_a_kept_provision() {
+        // G1 (chaos partitions seed 1107): app consumes pg from db (on a) and its provision is
+        // minted; app leaves the model, the provision stays (stale, granted to nobody); app comes
+        // back where it was, so the provision is live again and db's machine carries the grant
+        // once more. The provider's should-be must follow, or status calls a forever behind
+        // after every push (the push composes from the world, status reads the cache).
+        let mut minted_state = state(1, mesh());
+        minted_state.provisions = minted(&minted_state, "s1");
+        assert!(
+            !minted_state.provisions.is_empty(),
+            "app wants a pg provision"
+        );
+        let with_app = Arc::new(minted_state);
+        let mut gone = (*with_app).clone();
+        gone.revision = 2;
+        gone.mesh.modules.remove("app");
+        let gone = Arc::new(gone);
+        let mut back = (*with_app).clone();
+        back.revision = 3;
+        let back = Arc::new(back);
+        let mut work = Work::default();
+        work.refresh(&with_app).expect("composes");
+        work.refresh(&gone).expect("advances");
+        assert_eq!(work.cache, rebuilt(&gone));
+        work.refresh(&back).expect("advances");
+        assert_eq!(
+            work.cache.get("a"),
+            rebuilt(&back).get("a"),
+            "the provider's digest"
+        );
+        assert_eq!(work.cache, rebuilt(&back));
+        // A consumer that newly needs a provider it did not before touches that provider too.
+        let mut fresh = Work::default();
+        fresh.refresh(&gone).expect("composes");
+        let mut needs_again = (*gone).clone();
+        needs_again.revision = 4;
+        let mut app = module("app", "b");
+        app.consumes.push(Need {
+            kind: "pg".into(),
+            from: "db".into(),
+        });
+        needs_again.mesh.modules.insert("app".into(), app);
+        let needs_again = Arc::new(needs_again);
+        fresh.refresh(&needs_again).expect("advances");
+        assert_eq!(fresh.cache, rebuilt(&needs_again));
+    }
+
+    /// One step of the walk below: a change an operator or a push makes to the stored state.
+    fn step(prev: &DomainState, what: usize, n: u64) -> DomainState {
+        let mut next = prev.clone();
+        next.revision = prev.revision + 1;
+        let app_on = |machine: &str, needs: bool| {
+            let mut app = module("app", machine);
+            if needs {
+                app.consumes.push(Need {
+                    kind: "pg".into(),
+                    from: "db".into(),
+                });
+            }
+            app
+        };
+        match what {
+            0 => {
+                next.mesh.modules.remove("app");
+            }
+            1 => {
+                next.mesh.modules.insert("app".into(), app_on("b", true));
+            }
+            2 => {
+                next.mesh.modules.insert("app".into(), app_on("c", true));
+            }
+            3 => {
+                next.mesh.modules.insert("app".into(), app_on("b", false));
+            }
+            4 => {
+                next.mesh.settings.layers.insert(
+                    Scope::Module("db".into()),
+                    BTreeMap::from([("mode".to_string(), format!("v{n}"))]),
+                );
+            }
+            _ => {
+                let more = minted(&next, &format!("s{n}"));
+                next.provisions.extend(more);
+            }
+        }
+        next
+    }
+
+    #[test]
+    fn g1_cache_walked_through_every_short_sequence_of_changes_equals_a_rebuild_at_each_step() {
+        // G1: every sequence of four changes the chaos workload makes (the consumer gone, back,
+        // moved, not needing; a settings write on the provider; mints) leaves the cache equal to
+        // a full compose after each step, whatever came before.
+        let changes = 6usize;
+        for walk in 0..changes.pow(4) {
+            let mut current = Arc::new(state(1, mesh()));
+            let mut work = Work::default();
+            work.refresh(&current).expect("composes");
+            let mut rest = walk;
+            for n in 0..4u64 {
+                let what = rest % changes;
+                rest /= changes;
+                let next = Arc::new(step(&current, what, n));
+                work.refresh(&next).expect("advances");
+                assert_eq!(
+                    work.cache,
+                    rebuilt(&next),
+                    "walk {walk}: step {n} (change {what})"
+                );
+                current = next;
+            }
+        }
+    }
+
+    #[test]
     fn cache_rebuilds_when_a_machine_leaves_or_a_module_moves() {
         let old = Arc::new(state(1, mesh()));
         let mut moved = mesh();
