@@ -168,6 +168,27 @@ impl Drop for Inner {
     }
 }
 
+/// The receive and send buffers asked for on every endpoint's UDP socket. Linux gives a socket
+/// 208 KiB by default; a replica's one socket takes every client's, peer's and host's packets, and
+/// at load `l` (500 clients) about 600 datagrams a second were dropped on a full buffer, each one
+/// a QUIC loss the sender recovers only after a probe timeout — the slowest writes. The kernel
+/// grants at most `net.core.rmem_max` / `wmem_max` (decision 0252).
+pub const socket_buffer_bytes: usize = 4 * 1024 * 1024;
+
+/// Asks for [`socket_buffer_bytes`] both ways. A refusal leaves the kernel's default, which
+/// works, only with more loss under load: it is logged, not fatal.
+fn widen_buffers(socket: &std::net::UdpSocket, addr: SocketAddr) {
+    let sock = socket2::SockRef::from(socket);
+    for (way, result) in [
+        ("receive", sock.set_recv_buffer_size(socket_buffer_bytes)),
+        ("send", sock.set_send_buffer_size(socket_buffer_bytes)),
+    ] {
+        if let Err(e) = result {
+            tracing::warn!(%addr, way, error = %e, "could not widen the UDP {way} buffer to {socket_buffer_bytes} bytes; packets may be dropped under load");
+        }
+    }
+}
+
 /// A mesh QUIC endpoint: cheap to clone, all clones share connections, counters and faults.
 #[derive(Clone)]
 pub struct Endpoint {
@@ -207,6 +228,7 @@ impl Endpoint {
         };
         endpoint_config.cid_generator(|| Box::new(RestartableCids::new()));
         let socket = std::net::UdpSocket::bind(addr).map_err(socket_err)?;
+        widen_buffers(&socket, addr);
         let runtime = Arc::new(quinn::TokioRuntime);
         let quinn = quinn::Endpoint::new(endpoint_config, Some(server), socket, runtime)
             .map_err(socket_err)?;
@@ -938,5 +960,32 @@ mod tests {
             dial_gate(Some(now + ms(50)), now, now + ms(10)),
             DialGate::TooLate { wait: ms(50) }
         );
+    }
+
+    #[test]
+    fn udp_buffers_are_widened_up_to_what_the_kernel_allows() {
+        // Limits and load: a replica's socket must not drop datagrams at its default 208 KiB
+        // (decision 0252). Linux reports twice the size it granted, capped by rmem_max/wmem_max.
+        let cap = |name: &str| -> usize {
+            std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(socket_buffer_bytes)
+        };
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let before = socket2::SockRef::from(&socket)
+            .recv_buffer_size()
+            .expect("read rcvbuf");
+        widen_buffers(&socket, socket.local_addr().expect("addr"));
+        let sock = socket2::SockRef::from(&socket);
+        let recv = sock.recv_buffer_size().expect("read rcvbuf");
+        let send = sock.send_buffer_size().expect("read sndbuf");
+        let want_recv = socket_buffer_bytes.min(cap("rmem_max"));
+        let want_send = socket_buffer_bytes.min(cap("wmem_max"));
+        assert!(
+            recv >= want_recv && recv > before,
+            "receive buffer {recv} (was {before}), asked {want_recv}"
+        );
+        assert!(send >= want_send, "send buffer {send}, asked {want_send}");
     }
 }
