@@ -728,6 +728,7 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
             machine: "ace".into(),
             modules: vec![],
             revoked: Default::default(),
+            signers: Default::default(),
         },
     };
     let wire = seal(&envelope, &replica_key(2)).expect("seal");
@@ -740,4 +741,3 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
     assert_eq!(floor().await, proven_epoch);
     bed.shutdown().await;
 }
-            signers: Default::default(),

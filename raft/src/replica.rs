@@ -225,7 +225,7 @@ impl<A: App> Replica<A> {
                 let voters = members.keys().copied().collect();
                 spec.config.openraft_for(spec.id, &voters)
             }
-            None => spec.config.openraft(),
+            (None, None) => spec.config.openraft(),
         };
         let raft = Raft::new(
             spec.id,

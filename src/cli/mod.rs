@@ -254,6 +254,7 @@ fn run_command(cli: Cli) -> Result<Output, CliError> {
         Command::Snapshot(cmd) => snapshot::run(ctx.as_deref(), &cmd),
         Command::Machines(cmd) => machines::run(ctx.as_deref(), &cmd),
         Command::Certs(cmd) => certs::run(ctx.as_deref(), &cmd),
+        Command::Replicas(cmd) => replicas::run(ctx.as_deref(), &cmd),
         Command::Logs(args) => logs::run(ctx.as_deref(), &args),
         Command::Bench(args) => bench::run(ctx.as_deref(), &args),
         Command::Completions(args) => help::completions(args.shell).map(Output::done),
@@ -262,7 +263,6 @@ fn run_command(cli: Cli) -> Result<Output, CliError> {
 }
 
 /// `--why` is required by every command that changes something; refused locally when missing or
-        Command::Replicas(cmd) => replicas::run(ctx.as_deref(), &cmd),
 /// blank, so nothing reaches a replica without a reason.
 pub fn require_why(command: &str, why: Option<&str>) -> Result<String, CliError> {
     match why.map(str::trim) {

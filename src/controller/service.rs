@@ -386,7 +386,7 @@ impl Running {
         let within = Duration::from_millis(handover_ms);
         let peers = s.members();
         let handed =
-            mesh_raft::hand_over_over_quic(&s.replica, Some(&s.fence), &s.endpoint, peers, within)
+            mesh_raft::hand_over_over_quic(&s.replica, Some(&s.fence), &s.endpoint, &peers, within)
                 .await;
         match &handed {
             Ok(done) => tracing::info!(replica = s.id, "stopping: leadership {done}"),
@@ -661,6 +661,11 @@ impl Service {
             Request::CertsReload => self.reload_certs().map(Body::CertsReloaded),
             Request::CertsList => self.certs_view().map(Body::Certs),
             Request::Logs { machine, ask } => self.logs(machine, ask).await,
+            Request::ReplicasList => self.replicas_list().await,
+            Request::ReplicasAdd { id, addr, key } => {
+                self.replicas_add(actor, id, addr, key, lines).await
+            }
+            Request::ReplicasRemove { id } => self.replicas_remove(actor, id).await,
             Request::CertsRevoke { target, why } => self.revoke(actor, id, target, why).await,
             Request::ApplyChunk {
                 upload,
@@ -672,11 +677,6 @@ impl Service {
                 let chunk = super::upload::ChunkRequest {
                     upload,
                     index,
-            Request::ReplicasList => self.replicas_list().await,
-            Request::ReplicasAdd { id, addr, key } => {
-                self.replicas_add(actor, id, addr, key, lines).await
-            }
-            Request::ReplicasRemove { id } => self.replicas_remove(actor, id).await,
                     chunks_total,
                     bytes_total,
                     bytes,
@@ -810,7 +810,7 @@ impl Service {
         // The membership's address first: a replica added later is in no `[peers]` (decision 0230).
         let addr = self.member_addr(leader).ok_or_else(|| {
             format!(
-                "leader {leader} is not in [peers] of {}; fix the config",
+                "leader {leader} is neither in the membership nor in [peers] of {}; fix the config",
                 self.config.file().display()
             )
         })?;
