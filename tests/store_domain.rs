@@ -514,7 +514,10 @@ async fn requests_forgotten_in_memory_leave_the_store_so_a_restart_remembers_onl
         // Each batch is remembered before the next is proposed, so ids 0..7 are the oldest.
         while let Some(done) = tasks.join_next().await {
             let (i, outcome) = done.expect("task");
-            assert!(matches!(outcome, Outcome::Applied(_)), "request {i}: {outcome:?}");
+            assert!(
+                matches!(outcome, Outcome::Applied(_)),
+                "request {i}: {outcome:?}"
+            );
         }
         start_at = end;
     }
@@ -533,5 +536,8 @@ async fn requests_forgotten_in_memory_leave_the_store_so_a_restart_remembers_onl
         (0..7).all(|i| state.remembered(&id_of(i)).is_none()),
         "a forgotten request came back after the restart"
     );
-    assert!(state.remembered(&id_of(total - 1)).is_some(), "the newest is kept");
+    assert!(
+        state.remembered(&id_of(total - 1)).is_some(),
+        "the newest is kept"
+    );
 }

@@ -112,7 +112,10 @@ async fn one_mix(mix: Mix, parsed: &RunArgs) -> bool {
         if let Some(m) = parsed.minutes
             && started.elapsed() >= Duration::from_secs(m * 60)
         {
-            eprintln!("{mix}: the {m}-minute budget is spent; stopping after {} runs", seed - parsed.seed);
+            eprintln!(
+                "{mix}: the {m}-minute budget is spent; stopping after {} runs",
+                seed - parsed.seed
+            );
             break;
         }
         let spec = RunSpec {

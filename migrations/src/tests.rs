@@ -22,8 +22,11 @@ fn bytes(table: &str, i: u64) -> Vec<u8> {
 /// A `requests` value as the domain writes it: the order it was remembered in first (counting
 /// down, so the order of rows by id and by order differ), then the rest of the record.
 fn request_value(i: u64) -> Vec<u8> {
-    mesh_codec::encode("fixture request", &(rows_per_table - i, bytes("requests", i)))
-        .expect("encode fixture request")
+    mesh_codec::encode(
+        "fixture request",
+        &(rows_per_table - i, bytes("requests", i)),
+    )
+    .expect("encode fixture request")
 }
 
 fn fill_str_table(db: &Database, def: TableDefinition<&str, &[u8]>, name: &str) {
@@ -406,7 +409,9 @@ fn migration_0010_refuses_a_requests_key_that_is_not_a_request_id_and_leaves_the
         }
         txn.commit().expect("commit");
     }
-    let err = open(&path).expect_err("a 3-byte request key must be refused").to_string();
+    let err = open(&path)
+        .expect_err("a 3-byte request key must be refused")
+        .to_string();
     assert!(
         err.contains("requests_in_order") && err.contains("3-byte key"),
         "the refusal names the migration and the key: {err}"

@@ -130,9 +130,15 @@ pub enum Request {
     ReplicasList,
     /// `meshctl replicas add`: replica `id` at `addr` with envelope key `key` joins as a learner
     /// and becomes a voter through joint consensus once every host has its key.
-    ReplicasAdd { id: u64, addr: String, key: [u8; 32] },
+    ReplicasAdd {
+        id: u64,
+        addr: String,
+        key: [u8; 32],
+    },
     /// `meshctl replicas remove`: replica `id` leaves through joint consensus.
-    ReplicasRemove { id: u64 },
+    ReplicasRemove {
+        id: u64,
+    },
 }
 
 /// What a push is aimed at. A bare push (no machine, no flag) never reaches the wire: meshctl refuses it.

@@ -517,7 +517,15 @@ mod trust_tests {
             proof: None,
         };
         let trusted = trusted_now(&configured, Some(&record));
-        assert_eq!(trusted.get(&4), Some(&added), "the added replica is not trusted");
-        assert_eq!(trusted.get(&1), Some(&founding), "host.toml's key was replaced");
+        assert_eq!(
+            trusted.get(&4),
+            Some(&added),
+            "the added replica is not trusted"
+        );
+        assert_eq!(
+            trusted.get(&1),
+            Some(&founding),
+            "host.toml's key was replaced"
+        );
     }
 }

@@ -532,12 +532,10 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
     changed.extend(state.provisions.keys().cloned().map(Changed::Provision));
     changed.extend(state.accounts.keys().cloned().map(Changed::Account));
     changed.extend(state.holds.keys().cloned().map(Changed::Holds));
-    changed.extend(
-        state
-            .requests
-            .iter()
-            .map(|(id, r)| Changed::Request { id: *id, order: r.order }),
-    );
+    changed.extend(state.requests.iter().map(|(id, r)| Changed::Request {
+        id: *id,
+        order: r.order,
+    }));
     changed.extend(state.revoked.keys().cloned().map(Changed::Revoked));
     changed.extend(state.signers.keys().copied().map(Changed::Signer));
     for (id, upload) in &state.uploads {

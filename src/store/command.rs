@@ -238,10 +238,15 @@ pub enum Applied {
         chunks_total: u32,
     },
     /// Replica `replica`'s key is in the state (`known`) or not, after a `SetSigner`.
-    Signer { replica: u64, known: bool },
+    Signer {
+        replica: u64,
+        known: bool,
+    },
     /// Each report of a `RecordReports`, in its order: whether it was accepted (false: refused as
     /// not newer, and counted).
-    Reports { accepted: Vec<bool> },
+    Reports {
+        accepted: Vec<bool>,
+    },
 }
 
 /// Why the state machine refused a proposal. Nothing changed.

@@ -61,7 +61,10 @@ pub enum Changed {
     Revision,
     /// A request remembered (in the state) or forgotten (gone from it), with the order it was
     /// remembered in: its row's key starts with it (migration 0010).
-    Request { id: RequestId, order: u64 },
+    Request {
+        id: RequestId,
+        order: u64,
+    },
     /// A deny-list row added or removed, by its key.
     Revoked(String),
     /// An upload's head row written, or (gone from the state) its head and chunk rows removed.

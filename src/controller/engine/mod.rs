@@ -283,9 +283,7 @@ impl PushEngine {
                     Err(e) => self.stop(e, &mut out),
                 }
             }
-            Event::Answered { machine, answer } => {
-                self.on_answered(now, machine, answer, &mut out)
-            }
+            Event::Answered { machine, answer } => self.on_answered(now, machine, answer, &mut out),
             Event::Deposed(reason) => self.stop(reason, &mut out),
             Event::Tick => {}
         }
