@@ -271,9 +271,15 @@ pub fn verdict(f: &Figures, spec: &LoadSpec) -> (Vec<String>, bool) {
 
 /// The figures line, one line a script can read.
 pub fn render_figures(f: &Figures) -> String {
+    render_figures_as(f, "writes/s", "ok")
+}
+
+/// The figures line with its own words for the rate (`writes/s`, `reports/s`) and for the
+/// requests that succeeded (`ok`, `filed`).
+pub fn render_figures_as(f: &Figures, rate: &str, done: &str) -> String {
     let failed: u64 = f.errors.values().sum();
     format!(
-        "writes/s {:.1}  p50 {:.1} ms  p99 {:.1} ms  slowest {:.1} ms  stddev {:.1} ms  mean {:.1} ms  ({} ok, {} failed in {:.1} s)\n",
+        "{rate} {:.1}  p50 {:.1} ms  p99 {:.1} ms  slowest {:.1} ms  stddev {:.1} ms  mean {:.1} ms  ({} {done}, {} failed in {:.1} s)\n",
         f.writes_per_s,
         f.p50_ms,
         f.p99_ms,

@@ -153,19 +153,7 @@ pub fn verdict(f: &Figures, spec: &ReportsSpec) -> (Vec<String>, bool) {
 
 /// The figures line.
 pub fn render_figures(f: &Figures) -> String {
-    let failed: u64 = f.errors.values().sum();
-    format!(
-        "reports/s {:.1}  p50 {:.1} ms  p99 {:.1} ms  slowest {:.1} ms  stddev {:.1} ms  mean {:.1} ms  ({} filed, {} failed in {:.1} s)\n",
-        f.writes_per_s,
-        f.p50_ms,
-        f.p99_ms,
-        f.slowest_ms,
-        f.stddev_ms,
-        f.mean_ms,
-        f.ok,
-        failed,
-        f.elapsed.as_secs_f64()
-    )
+    super::render_figures_as(f, "reports/s", "filed")
 }
 
 /// A failure's text as a kind to count: the timeout's remaining milliseconds dropped (they
