@@ -14,6 +14,12 @@ fn report_sequence(status: &Value, machine: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// How long ago the answering leader last heard `machine`; `None` when it has not since it
+/// took office.
+fn heard_ago_ms(status: &Value, machine: &str) -> Option<u64> {
+    Bed::machine(status, machine).and_then(|m| m["heard_ago_ms"].as_u64())
+}
+
 /// Everything of the store `status` shows but the reports: revision, floor and each machine's
 /// last send and holds.
 fn store_of(status: &Value) -> Value {
@@ -90,17 +96,25 @@ fn g15_a_revoked_host_has_its_next_report_refused_and_nothing_else_changes() -> 
             .then_some(()))
     })?;
 
-    // The other host goes on reporting; ace's account does not move again.
+    // The other host goes on reporting; ace is not heard again and its account does not move.
+    // A report that says what the last one said is heard by the leader, not filed (decision
+    // 0216), so "reporting" is the leader's last-heard time, not the account's sequence.
     let ace_then = report_sequence(&revoked_at, "ace");
-    let g14_then = report_sequence(&revoked_at, "g14");
-    let later = bed.wait_for(
-        "g14 reporting after the revocation",
+    let refused_at = std::time::Instant::now();
+    let (later, asked_after) = bed.wait_for(
+        "g14 heard after the revocation",
         wait_ms_default,
         || {
+            let asked_after = refused_at.elapsed().as_millis() as u64;
             let s = bed.status()?;
-            Ok((report_sequence(&s, "g14") > g14_then + 1).then_some(s))
+            let heard_since = heard_ago_ms(&s, "g14").is_some_and(|ago| ago < asked_after);
+            Ok(heard_since.then_some((s, asked_after)))
         },
     )?;
+    assert!(
+        heard_ago_ms(&later, "ace").is_none_or(|ago| ago >= asked_after),
+        "ace was heard after its certificate was revoked: {later}"
+    );
     assert!(
         report_sequence(&later, "ace") <= ace_then + 1,
         "ace reported after its certificate was revoked: {later}"
