@@ -2,11 +2,13 @@
 //! replicas and two hosts, a push; two replicas SIGKILLed and the third stopped; `meshd recover`
 //! (a dry run that changes nothing, then `--force-new-cluster`) on the survivor; started again it
 //! leads alone in a term above every epoch used, keeps its data, and a push reaches every host,
-//! none refusing the new epoch. Then the two lost replicas start on their old stores: they find
-//! each other (the old membership's quorum) but never learn the new term from the survivor, so a
-//! push through them is refused by every host and the hosts stay at the recovered epoch. Last, one
-//! of them is added back on an empty store (`join = true`, `meshctl replicas add`) and a push goes
-//! through the two-member cluster.
+//! none refusing the new epoch. Then one lost replica starts on its old store: the survivor
+//! refuses its Raft, so it can never gather the old membership's quorum or confirm a lease, and a
+//! push through it changes no host. (Both lost replicas started together would be a quorum of the old
+//! membership and could reach the recovered term by their own elections: the guide's "never start
+//! the other replicas on their old stores" is what keeps that out, not this fence.) Last, it is
+//! added back on an empty store (`join = true`, `meshctl replicas add`) and a push goes through the
+//! two-member cluster.
 
 use mesh::host::state::StateFiles;
 use mesh_beds::{Bed, binaries, wait_ms_default};
@@ -219,66 +221,33 @@ fn recover_after_losing_two(bed: &mut Bed) -> anyhow::Result<()> {
         );
     }
 
-    // The two lost replicas start on their old stores: the survivor refuses them, they elect one
-    // of them in the old membership below the recovered term, and no host takes their push.
+    // One lost replica starts on its old store: the survivor refuses its Raft and the other lost
+    // replica is down, so it never gathers the old membership's quorum. It may still call itself
+    // leader of its old term (openraft restores a committed vote for itself at start), but it can
+    // confirm no lease: its push fails and no host applies anything from it.
+    let old = lost[0];
     let log_before = bed.replica_log(survivor).len();
     let new_context = bed.context_for(survivor)?;
-    for id in &lost {
-        bed.restart_replica(*id)?;
-    }
-    bed.wait_for(
-        "the survivor refuses the old members",
-        wait_ms_default,
-        || {
-            let log = bed.replica_log(survivor);
-            let tail = log.get(log_before..).unwrap_or_default();
-            // The old leader's appends, or a candidate's votes; a follower of it sends nothing.
-            Ok(lost
-                .iter()
-                .any(|id| tail.contains(&format!("refuses Raft from replica {id}")))
-                .then_some(()))
-        },
-    )?;
-    let old_context = bed.context_for(lost[0])?;
-    let old_term = bed.wait_for("the old members elect a leader", wait_ms_default, || {
-        let run = bed.meshctl_in(&old_context, &["status", "--json"])?;
-        let doc = run.json()?;
-        let answer = &doc["answer"];
-        let Some(old_leader) = answer["leader"].as_u64() else {
-            return Ok(None);
-        };
-        Ok(answer["replicas"].as_array().and_then(|rows| {
-            rows.iter()
-                .find(|r| r["id"].as_u64() == Some(old_leader))
-                .and_then(|r| r["epoch"].as_u64())
-        }))
+    bed.restart_replica(old)?;
+    bed.wait_for("the survivor refuses the old member", wait_ms_default, || {
+        let log = bed.replica_log(survivor);
+        let tail = log.get(log_before..).unwrap_or_default();
+        Ok(tail
+            .contains(&format!("refuses Raft from replica {old}"))
+            .then_some(()))
     })?;
-    anyhow::ensure!(
-        old_term < term,
-        "the old members lead in term {old_term}, not below the recovered term {term}"
-    );
-    let _ = bed.meshctl_in(
-        &old_context,
-        &[
-            "settings",
-            "set",
-            "mesh",
-            "region=old-cluster",
-            "--why",
-            "through the old members",
-        ],
-    )?;
+    let old_context = bed.context_for(old)?;
     let old_push = bed.meshctl_in(&old_context, &["push", "--all", "--why", "old cluster"])?;
     anyhow::ensure!(
         old_push.code != Some(0),
-        "a push through the old members went through: {}{}",
+        "a push through the old member went through: {}{}",
         old_push.stdout,
         old_push.stderr
     );
     for (machine, epoch) in applied_epochs(bed)? {
         anyhow::ensure!(
             epoch == term,
-            "{machine} applied epoch {epoch} from the old members, not the recovered {term}"
+            "{machine} applied epoch {epoch} after the old member started, not the recovered {term}"
         );
     }
     // The survivor still leads in its term, and its push still goes through.
@@ -300,7 +269,7 @@ fn recover_after_losing_two(bed: &mut Bed) -> anyhow::Result<()> {
             "mesh",
             "region=still-recovered",
             "--why",
-            "after the old members came back",
+            "after the old member came back",
         ],
     )?;
     ok(
@@ -314,10 +283,8 @@ fn recover_after_losing_two(bed: &mut Bed) -> anyhow::Result<()> {
 
     // The way back: a lost replica's old store moved aside, it starts as a joiner on an empty one
     // and is added to the recovered cluster (decision 0230's `replicas add`).
-    for id in &lost {
-        bed.kill_replica(*id)?;
-    }
-    let back = lost[0];
+    bed.kill_replica(old)?;
+    let back = old;
     let dir = bed.dir.join(format!("replica-{back}"));
     for file in ["replica.redb", "epoch-floor"] {
         let path = dir.join(file);
