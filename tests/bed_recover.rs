@@ -229,13 +229,17 @@ fn recover_after_losing_two(bed: &mut Bed) -> anyhow::Result<()> {
     let log_before = bed.replica_log(survivor).len();
     let new_context = bed.context_for(survivor)?;
     bed.restart_replica(old)?;
-    bed.wait_for("the survivor refuses the old member", wait_ms_default, || {
-        let log = bed.replica_log(survivor);
-        let tail = log.get(log_before..).unwrap_or_default();
-        Ok(tail
-            .contains(&format!("refuses Raft from replica {old}"))
-            .then_some(()))
-    })?;
+    bed.wait_for(
+        "the survivor refuses the old member",
+        wait_ms_default,
+        || {
+            let log = bed.replica_log(survivor);
+            let tail = log.get(log_before..).unwrap_or_default();
+            Ok(tail
+                .contains(&format!("refuses Raft from replica {old}"))
+                .then_some(()))
+        },
+    )?;
     let old_context = bed.context_for(old)?;
     let old_push = bed.meshctl_in(&old_context, &["push", "--all", "--why", "old cluster"])?;
     anyhow::ensure!(

@@ -101,16 +101,13 @@ fn g15_a_revoked_host_has_its_next_report_refused_and_nothing_else_changes() -> 
     // 0216), so "reporting" is the leader's last-heard time, not the account's sequence.
     let ace_then = report_sequence(&revoked_at, "ace");
     let refused_at = std::time::Instant::now();
-    let (later, asked_after) = bed.wait_for(
-        "g14 heard after the revocation",
-        wait_ms_default,
-        || {
+    let (later, asked_after) =
+        bed.wait_for("g14 heard after the revocation", wait_ms_default, || {
             let asked_after = refused_at.elapsed().as_millis() as u64;
             let s = bed.status()?;
             let heard_since = heard_ago_ms(&s, "g14").is_some_and(|ago| ago < asked_after);
             Ok(heard_since.then_some((s, asked_after)))
-        },
-    )?;
+        })?;
     assert!(
         heard_ago_ms(&later, "ace").is_none_or(|ago| ago >= asked_after),
         "ace was heard after its certificate was revoked: {later}"
