@@ -549,7 +549,7 @@ async fn connect(
             match dialled {
                 Ok(c) => out.push(c),
                 Err(tried) => {
-                    close_all(&out).await;
+                    close_endpoints(out.iter().map(|c| &c.endpoint)).await;
                     return Err(ClientError::Unreachable {
                         context: ctx_name,
                         tried,
@@ -563,8 +563,9 @@ async fn connect(
     Ok(out)
 }
 
-async fn close_all(clients: &[BenchClient]) {
-    let closes: Vec<_> = clients.iter().map(|c| c.endpoint.close()).collect();
+/// Closes the bench's endpoints at once (its write clients, or the report bench's hosts).
+pub(crate) async fn close_endpoints<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) {
+    let closes: Vec<_> = endpoints.into_iter().map(|e| e.close()).collect();
     futures::future::join_all(closes).await;
 }
 

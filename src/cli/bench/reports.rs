@@ -426,7 +426,7 @@ async fn connect(
             match dialled {
                 Ok(h) => out.push(h),
                 Err(why) => {
-                    close_all(&out).await;
+                    super::close_endpoints(out.iter().map(|h| &h.endpoint)).await;
                     return Err(ClientError::Unreachable {
                         context: context.path.display().to_string(),
                         tried: why,
@@ -437,11 +437,6 @@ async fn connect(
         }
     }
     Ok(out)
-}
-
-async fn close_all(hosts: &[SimHost]) {
-    let closes: Vec<_> = hosts.iter().map(|h| h.endpoint.close()).collect();
-    futures::future::join_all(closes).await;
 }
 
 /// What the hosts saw.
