@@ -186,7 +186,7 @@ pub fn render_text(via: Via, revision: u64, lists: &Lists<'_>) -> String {
     } else {
         out.push_str(&format!(
             "behind their last send: {} (nothing sent; `meshctl plan <machine> --diff` shows how, `meshctl push` sends)\n",
-            render::list(changes)
+            render::list_capped(changes)
         ));
     }
     for scope in *ignored {

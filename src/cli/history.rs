@@ -165,7 +165,7 @@ fn model_line(m: &ModelChange) -> String {
     let changed = if m.changes.is_empty() {
         "no machine's should-be changed".to_string()
     } else {
-        format!("should-be changed on {}", render::list(&m.changes))
+        format!("should-be changed on {}", render::list_capped(&m.changes))
     };
     format!(
         "{}  epoch {}  model revision {} applied ({changed})  by {}: {}\n",

@@ -77,9 +77,35 @@ pub fn list<S: AsRef<str>>(items: &[S]) -> String {
         .join(", ")
 }
 
+/// Most names a one-line list prints before it says how many more there are (`--json` and
+/// `meshctl status` carry them all): an apply that puts 5,000 machines behind is one readable line.
+pub const names_on_a_line: usize = 20;
+
+/// [`list`] of at most [`names_on_a_line`] items, then "and N more".
+pub fn list_capped<S: AsRef<str>>(items: &[S]) -> String {
+    if items.len() <= names_on_a_line {
+        return list(items);
+    }
+    format!(
+        "{} and {} more",
+        list(&items[..names_on_a_line]),
+        items.len() - names_on_a_line
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_list_of_names_is_capped_and_says_how_many_more() {
+        let few: Vec<String> = (0..names_on_a_line).map(|i| format!("m{i}")).collect();
+        assert_eq!(list_capped(&few), list(&few));
+        let many: Vec<String> = (0..500).map(|i| format!("m{i}")).collect();
+        let line = list_capped(&many);
+        assert!(line.starts_with("m0, m1, "), "{line}");
+        assert!(line.ends_with(", m19 and 480 more"), "{line}");
+    }
 
     #[test]
     fn forwarded_answer_says_which_replica_forwarded() {
