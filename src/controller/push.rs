@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use mesh_raft::GateError;
 use mesh_transport::{MessageKind, Peer, Principal, Sink, TransportError};
 use openraft::ServerState;
 use tokio::sync::watch;
@@ -24,7 +25,7 @@ use super::api::{
     push_event_what,
 };
 use super::engine::{
-    Action, Begin, Event, HostAnswer, Lease, PushEngine, PushJob, check_why, plan_dry,
+    Action, Begin, Event, HostAnswer, Lease, NoLease, PushEngine, PushJob, check_why, plan_dry,
 };
 use super::planview::Reveal;
 use super::service::{Service, now_ms};
@@ -53,6 +54,21 @@ fn engine_lease(lease: &mesh_raft::Lease) -> Lease {
         epoch: lease.term(),
         started: lease.started(),
         until: lease.valid_until(),
+    }
+}
+
+/// A round that did not confirm the term in time may be followed by another in the same term;
+/// any other refusal means this replica does not lead in it, or may not act (decision 0270).
+fn no_lease(e: GateError) -> NoLease {
+    match e {
+        GateError::NotConfirmed { .. } | GateError::RoundTooSlow { .. } => {
+            NoLease::Unconfirmed(e.to_string())
+        }
+        GateError::NotLeader { .. }
+        | GateError::TermMoved { .. }
+        | GateError::LeaseClosed { .. }
+        | GateError::Stopped
+        | GateError::StoppedActing => NoLease::Lost(e.to_string()),
     }
 }
 
@@ -317,9 +333,11 @@ impl Service {
         Ok(())
     }
 
+    /// One lease round for the engine: a lease, or whether the term may still be confirmed by
+    /// another round (decision 0270).
     async fn renew(&self) -> Event {
-        let round = self.lease().await;
-        Event::Lease(round.map(|l| engine_lease(&l)).map_err(|e| e.to_string()))
+        let round = self.lease_round().await;
+        Event::Lease(round.map(|l| engine_lease(&l)).map_err(no_lease))
     }
 
     async fn propose_step(

@@ -505,6 +505,21 @@ impl Service {
 
     /// A lease from the gate (G3): leadership confirmed by a quorum round.
     pub(crate) async fn lease(&self) -> Result<Lease, ApiError> {
+        self.lease_round().await.map_err(|e| match e {
+            GateError::NotLeader { leader } => ApiError::NotLeader {
+                replica: self.id,
+                leader,
+            },
+            other => ApiError::NoLease {
+                replica: self.id,
+                reason: other.to_string(),
+            },
+        })
+    }
+
+    /// [`Service::lease`] with the gate's own error, for a push that tells a round that did not
+    /// confirm the term from one that lost it (decision 0270).
+    pub(crate) async fn lease_round(&self) -> Result<Lease, GateError> {
         let round = Gate::acquire_fenced(
             self.replica.raft(),
             self.clock.as_ref(),
@@ -524,16 +539,7 @@ impl Service {
                 tracing::info!(replica = self.id, error = %e, "no lease: the quorum round failed")
             }
         }
-        round.map_err(|e| match e {
-            GateError::NotLeader { leader } => ApiError::NotLeader {
-                replica: self.id,
-                leader,
-            },
-            other => ApiError::NoLease {
-                replica: self.id,
-                reason: other.to_string(),
-            },
-        })
+        round
     }
 
     /// Proposes `command` decided under `epoch` (and revision `expect`) and waits for its outcome;

@@ -4,9 +4,10 @@
 //! and feeds back what came of them. No tokio, no clock, no randomness, no I/O here: secrets are
 //! handed in, time is an argument. The engine owns the steps of a push (plan → `Mint` → holds →
 //! `RecordSends` → envelopes, each with the lease's end as its deadline), when it stops (lease
-//! closed or lost, leadership lost, a refused compare-and-set, a host holding a newer envelope, a
-//! send stopped at the write), when it asks for the lease again, the sequence of every send, and
-//! the compose cache it plans from ([`cache`]).
+//! lost to another term or not confirmed in several rounds in a row, leadership lost, a refused
+//! compare-and-set, a host holding a newer envelope, a send stopped at the write), when it asks
+//! for the lease again (renewed from its half, taken again once closed: decision 0270), the
+//! sequence of every send, and the compose cache it plans from ([`cache`]).
 
 pub(crate) mod cache;
 #[cfg(test)]
@@ -29,6 +30,12 @@ use crate::store::state::DomainState;
 
 /// Envelopes in flight at once during one push.
 pub const sends_in_flight_max: usize = 64;
+/// Lease rounds in a row that may fail to confirm the push's term (a quorum answering too late)
+/// before the push stops with the last one's error (decision 0270).
+pub const lease_rounds_failed_max: u32 = 3;
+/// How many times one envelope stopped at the write after its lease ended goes back to the
+/// queue, to leave again under a later lease of the push's term (decisions 0221, 0270).
+pub const gated_resends_max: u8 = 3;
 /// What `plan` shows instead of a secret: nothing is minted by a dry run.
 pub const placeholder_secret: &str = "<minted at push>";
 
@@ -49,15 +56,21 @@ impl Lease {
         self.until - window / 2
     }
 
-    fn closed(&self, now: Instant) -> Option<String> {
-        (now >= self.until).then(|| {
-            format!(
-                "lease closed: the lease of term {} closed {} ms ago",
-                self.epoch,
-                now.duration_since(self.until).as_millis()
-            )
-        })
+    fn is_open(&self, now: Instant) -> bool {
+        now < self.until
     }
+}
+
+/// Why a lease round gave no lease, as the engine needs to know it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum NoLease {
+    /// The round did not confirm the term in time (a quorum answered too late, the round took
+    /// longer than the lease): this replica may still lead in it, and another round may
+    /// confirm it (decision 0270).
+    Unconfirmed(String),
+    /// This replica does not lead in the term any more, or may not act in it: not the leader,
+    /// the term moved, acting stopped for a handover, the Raft core stopped.
+    Lost(String),
 }
 
 /// What one push is asked to do.
@@ -96,7 +109,7 @@ pub(crate) struct Begin<'a> {
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Event {
     /// The lease round the engine asked for: a lease, or why there is none.
-    Lease(Result<Lease, String>),
+    Lease(Result<Lease, NoLease>),
     /// The proposal in flight committed.
     Committed(Applied),
     /// The store refused the proposal in flight (a moved revision, a stale epoch).
@@ -181,6 +194,10 @@ enum Step {
 pub(crate) struct PushEngine {
     lease: Lease,
     renewing: bool,
+    /// Lease rounds in a row that did not confirm the push's term.
+    failed_rounds: u32,
+    /// Per send, how often it went back to the queue after being stopped at the write.
+    resent: Vec<u8>,
     /// The revision the send records are compared with: the plan's, then the mints'.
     revision: u64,
     step: Step,
@@ -219,6 +236,8 @@ impl PushEngine {
         PushEngine {
             lease,
             renewing: false,
+            failed_rounds: 0,
+            resent: vec![],
             revision: 0,
             step: Step::Done,
             pending_reply: false,
@@ -293,7 +312,7 @@ impl PushEngine {
         out
     }
 
-    fn on_lease(&mut self, result: Result<Lease, String>, out: &mut Vec<Action>) {
+    fn on_lease(&mut self, result: Result<Lease, NoLease>, out: &mut Vec<Action>) {
         self.renewing = false;
         match result {
             Ok(lease) if lease.epoch != self.lease.epoch => {
@@ -304,6 +323,11 @@ impl PushEngine {
                 self.stop(reason, out);
             }
             Ok(lease) => {
+                self.failed_rounds = 0;
+                // A lease of the push's own term, whether the last one was still open (a
+                // renewal) or had closed (taken again, decision 0270): the round was a quorum's
+                // confirmation of this term after the last, so writes before its end are
+                // written under a lease of this term.
                 if lease.until > self.lease.until {
                     self.lease = lease;
                     if self.stopped.is_none() {
@@ -311,7 +335,18 @@ impl PushEngine {
                     }
                 }
             }
-            Err(e) => self.stop(format!("lease could not be renewed: {e}"), out),
+            Err(NoLease::Lost(e)) => self.stop(format!("lease could not be renewed: {e}"), out),
+            Err(NoLease::Unconfirmed(e)) => {
+                // Not confirmed, not lost: `pump` asks again at once, up to the bound.
+                self.failed_rounds += 1;
+                if self.failed_rounds >= lease_rounds_failed_max {
+                    let reason = format!(
+                        "lease could not be renewed: {e} ({} rounds in a row failed)",
+                        self.failed_rounds
+                    );
+                    self.stop(reason, out);
+                }
+            }
         }
     }
 
@@ -381,13 +416,15 @@ impl PushEngine {
         };
         if matches!(answer, HostAnswer::Gated(_))
             && self.stopped.is_none()
-            && ((self.renewing && now >= under) || self.lease.until > under)
+            && (now >= under || self.lease.until > under)
+            && self.resent[index] < gated_resends_max
         {
-            // Stopped at the write after its lease ended while a renewal was out, or with the
-            // lease renewed since: nothing
-            // of it was written, so it goes back to the head of the queue and leaves again under
-            // the renewed lease (decision 0221). Refused again under that lease, it stops the
-            // push as any send stopped at the write.
+            // Stopped at the write after the lease it left under ended (renewed or taken again
+            // in the same term, or the push stops), or with the lease renewed since: it goes
+            // back to the head of the queue and leaves again under a later lease of the push's
+            // term (decisions 0221, 0270). Refused under a lease still open, or a fourth time, it
+            // stops the push as any send stopped at the write.
+            self.resent[index] += 1;
             self.queue.push_front(index);
             return;
         }
@@ -470,11 +507,12 @@ impl PushEngine {
     fn pump(&mut self, now: Instant) -> Vec<Action> {
         let mut out = Vec::new();
         if self.stopped.is_none() && self.work_remains() && !self.renewing {
-            // A lease already closed is never renewed (the replica may have been paused past
-            // it, and another leader elected): the push stops. One in its second half is.
-            if let Some(closed) = self.lease.closed(now) {
-                self.stop(closed, &mut out);
-            } else if now >= self.lease.renew_at() {
+            // From its half on the lease is renewed; one already closed is taken again by a
+            // fresh quorum round of the same term (the replica may have been paused past it
+            // and another leader elected: then that round fails or answers another term, and
+            // the push stops). Nothing is proposed or sent until a lease is confirmed
+            // (decision 0270).
+            if now >= self.lease.renew_at() {
                 self.renewing = true;
                 out.push(Action::ConfirmLease);
             }
@@ -490,8 +528,8 @@ impl PushEngine {
             // While a renewal is out no proposal starts, even on a lease still open. Sends do, on
             // a lease still open: each writes only under the lease as the renewal extends it, and
             // is stopped at the write if it does not (decision 0221).
-            let may_act = !self.renewing && self.lease.closed(now).is_none();
-            let may_send = self.lease.closed(now).is_none();
+            let may_act = !self.renewing && self.lease.is_open(now);
+            let may_send = self.lease.is_open(now);
             match self.step {
                 Step::Mints if self.plan.mints.is_empty() => self.step = Step::Holds,
                 Step::Holds if self.holds.is_empty() => self.step = Step::Records,
@@ -734,9 +772,12 @@ fn prepare(b: Begin<'_>) -> Result<PushEngine, ApiError> {
         .filter(|i| Some(*i) != keep)
         .collect();
     let lines = vec![None; planned.sends.len()];
+    let resent = vec![0; planned.sends.len()];
     Ok(PushEngine {
         lease,
         renewing: false,
+        failed_rounds: 0,
+        resent,
         revision: state.revision,
         step: Step::Mints,
         pending_reply: false,

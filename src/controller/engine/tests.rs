@@ -299,8 +299,8 @@ fn g3_no_step_starts_after_the_lease_and_renewal_is_asked_before_its_end() {
 
 #[test]
 fn g3_lease_refused_stops_the_push_naming_every_machine_not_sent() {
-    // G3: when the renewal is refused, the sends not yet handed out are not sent and each is
-    // named with the reason; the sends already out finish; the answer waits for them.
+    // G3: when the renewal finds leadership lost, the sends not yet handed out are not sent and
+    // each is named with the reason; the sends already out finish; the answer waits for them.
     let t0 = Instant::now();
     let state = state_of(many(sends_in_flight_max + 6));
     let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
@@ -308,7 +308,8 @@ fn g3_lease_refused_stops_the_push_naming_every_machine_not_sent() {
     let in_flight: Vec<String> = sends(&out).iter().map(|(e, _)| e.machine.clone()).collect();
     let half = t0 + window / 2;
     assert_eq!(engine.handle(half, Event::Tick), vec![Action::ConfirmLease]);
-    let out = engine.handle(half, Event::Lease(Err("no quorum answered".into())));
+    let lost = NoLease::Lost("this replica is not the leader".into());
+    let out = engine.handle(half, Event::Lease(Err(lost)));
     assert!(sends(&out).is_empty());
     assert!(
         out.iter().any(
@@ -328,7 +329,7 @@ fn g3_lease_refused_stops_the_push_naming_every_machine_not_sent() {
         .iter()
         .filter(|(_, o)| {
             matches!(o, PushOutcome::Failed { error, .. }
-                if error.contains("stopped: lease could not be renewed: no quorum answered"))
+                if error.contains("stopped: lease could not be renewed: this replica is not the leader"))
         })
         .map(|(m, _)| m)
         .collect();
@@ -337,14 +338,16 @@ fn g3_lease_refused_stops_the_push_naming_every_machine_not_sent() {
 }
 
 #[test]
-fn g3_a_leader_paused_past_its_lease_stops_and_does_not_renew_it() {
-    // G3: a lease found closed (the replica was paused past it; another leader may exist) is
-    // never renewed: the push stops at once, before its mints, and names every machine.
+fn g3_a_leader_paused_past_its_lease_proposes_nothing_until_a_lease_of_its_term() {
+    // G3 (decision 0270): a lease found closed (the replica was paused past it; another leader
+    // may exist) is not acted on: the push proposes nothing and asks for a fresh quorum round.
+    // Answered in a newer term, it stops before its mints and names every machine.
     let t0 = Instant::now();
     let state = state_of(provider_consumer_mesh());
     let late = t0 + window * 3;
-    let (_, out) = begin(&state, job(named("g14")), lease_at(5, t0), late);
-    assert!(!out.contains(&Action::ConfirmLease));
+    let (mut engine, out) = begin(&state, job(named("g14")), lease_at(5, t0), late);
+    assert_eq!(out, vec![Action::ConfirmLease]);
+    let out = engine.handle(late, Event::Lease(Ok(lease_at(6, late))));
     assert!(proposals(&out).is_empty());
     let view = answer(&out)
         .expect("answers")
@@ -353,26 +356,32 @@ fn g3_a_leader_paused_past_its_lease_stops_and_does_not_renew_it() {
     assert_eq!(view.lines.len(), 2);
     for line in &view.lines {
         assert!(
-            matches!(&line.outcome, PushOutcome::Failed { error, .. } if error.contains("lease closed")),
+            matches!(&line.outcome, PushOutcome::Failed { error, .. } if error.contains("from term 5 to term 6")),
             "{line:?}"
         );
     }
 }
 
 #[test]
-fn g3_paused_past_the_lease_between_records_and_sends_sends_nothing() {
-    // G3: records committed, then the replica was paused past its lease: no send action.
+fn g3_paused_past_the_lease_between_records_and_sends_sends_nothing_until_a_new_lease() {
+    // G3 (decision 0270): records committed, then the replica was paused past its lease: no send
+    // action, only a quorum round; the sends leave under the lease it confirms in the same term.
     let t0 = Instant::now();
     let state = state_of(many(2));
     let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(5, t0), t0);
     let p = proposals(&first);
     assert_eq!(p.len(), 1);
-    let out = engine.handle(t0 + window * 2, records_committed());
-    assert!(sends(&out).is_empty());
-    let view = answer(&out).expect("answers").as_ref().expect("ok");
-    assert!(view.lines.iter().all(
-        |l| matches!(&l.outcome, PushOutcome::Failed { error, .. } if error.starts_with("stopped: lease closed"))
-    ));
+    let late = t0 + window * 2;
+    let out = engine.handle(late, records_committed());
+    assert_eq!(out, vec![Action::ConfirmLease]);
+    let again = lease_at(5, late);
+    let out = engine.handle(late, Event::Lease(Ok(again)));
+    let sent = sends(&out);
+    assert_eq!(sent.len(), 2, "{out:?}");
+    assert!(
+        sent.iter()
+            .all(|(e, deadline)| e.epoch == 5 && *deadline == again.until)
+    );
 }
 
 #[test]
@@ -868,4 +877,271 @@ fn a_push_whose_request_already_recorded_other_sends_sends_nothing() {
     });
     let out = engine.handle(t0, own);
     assert_eq!(sends(&out).len(), 2, "its own records send");
+}
+
+/// Whether `actions` write nothing and let nothing be written: no proposal, send, kept
+/// envelope or extension of the sends on their way.
+fn writes_nothing(actions: &[Action]) -> bool {
+    actions.iter().all(|a| {
+        !matches!(
+            a,
+            Action::Propose { .. }
+                | Action::Send { .. }
+                | Action::Keep { .. }
+                | Action::Extend { .. }
+        )
+    })
+}
+
+fn unconfirmed() -> Event {
+    Event::Lease(Err(NoLease::Unconfirmed(
+        "leadership in term 4 was not confirmed by a quorum: got {1}".into(),
+    )))
+}
+
+#[test]
+fn g3_a_push_whose_lease_closed_continues_under_a_lease_of_the_same_term() {
+    // G3 (decision 0270): the renewal's wake-up came after the lease's end. The push does not
+    // stop: it asks for a fresh quorum round, and once the round confirms a lease of the push's
+    // term the queued sends leave under it, the sends on their way are extended to it, and every
+    // machine is applied.
+    let t0 = Instant::now();
+    let state = state_of(many(sends_in_flight_max + 6));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    let out = through_records(&mut engine, &first, t0);
+    let mut on_their_way: Vec<String> =
+        sends(&out).iter().map(|(e, _)| e.machine.clone()).collect();
+    let late = t0 + window + Duration::from_millis(40);
+    let out = engine.handle(late, Event::Tick);
+    assert_eq!(out, vec![Action::ConfirmLease], "taken again, not stopped");
+    let again = lease_at(4, late);
+    let out = engine.handle(late, Event::Lease(Ok(again)));
+    assert_eq!(extends(&out), vec![again.until]);
+    assert!(sends(&out).is_empty(), "the window is full");
+    let mut last = Vec::new();
+    while let Some(machine) = on_their_way.pop() {
+        last = engine.handle(late, applied(&machine));
+        for (envelope, deadline) in sends(&last) {
+            assert_eq!(deadline, again.until, "under the lease taken again");
+            assert_eq!(envelope.epoch, 4);
+            on_their_way.push(envelope.machine.clone());
+        }
+    }
+    let view = answer(&last).expect("answers").as_ref().expect("ok");
+    assert_eq!(view.epoch, 4);
+    assert_eq!(view.lines.len(), sends_in_flight_max + 6);
+    assert!(
+        lines(view)
+            .values()
+            .all(|o| matches!(o, PushOutcome::Applied { .. })),
+        "{view:?}"
+    );
+}
+
+#[test]
+fn g3_a_push_whose_lease_closed_stops_on_a_higher_term_seen() {
+    // G3 (decision 0270): the round that would take the lease again answers a newer term, finds
+    // the replica no longer leading, or the driver sees it deposed while the round is out: the
+    // push stops, sends nothing more, and names every machine not sent.
+    let t0 = Instant::now();
+    let state = state_of(many(sends_in_flight_max + 2));
+    let late = t0 + window * 2;
+    let endings: [(Event, &str); 3] = [
+        (Event::Lease(Ok(lease_at(5, late))), "from term 4 to term 5"),
+        (
+            Event::Lease(Err(NoLease::Lost(
+                "the term moved from 4 to 5 during the quorum round".into(),
+            ))),
+            "the term moved from 4 to 5",
+        ),
+        (
+            Event::Deposed("leadership lost: term 4 is now 5".into()),
+            "term 4 is now 5",
+        ),
+    ];
+    for (ending, why) in endings {
+        let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+        let out = through_records(&mut engine, &first, t0);
+        let on_their_way: Vec<String> =
+            sends(&out).iter().map(|(e, _)| e.machine.clone()).collect();
+        assert_eq!(engine.handle(late, Event::Tick), vec![Action::ConfirmLease]);
+        let out = engine.handle(late, ending);
+        assert!(writes_nothing(&out), "{why}: {out:?}");
+        assert!(
+            out.iter()
+                .any(|a| matches!(a, Action::Stopped { epoch: 4, reason } if reason.contains(why))),
+            "{why}: {out:?}"
+        );
+        // A round still out answering in the push's term after that extends and sends nothing.
+        let out = engine.handle(late, Event::Lease(Ok(lease_at(4, late))));
+        assert!(writes_nothing(&out), "{why}: {out:?}");
+        let mut last = Vec::new();
+        for m in &on_their_way {
+            last = engine.handle(late, applied(m));
+            assert!(writes_nothing(&last), "{why}: {last:?}");
+        }
+        let view = answer(&last).expect("answers").as_ref().expect("ok");
+        let stopped = lines(view)
+            .into_values()
+            .filter(|o| matches!(o, PushOutcome::Failed { error, .. } if error.contains(why)))
+            .count();
+        assert_eq!(stopped, 2, "{why}: {view:?}");
+    }
+}
+
+#[test]
+fn g3_a_push_whose_lease_closed_stops_after_n_failed_rounds() {
+    // G3 (decision 0270): rounds that do not confirm the term are asked again, but only
+    // `lease_rounds_failed_max` in a row: then the push stops with the last round's error. A
+    // round that confirms the term in between starts the count again.
+    let t0 = Instant::now();
+    let state = state_of(many(sends_in_flight_max + 2));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    let out = through_records(&mut engine, &first, t0);
+    let on_their_way: Vec<String> = sends(&out).iter().map(|(e, _)| e.machine.clone()).collect();
+    let half = t0 + window / 2;
+    assert_eq!(engine.handle(half, Event::Tick), vec![Action::ConfirmLease]);
+    for _ in 1..lease_rounds_failed_max {
+        assert_eq!(
+            engine.handle(half, unconfirmed()),
+            vec![Action::ConfirmLease]
+        );
+    }
+    let renewed = lease_at(4, half);
+    let out = engine.handle(half, Event::Lease(Ok(renewed)));
+    assert_eq!(extends(&out), vec![renewed.until], "the count starts again");
+    let late = renewed.until + Duration::from_millis(10);
+    assert_eq!(engine.handle(late, Event::Tick), vec![Action::ConfirmLease]);
+    for _ in 1..lease_rounds_failed_max {
+        assert_eq!(
+            engine.handle(late, unconfirmed()),
+            vec![Action::ConfirmLease]
+        );
+    }
+    let out = engine.handle(late, unconfirmed());
+    assert!(writes_nothing(&out), "{out:?}");
+    assert!(
+        !out.contains(&Action::ConfirmLease),
+        "no round after the last: {out:?}"
+    );
+    assert!(
+        out.iter().any(|a| matches!(a, Action::Stopped { epoch: 4, reason }
+            if reason.contains("not confirmed by a quorum") && reason.contains("3 rounds in a row"))),
+        "{out:?}"
+    );
+    assert_eq!(engine.wake_at(), None);
+    let mut last = Vec::new();
+    for m in &on_their_way {
+        last = engine.handle(late, applied(m));
+        assert!(writes_nothing(&last), "{last:?}");
+    }
+    let view = answer(&last).expect("answers").as_ref().expect("ok");
+    let stopped = lines(view)
+        .into_values()
+        .filter(|o| {
+            matches!(o, PushOutcome::Failed { error, .. }
+            if error.starts_with("stopped: lease could not be renewed:"))
+        })
+        .count();
+    assert_eq!(stopped, 2, "{view:?}");
+}
+
+#[test]
+fn g3_nothing_written_between_the_close_and_the_new_lease() {
+    // G3 (decision 0270): from the lease's end until a round confirms a new one, nothing is
+    // proposed, sent or extended, whatever comes back meanwhile (answers, sends stopped at the
+    // write, rounds that fail); the sends stopped at the write wrote nothing and leave first
+    // under the new lease. The same holds for the push's proposals.
+    let t0 = Instant::now();
+    let state = state_of(many(sends_in_flight_max + 2));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    let out = through_records(&mut engine, &first, t0);
+    let on_their_way: Vec<String> = sends(&out).iter().map(|(e, _)| e.machine.clone()).collect();
+    let end = t0 + window;
+    let out = engine.handle(end, Event::Tick);
+    assert_eq!(out, vec![Action::ConfirmLease]);
+    let gap = [
+        engine.handle(end, applied(&on_their_way[0])),
+        engine.handle(end, gated(&on_their_way[1])),
+        engine.handle(end + Duration::from_millis(5), unconfirmed()),
+        engine.handle(end + Duration::from_millis(6), gated(&on_their_way[2])),
+        engine.handle(end + Duration::from_millis(7), Event::Tick),
+    ];
+    for out in &gap {
+        assert!(writes_nothing(out), "{out:?}");
+        assert!(
+            out.iter().all(|a| !matches!(a, Action::Stopped { .. })),
+            "{out:?}"
+        );
+    }
+    assert!(
+        gap.iter()
+            .flatten()
+            .all(|a| !matches!(a, Action::Line(l) if l.machine != on_their_way[0])),
+        "a send stopped at the write is not settled: {gap:?}"
+    );
+    let again = lease_at(4, end + Duration::from_millis(20));
+    let out = engine.handle(again.started, Event::Lease(Ok(again)));
+    let sent: Vec<(String, Instant)> = sends(&out)
+        .iter()
+        .map(|(e, d)| (e.machine.clone(), *d))
+        .collect();
+    assert_eq!(
+        sent,
+        vec![
+            (on_their_way[2].clone(), again.until),
+            (on_their_way[1].clone(), again.until),
+            ("m064".to_string(), again.until),
+        ],
+        "{out:?}"
+    );
+
+    // Proposals too: the mints committed after the lease's end; the records wait for a lease.
+    let state = state_of(provider_consumer_mesh());
+    let (mut engine, first) = begin(&state, job(named("g14")), lease_at(4, t0), t0);
+    assert_eq!(proposals(&first).len(), 1);
+    let out = engine.handle(end, committed(4));
+    assert_eq!(out, vec![Action::ConfirmLease]);
+    assert!(writes_nothing(&engine.handle(end, unconfirmed())));
+    let out = engine.handle(again.started, Event::Lease(Ok(again)));
+    let p = proposals(&out);
+    assert!(
+        matches!(p.as_slice(), [(4, Some(4), Command::RecordSends { .. })]),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn g3_a_send_stopped_at_the_write_under_every_lease_stops_the_push_after_n_resends() {
+    // G3 (decisions 0221, 0270): a send stopped at the write after its lease ended goes back to
+    // the queue at most `gated_resends_max` times; stopped once more, it stops the push, so a
+    // push whose writes never get through ends.
+    let t0 = Instant::now();
+    let state = state_of(many(1));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    through_records(&mut engine, &first, t0);
+    let mut lease = lease_at(4, t0);
+    for round in 0..gated_resends_max {
+        let out = engine.handle(lease.until, gated("m000"));
+        assert!(
+            out.iter()
+                .all(|a| !matches!(a, Action::Line(_) | Action::Stopped { .. })),
+            "resend {round}: {out:?}"
+        );
+        assert!(sends(&out).is_empty());
+        assert!(out.contains(&Action::ConfirmLease), "{out:?}");
+        lease = lease_at(4, lease.until);
+        let out = engine.handle(lease.started, Event::Lease(Ok(lease)));
+        assert_eq!(sends(&out).len(), 1, "resend {round}: {out:?}");
+    }
+    let out = engine.handle(lease.until, gated("m000"));
+    assert!(
+        out.iter().any(
+            |a| matches!(a, Action::Stopped { reason, .. } if reason.contains("lease closed"))
+        ),
+        "{out:?}"
+    );
+    let view = answer(&out).expect("answers").as_ref().expect("ok");
+    assert!(matches!(&lines(view)["m000"],
+        PushOutcome::Failed { error, .. } if error.starts_with("stopped at the write:")));
 }
