@@ -288,7 +288,7 @@ impl PushEngine {
         }
         let mut out = Vec::new();
         match event {
-            Event::Lease(result) => self.on_lease(result, &mut out),
+            Event::Lease(result) => self.on_lease(now, result, &mut out),
             Event::Committed(applied) => self.on_committed(applied, &mut out),
             Event::Refused(reason) => self.on_refused(reason, &mut out),
             Event::Failed(error) => {
@@ -312,7 +312,7 @@ impl PushEngine {
         out
     }
 
-    fn on_lease(&mut self, result: Result<Lease, NoLease>, out: &mut Vec<Action>) {
+    fn on_lease(&mut self, now: Instant, result: Result<Lease, NoLease>, out: &mut Vec<Action>) {
         self.renewing = false;
         match result {
             Ok(lease) if lease.epoch != self.lease.epoch => {
@@ -323,7 +323,6 @@ impl PushEngine {
                 self.stop(reason, out);
             }
             Ok(lease) => {
-                self.failed_rounds = 0;
                 // A lease of the push's own term, whether the last one was still open (a
                 // renewal) or had closed (taken again, decision 0270): the round was a quorum's
                 // confirmation of this term after the last, so writes before its end are
@@ -334,19 +333,33 @@ impl PushEngine {
                         out.push(Action::Extend { until: lease.until });
                     }
                 }
+                if lease.is_open(now) {
+                    self.failed_rounds = 0;
+                } else {
+                    // Confirmed, but closed before it came back (the replica is paused again
+                    // and again, or the round's answer waited): no lease to act under.
+                    let reason = format!(
+                        "lease closed: the lease of term {} the round confirmed closed {} ms before it answered",
+                        lease.epoch,
+                        now.duration_since(lease.until).as_millis()
+                    );
+                    self.round_failed(reason, out);
+                }
             }
             Err(NoLease::Lost(e)) => self.stop(format!("lease could not be renewed: {e}"), out),
             Err(NoLease::Unconfirmed(e)) => {
-                // Not confirmed, not lost: `pump` asks again at once, up to the bound.
-                self.failed_rounds += 1;
-                if self.failed_rounds >= lease_rounds_failed_max {
-                    let reason = format!(
-                        "lease could not be renewed: {e} ({} rounds in a row failed)",
-                        self.failed_rounds
-                    );
-                    self.stop(reason, out);
-                }
+                self.round_failed(format!("lease could not be renewed: {e}"), out);
             }
+        }
+    }
+
+    /// A round gave no lease to act under, though the term was not lost: `pump` asks again at
+    /// once, up to [`lease_rounds_failed_max`] rounds in a row (decision 0270).
+    fn round_failed(&mut self, reason: String, out: &mut Vec<Action>) {
+        self.failed_rounds += 1;
+        if self.failed_rounds >= lease_rounds_failed_max {
+            let reason = format!("{reason} ({} rounds in a row failed)", self.failed_rounds);
+            self.stop(reason, out);
         }
     }
 

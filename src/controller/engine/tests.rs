@@ -1044,6 +1044,29 @@ fn g3_a_push_whose_lease_closed_stops_after_n_failed_rounds() {
         })
         .count();
     assert_eq!(stopped, 2, "{view:?}");
+
+    // A round that confirms the term but whose lease closed before it answered (a replica
+    // paused again and again) gave nothing to act under: it counts as failed too.
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    through_records(&mut engine, &first, t0);
+    let mut now = t0 + window * 2;
+    assert_eq!(engine.handle(now, Event::Tick), vec![Action::ConfirmLease]);
+    for round in 1..=lease_rounds_failed_max {
+        let confirmed = lease_at(4, now);
+        now += window * 2;
+        let out = engine.handle(now, Event::Lease(Ok(confirmed)));
+        assert!(sends(&out).is_empty(), "{out:?}");
+        if round < lease_rounds_failed_max {
+            assert!(out.contains(&Action::ConfirmLease), "{out:?}");
+        } else {
+            assert!(
+                out.iter()
+                    .any(|a| matches!(a, Action::Stopped { reason, .. }
+                    if reason.starts_with("lease closed") && reason.contains("3 rounds in a row"))),
+                "{out:?}"
+            );
+        }
+    }
 }
 
 #[test]
