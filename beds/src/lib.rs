@@ -21,6 +21,7 @@ use mesh::cli::procs::{Guarded, free_ports, free_tcp_ports};
 use mesh::core::meshfile::parse_mesh;
 
 pub mod netns;
+pub mod trail;
 
 /// How long a bed waits for a condition by default.
 pub const wait_ms_default: u64 = 30_000;
@@ -89,6 +90,8 @@ fn dual(ip: IpAddr) -> anyhow::Result<Vec<IpAddr>> {
 pub struct Streaming {
     child: std::process::Child,
     lines: std::sync::mpsc::Receiver<String>,
+    /// What meshctl wrote to stderr, read to its end by a thread of its own.
+    stderr: Option<std::thread::JoinHandle<String>>,
 }
 
 impl Streaming {
@@ -105,7 +108,16 @@ impl Streaming {
 
     /// Waits (up to `wait`) for meshctl to exit; its exit code and the lines it printed after
     /// those already read.
-    pub fn finish(mut self, wait: Duration) -> anyhow::Result<(Option<i32>, Vec<String>)> {
+    pub fn finish(self, wait: Duration) -> anyhow::Result<(Option<i32>, Vec<String>)> {
+        let (code, rest, _) = self.finish_with_stderr(wait)?;
+        Ok((code, rest))
+    }
+
+    /// Like [`Streaming::finish`], also what meshctl wrote to stderr.
+    pub fn finish_with_stderr(
+        mut self,
+        wait: Duration,
+    ) -> anyhow::Result<(Option<i32>, Vec<String>, String)> {
         let deadline = std::time::Instant::now() + wait;
         loop {
             if let Some(status) = self.child.try_wait().context("meshctl's status")? {
@@ -114,7 +126,13 @@ impl Streaming {
                 while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(2)) {
                     rest.push(line);
                 }
-                return Ok((status.code(), rest));
+                let stderr = match self.stderr.take() {
+                    Some(reader) => reader
+                        .join()
+                        .map_err(|_| anyhow!("meshctl's stderr reader panicked"))?,
+                    None => String::new(),
+                };
+                return Ok((status.code(), rest, stderr));
             }
             if std::time::Instant::now() >= deadline {
                 bail!("meshctl did not exit within {} ms", wait.as_millis());
@@ -481,22 +499,37 @@ impl Bed {
     /// Starts meshctl with the bed's context and its stdout piped, for a test that reads its
     /// output while it runs (streamed push lines). The caller waits for it or it is killed on drop.
     pub fn meshctl_spawn(&self, args: &[&str]) -> anyhow::Result<Streaming> {
-        if self.prefix.contains_key("meshctl") {
-            bail!("meshctl_spawn runs on the loopback bed only");
-        }
-        let mut child = Command::new(&self.bins.meshctl)
+        self.meshctl_spawn_in(&self.context, args)
+    }
+
+    /// [`Bed::meshctl_spawn`] with another context file (one replica only, [`Bed::context_for`]),
+    /// in meshctl's namespace on the namespace bed.
+    pub fn meshctl_spawn_in(&self, context: &Path, args: &[&str]) -> anyhow::Result<Streaming> {
+        let mut command = match self.prefix.get("meshctl").and_then(|p| p.split_first()) {
+            None => Command::new(&self.bins.meshctl),
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&self.bins.meshctl);
+                c
+            }
+        };
+        let mut child = command
             .arg("--context")
-            .arg(&self.context)
+            .arg(context)
             .args(args)
             .env_remove("MESH_CONTEXT")
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .context("start meshctl")?;
         let stdout = child
             .stdout
             .take()
             .ok_or_else(|| anyhow!("meshctl's stdout was not piped"))?;
+        let stderr = child
+            .stderr
+            .take()
+            .ok_or_else(|| anyhow!("meshctl's stderr was not piped"))?;
         let (tx, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             use std::io::BufRead;
@@ -507,7 +540,20 @@ impl Bed {
                 }
             }
         });
-        Ok(Streaming { child, lines })
+        let stderr = std::thread::spawn(move || {
+            use std::io::Read;
+            let mut text = String::new();
+            // Bounded by meshctl's own output: it exits or is killed on drop.
+            let _ = std::io::BufReader::new(stderr)
+                .take(1 << 20)
+                .read_to_string(&mut text);
+            text
+        });
+        Ok(Streaming {
+            child,
+            lines,
+            stderr: Some(stderr),
+        })
     }
 
     /// SIGKILLs replica `id` and forgets it, in the bed and in its context (a dead replica first in
@@ -585,6 +631,40 @@ impl Bed {
             .ok_or_else(|| anyhow!("not a namespace bed"))?;
         fabric.heal(&format!("replica-{id}"))?;
         self.write_context_without(None)
+    }
+
+    /// Cuts replica `id` off from every other replica, both ways, on the namespace bed; it still
+    /// reaches every host and meshctl ([`netns::Fabric::cut_between`]). It is left out of the
+    /// bed's context (it would answer `status` with its own stale view) until
+    /// [`Bed::heal_replica_from_peers`]; [`Bed::context_for`] still reaches it.
+    pub fn cut_replica_from_peers(&self, id: u64) -> anyhow::Result<()> {
+        let fabric = self
+            .fabric
+            .as_ref()
+            .ok_or_else(|| anyhow!("not a namespace bed"))?;
+        for (other, _) in self.layout.replicas.iter().filter(|(r, _)| *r != id) {
+            fabric.cut_between(&format!("replica-{id}"), &format!("replica-{other}"))?;
+        }
+        self.write_context_without(Some(id))
+    }
+
+    /// Removes the cuts of [`Bed::cut_replica_from_peers`] and puts every live replica back in
+    /// the bed's context.
+    pub fn heal_replica_from_peers(&self, id: u64) -> anyhow::Result<()> {
+        let fabric = self
+            .fabric
+            .as_ref()
+            .ok_or_else(|| anyhow!("not a namespace bed"))?;
+        for (other, _) in self.layout.replicas.iter().filter(|(r, _)| *r != id) {
+            fabric.heal_between(&format!("replica-{id}"), &format!("replica-{other}"))?;
+        }
+        self.write_context_without(None)
+    }
+
+    /// Machine `name`'s mesh-host log so far.
+    pub fn host_log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join("logs").join(format!("host-{name}.log")))
+            .unwrap_or_default()
     }
 
     /// A context file with one replica only.

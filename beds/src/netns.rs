@@ -1,15 +1,19 @@
 //! A network of Linux network namespaces for beds that must not share `127.0.0.1`: one namespace
 //! per process with its own address on a bridge, the bridge in a namespace of its own (so nothing
 //! touches the machine's own network), all made with iproute2 and removed when the [`Fabric`] drops,
-//! even after a panic. A partition is a link taken down on the bridge.
+//! even after a panic. A partition is a link taken down on the bridge; a cut between two nodes
+//! ([`Fabric::cut_between`]) is a blackhole route to each other's addresses in both namespaces,
+//! so each still reaches every other node.
 //!
 //! Names are `meshbed-<pid>-<n>-<node>`: unique per test process and per fabric, so parallel tests
 //! and test binaries never collide; namespaces left by a process that was SIGKILLed (no drop ran)
 //! are swept by the next fabric, whose process sees the old pid gone.
 
 use anyhow::{Context as _, anyhow, bail};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::process::Command;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Prefix of every namespace a fabric makes.
@@ -38,6 +42,9 @@ pub struct Fabric {
     bridge_ns: String,
     nodes: Vec<Node>,
     made: Vec<String>,
+    /// The node pairs cut by [`Fabric::cut_between`] and not healed yet, each as `(a, b)` with
+    /// `a < b`: their routes are removed on heal and on drop.
+    cuts: Mutex<BTreeSet<(String, String)>>,
 }
 
 /// Why a fabric cannot be made on this machine at all (not root, no iproute2): the bed skips with
@@ -84,6 +91,7 @@ impl Fabric {
             bridge_ns: format!("{base}-br"),
             nodes: Vec::new(),
             made: Vec::new(),
+            cuts: Mutex::new(BTreeSet::new()),
         };
         let br = fabric.bridge_ns.clone();
         fabric.add_netns(&br)?;
@@ -157,6 +165,106 @@ impl Fabric {
         ip(&["-n", &self.bridge_ns, "link", "set", &node.link, "up"])
     }
 
+    /// Cuts the path between nodes `a` and `b` only, both ways: in each one's namespace a
+    /// blackhole route to every address of the other (`/32`, `/128`), so what either sends the
+    /// other is dropped at its own sender while both reach every other node. Cutting a pair
+    /// already cut changes nothing.
+    pub fn cut_between(&self, a: &str, b: &str) -> anyhow::Result<()> {
+        let pair = self.pair(a, b)?;
+        let mut cuts = self.lock_cuts();
+        if cuts.contains(&pair) {
+            return Ok(());
+        }
+        // Recorded before the routes, so a half-made cut is still removed on heal or drop.
+        cuts.insert(pair.clone());
+        self.routes("add", &pair.0, &pair.1)?;
+        self.routes("add", &pair.1, &pair.0)
+    }
+
+    /// Removes the cut between `a` and `b` (both directions); a pair not cut changes nothing.
+    pub fn heal_between(&self, a: &str, b: &str) -> anyhow::Result<()> {
+        let pair = self.pair(a, b)?;
+        let mut cuts = self.lock_cuts();
+        if !cuts.remove(&pair) {
+            return Ok(());
+        }
+        self.routes_del(&pair.0, &pair.1)
+    }
+
+    /// The pairs cut now, each `(a, b)` with `a < b`.
+    pub fn cut_pairs(&self) -> Vec<(String, String)> {
+        self.lock_cuts().iter().cloned().collect()
+    }
+
+    fn lock_cuts(&self) -> std::sync::MutexGuard<'_, BTreeSet<(String, String)>> {
+        // A panic while holding the set leaves it as it was: still the truth about the routes.
+        self.cuts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn pair(&self, a: &str, b: &str) -> anyhow::Result<(String, String)> {
+        self.node(a)?;
+        self.node(b)?;
+        if a == b {
+            bail!("cannot cut node {a} from itself: name two different nodes");
+        }
+        Ok(if a < b {
+            (a.to_string(), b.to_string())
+        } else {
+            (b.to_string(), a.to_string())
+        })
+    }
+
+    /// `ip route add blackhole <addr>` in `from`'s namespace for every address of `to`.
+    fn routes(&self, verb: &str, from: &str, to: &str) -> anyhow::Result<()> {
+        let mut first_error = None;
+        for args in self.route_args(verb, from, to)? {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            if let Err(e) = ip(&args) {
+                // Adding stops at the first failure; deleting tries every route.
+                if verb == "add" {
+                    return Err(e);
+                }
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn route_args(&self, verb: &str, from: &str, to: &str) -> anyhow::Result<Vec<Vec<String>>> {
+        let from = self.node(from)?;
+        let to = self.node(to)?;
+        Ok(to
+            .addresses
+            .iter()
+            .map(|address| {
+                let (family, prefix) = match address {
+                    IpAddr::V4(_) => ("-4", format!("{address}/32")),
+                    IpAddr::V6(_) => ("-6", format!("{address}/128")),
+                };
+                [
+                    family,
+                    "-n",
+                    &from.netns,
+                    "route",
+                    verb,
+                    "blackhole",
+                    &prefix,
+                ]
+                .map(str::to_string)
+                .to_vec()
+            })
+            .collect())
+    }
+
+    /// Deletes both directions' routes of a cut, trying every one even when one fails.
+    fn routes_del(&self, a: &str, b: &str) -> anyhow::Result<()> {
+        let first = self.routes("del", a, b);
+        let second = self.routes("del", b, a);
+        first.and(second)
+    }
+
     /// The namespaces this fabric made (for a test's checks on cleanup).
     pub fn namespaces(&self) -> &[String] {
         &self.made
@@ -165,6 +273,14 @@ impl Fabric {
 
 impl Drop for Fabric {
     fn drop(&mut self) {
+        // The cuts' routes first (they would go with their namespaces too, but a namespace that
+        // cannot be deleted must not keep a cut).
+        for (a, b) in self.cut_pairs() {
+            if let Err(e) = self.routes_del(&a, &b) {
+                eprintln!("bed netns: cannot remove the cut between {a} and {b}: {e:#}");
+            }
+        }
+        self.lock_cuts().clear();
         // Deleting a namespace deletes its end of every veth pair, so the links go too.
         for name in self.made.iter().rev() {
             if let Err(e) = ip(&["netns", "del", name]) {
