@@ -327,12 +327,12 @@ fn killed(bed: &mut Bed) -> anyhow::Result<()> {
 
     bed.leader_other_than(Some(old))?;
     bed.meshctl_ok(&["push", "--all", "--why", "after the kill"])?;
-    wait_none_behind(bed)?;
     for machine in machines {
         trail::strictly_increasing(machine, &trail::applied(bed, machine))?;
     }
     let sent = trail::sends(bed, &bed.context)?;
     trail::every_apply_recorded(bed, &machines, &sent)?;
+    wait_none_behind(bed)?;
     let printed: Vec<&String> = first.iter().chain(lines.iter()).collect();
     for machine in machines {
         let recorded: Vec<&trail::Sent> = sent

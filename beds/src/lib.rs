@@ -38,7 +38,8 @@ pub struct Binaries {
     pub meshctl: PathBuf,
 }
 
-/// The binaries of the root package, from a bed test's `env!` values.
+/// The binaries of the root package, from a bed test's `env!` values, each replaced by the
+/// file [`binary_env`] names for it when set.
 #[macro_export]
 macro_rules! binaries {
     () => {
@@ -47,7 +48,37 @@ macro_rules! binaries {
             host: env!("CARGO_BIN_EXE_mesh-host").into(),
             meshctl: env!("CARGO_BIN_EXE_meshctl").into(),
         }
+        .overridden()
     };
+}
+
+/// The environment variables that make a bed run another build of a binary (e.g. one built with
+/// a guarantee broken by hand and copied out of `target/`, to see a bed fail without leaving the
+/// broken source in a shared tree): `(variable, binary)`.
+pub const binary_env: [(&str, &str); 3] = [
+    ("MESH_BED_MESHD", "meshd"),
+    ("MESH_BED_HOST", "mesh-host"),
+    ("MESH_BED_MESHCTL", "meshctl"),
+];
+
+impl Binaries {
+    /// Each binary replaced by the file its [`binary_env`] variable names, when set.
+    pub fn overridden(self) -> Binaries {
+        let pick = |var: &str, built: PathBuf| {
+            std::env::var_os(var).map_or(built, |other| {
+                eprintln!(
+                    "bed: {var} set, running {}",
+                    PathBuf::from(&other).display()
+                );
+                PathBuf::from(other)
+            })
+        };
+        Binaries {
+            meshd: pick(binary_env[0].0, self.meshd),
+            host: pick(binary_env[1].0, self.host),
+            meshctl: pick(binary_env[2].0, self.meshctl),
+        }
+    }
 }
 
 /// What one `meshctl` run printed and how it ended.
