@@ -22,8 +22,10 @@ pub const steps_min: usize = 3;
 /// Shortest and longest time a fault stays on.
 pub const fault_ms_min: u64 = 200;
 pub const fault_ms_max: u64 = 700;
-/// How long a leader-deposing fault stays on at least: an election and a new lease fit in it.
-pub const depose_ms: u64 = 2_500;
+/// About how long a deposition takes (an election and a new lease), counted in a schedule's
+/// time: a deposing fault stays on until another replica was granted a lease (at most
+/// [`depose_wait_ms`]) and then its drawn time more.
+pub const depose_ms: u64 = 1_500;
 /// Calm between two steps, at most.
 pub const calm_ms_max: u64 = 200;
 /// Longest wait for another replica's lease while a leader is cut off.
@@ -115,7 +117,8 @@ impl Fault {
         }
     }
 
-    fn deposes(&self) -> bool {
+    /// Whether the fault deposes the leader (it stays on until another replica holds a lease).
+    pub fn deposes(&self) -> bool {
         matches!(
             self,
             Fault::IsolateLeader
@@ -218,6 +221,14 @@ pub struct Step {
     pub pick: u64,
 }
 
+impl Step {
+    /// About how long the step takes: its time, its calm, and a deposition's when it deposes.
+    pub fn planned_ms(&self) -> u64 {
+        let depose = if self.fault.deposes() { depose_ms } else { 0 };
+        self.for_ms + self.calm_ms + depose
+    }
+}
+
 /// A seeded list of steps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Schedule {
@@ -240,19 +251,14 @@ impl Schedule {
             } else {
                 faults[rng.below(faults.len() as u64) as usize]
             };
-            let for_ms = if fault.deposes() {
-                depose_ms
-            } else {
-                rng.between(fault_ms_min, fault_ms_max)
-            };
-            let calm_ms = rng.between(0, calm_ms_max);
-            planned += for_ms + calm_ms;
-            steps.push(Step {
+            let step = Step {
                 fault,
-                for_ms,
-                calm_ms,
+                for_ms: rng.between(fault_ms_min, fault_ms_max),
+                calm_ms: rng.between(0, calm_ms_max),
                 pick: rng.next_u64(),
-            });
+            };
+            planned += step.planned_ms();
+            steps.push(step);
         }
         Self { seed, mix, steps }
     }
@@ -262,7 +268,9 @@ impl Schedule {
 pub async fn play(cluster: &Arc<RwLock<Cluster>>, schedule: &Schedule) -> Vec<Fault> {
     let mut played = Vec::new();
     for (i, step) in schedule.steps.iter().enumerate() {
+        let started = tokio::time::Instant::now();
         let what = play_step(cluster, i, step).await;
+        let what = format!("{what} ({} ms)", started.elapsed().as_millis());
         let c = cluster.read().await;
         c.recorder.record(Event::Nemesis {
             step: i,
@@ -298,15 +306,44 @@ fn others(id: u64) -> Vec<u64> {
     (1..=replicas_n).filter(|o| *o != id).collect()
 }
 
-/// Waits until a replica other than `deposed` was granted a lease after `from`.
+/// After another replica leads, how long a deposition still waits for it to be granted a lease
+/// (a lease round comes with a push or a renewal, so only when an operator pushes through it).
+pub const lease_after_lead_ms: u64 = 500;
+
+/// Waits until a replica other than `deposed` was granted a lease after `from`, or leads (by its
+/// metrics, above `deposed`'s term) and [`lease_after_lead_ms`] passed without one; at most
+/// [`depose_wait_ms`]. True when another replica leads or holds a lease.
 async fn wait_deposed(c: &Cluster, deposed: u64, from: u64) -> bool {
-    c.recorder
-        .wait_for(
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(depose_wait_ms);
+    let old_term = c
+        .replicas
+        .get(&deposed)
+        .map(|r| r.service().replica().metrics().borrow().current_term)
+        .unwrap_or(0);
+    let mut leads_since: Option<tokio::time::Instant> = None;
+    loop {
+        let leased = c.recorder.any_since(
             from,
-            Duration::from_millis(depose_wait_ms),
             |e| matches!(e, Event::LeaseGranted { replica, .. } if *replica != deposed),
-        )
-        .await
+        );
+        if leased {
+            return true;
+        }
+        let now = tokio::time::Instant::now();
+        if leads_since.is_none()
+            && c.leader()
+                .is_some_and(|(id, term)| id != deposed && term > old_term)
+        {
+            leads_since = Some(now);
+        }
+        if leads_since.is_some_and(|at| now - at >= Duration::from_millis(lease_after_lead_ms)) {
+            return true;
+        }
+        if now >= deadline {
+            return leads_since.is_some();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> String {
@@ -324,12 +361,12 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
             note(&c, i, step.fault, format!("replica {leader}"));
             let from = c.recorder.now();
             c.isolate(leader, out, inward);
+            // Cut off outward, it is deposed: on until another replica holds a lease, then the
+            // step's time more, while it still takes requests and may try to write.
+            let deposed = out && wait_deposed(&c, leader, from).await;
             tokio::time::sleep(time).await;
-            if out {
-                wait_deposed(&c, leader, from).await;
-            }
             c.heal_all();
-            format!("replica {leader} rejoined")
+            format!("replica {leader} rejoined (deposed: {deposed})")
         }
         Fault::IsolateFollower => {
             let c = cluster.read().await;
@@ -447,7 +484,7 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
                 }
             }
             // Let it commit sends it cannot deliver, then depose it.
-            tokio::time::sleep(time / 3).await;
+            tokio::time::sleep(time).await;
             c.isolate(leader, true, true);
             let deposed = wait_deposed(&c, leader, from).await;
             let mut released = 0;
@@ -476,12 +513,7 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
         Fault::Suspend => {
             let c = cluster.read().await;
             let leader = target(&c, step.pick);
-            note(
-                &c,
-                i,
-                step.fault,
-                format!("replica {leader} suspended {} ms", time.as_millis()),
-            );
+            note(&c, i, step.fault, format!("replica {leader} suspended"));
             let mut peers: Vec<_> = others(leader).iter().map(|o| c.addrs[o]).collect();
             peers.extend(c.hosts.values().map(|h| h.addr));
             if let Some(e) = c.replica_endpoint(leader) {
@@ -494,9 +526,13 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
                     e.faults().cut_off(c.addrs[&leader]);
                 }
             }
+            // Suspended until the others elected a leader with a lease, and the step's time more.
+            let suspended = tokio::time::Instant::now();
+            let from = c.recorder.now();
+            wait_deposed(&c, leader, from).await;
             tokio::time::sleep(time).await;
             // Resume: boot time ran on for the whole suspend; then what it held leaves.
-            c.clocks[&leader].jump(time);
+            c.clocks[&leader].jump(suspended.elapsed());
             let mut released = 0;
             if let Some(e) = c.replica_endpoint(leader) {
                 for p in &peers {
@@ -539,7 +575,14 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
                 1 + rng.below(replicas_n)
             };
             note(&c, i, step.fault, format!("replica {id}"));
+            let from = c.recorder.now();
+            let was_leader = c.leader().is_some_and(|(l, _)| l == id);
             c.crash_replica(id).await;
+            // Down from the cut on (its stop took part of that): a crashed leader until another
+            // replica holds a lease, then the step's time more.
+            if was_leader {
+                wait_deposed(&c, id, from).await;
+            }
             tokio::time::sleep(time).await;
             match c.restart_replica(id).await {
                 Ok(()) => format!("replica {id} restarted"),

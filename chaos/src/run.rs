@@ -87,6 +87,31 @@ pub struct Stats {
     pub reports: u64,
     pub restarts: u64,
     pub events: usize,
+    /// Wall time of each phase of the run, in order: (phase, ms).
+    pub phases: Vec<(&'static str, u64)>,
+}
+
+/// Times the phases of a run, one after the other.
+struct Phases {
+    at: std::time::Instant,
+    done: Vec<(&'static str, u64)>,
+}
+
+impl Phases {
+    fn new() -> Self {
+        Self {
+            at: std::time::Instant::now(),
+            done: Vec::new(),
+        }
+    }
+
+    /// Ends the phase that ran since the last call, as `name`.
+    fn end(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        let ms = u64::try_from(now.duration_since(self.at).as_millis()).unwrap_or(u64::MAX);
+        self.done.push((name, ms));
+        self.at = now;
+    }
 }
 
 impl fmt::Display for Stats {
@@ -96,9 +121,15 @@ impl fmt::Display for Stats {
             .iter()
             .map(|(k, n)| format!("{k}×{n}"))
             .collect();
+        let phases: Vec<String> = self
+            .phases
+            .iter()
+            .map(|(p, ms)| format!("{p} {ms}"))
+            .collect();
         write!(
             f,
-            "faults [{}]; requests {} (acked {}, refused {}, unknown {}); leases {}, envelope writes {}, host applies {}, reports {}, restarts {}; {} events",
+            "phases ms [{}]; faults [{}]; requests {} (acked {}, refused {}, unknown {}); leases {}, envelope writes {}, host applies {}, reports {}, restarts {}; {} events",
+            phases.join(", "),
             faults.join(" "),
             self.ops.requests,
             self.ops.acked,
@@ -131,17 +162,20 @@ pub struct Outcome {
 pub async fn run(spec: RunSpec) -> Result<Outcome, RunError> {
     let recorder = Recorder::new();
     let observed = Observed::begin(&recorder).await.map_err(RunError::Stuck)?;
+    let mut phases = Phases::new();
     let cluster = Cluster::start(recorder.clone()).await?;
+    phases.end("start");
     let cluster = Arc::new(RwLock::new(cluster));
-    let result = drive(&spec, &cluster, &recorder).await;
+    let result = drive(&spec, &cluster, &recorder, &mut phases).await;
     if let Ok(lock) = Arc::try_unwrap(cluster) {
         lock.into_inner().shutdown().await;
     }
+    phases.end("teardown");
     drop(observed);
-    let (stats, last) = result?;
+    let (mut stats, last) = result?;
+    stats.phases = phases.done;
     let history = recorder.snapshot_until(last.1);
     let violations = check_all(&history, &last.0);
-    let mut stats = stats;
     count(&history, &mut stats);
     let keep = std::env::var_os(keep_history_env).is_some();
     let (history_file, report) = if violations.is_empty() && !keep {
@@ -208,30 +242,36 @@ async fn drive(
     spec: &RunSpec,
     cluster: &Arc<RwLock<Cluster>>,
     recorder: &Recorder,
+    phases: &mut Phases,
 ) -> Result<(Stats, Last), RunError> {
     setup(cluster).await?;
+    phases.end("first push");
     let (stop_tx, stop_rx) = watch::channel(false);
     let sampler = tokio::spawn(sample_accounts(cluster.clone(), stop_rx.clone()));
     let operators = tokio::spawn(operate(cluster.clone(), spec.seed, stop_rx.clone()));
     let schedule = Schedule::generate(spec.seed, spec.mix, spec.chaos_ms);
     let played = play(cluster, &schedule).await;
+    phases.end("faults");
     let _ = stop_tx.send(true);
     let ops = tokio::time::timeout(Duration::from_millis(operators_stop_wait_ms), operators)
         .await
         .map_err(|_| RunError::Stuck("the operators did not stop".into()))?
         .unwrap_or_default();
+    phases.end("operators stop");
     heal(cluster).await;
+    phases.end("heal");
     let not_converged = converge(cluster).await;
+    phases.end("converge");
     {
-        let mut c = cluster.write().await;
-        for m in machines {
-            c.stop_host(m).await;
-        }
+        let names: Vec<String> = machines.iter().map(|m| m.to_string()).collect();
+        cluster.write().await.stop_hosts(&names).await;
     }
+    phases.end("hosts stop");
     // Every report that will ever be filed was delivered: the history ends here.
     let end = recorder.now();
     let last = read_final(cluster, not_converged).await?;
     let _ = sampler.await;
+    phases.end("final read");
     let mut stats = Stats {
         ops,
         ..Stats::default()

@@ -25,7 +25,7 @@ fn a_schedule_fills_its_time_within_the_step_limit() {
         let planned: u64 = Schedule::generate(seed, Mix::Everything, 3_000)
             .steps
             .iter()
-            .map(|s| s.for_ms + s.calm_ms)
+            .map(|s| s.planned_ms())
             .sum();
         assert!(planned >= 3_000, "seed {seed}: {planned} ms planned");
     }
