@@ -7,10 +7,14 @@
 //! - the leader SIGSTOPped in the middle of a push and resumed after a new leader pushed;
 //! - a follower's store wiped and rebuilt under a write load.
 //!
-//! A push is kept in progress by one host stopped with SIGSTOP: its envelope waits for the
-//! handshake, before the write gate, while the others' lines are already printed. What hosts took
-//! is read from their logs (every `applying declaration`, in order) and refusal files; what the
-//! store recorded from `history --json` ([`mesh_beds::trail`]).
+//! The cut and SIGSTOP beds hold one envelope "on its way": the leader's path to one host is cut
+//! before the push, so that envelope, written under the lease, is being retransmitted when the
+//! fault comes; once a new leader's envelope was applied there the path comes back, and only the
+//! gate (which resets the stream when the lease ends) keeps the old one from arriving (decision
+//! 0260). The kill bed keeps its push going with one host stopped (SIGSTOP). What hosts took is
+//! read from their logs (every `applying declaration`, in order) and refusal files; what the
+//! store recorded from `history --json` ([`mesh_beds::trail`]). Tests run in parallel, each bed in
+//! its own temp dir, ports and namespaces.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -55,13 +59,14 @@ fn netns_bed() -> anyhow::Result<Option<Bed>> {
     Ok(Some(bed))
 }
 
-/// Applies `mesh`, pushes every machine and waits until none is behind; the leader's id.
+/// Applies `mesh`, pushes every machine and waits until none is behind; the leader's id then
+/// (not before the apply: an election right after start may still move it).
 fn settle(bed: &Bed, mesh: &str) -> anyhow::Result<u64> {
-    let leader = bed.leader_other_than(None)?;
+    bed.leader_other_than(None)?;
     bed.apply(mesh, "first model")?;
     bed.meshctl_ok(&["push", "--all", "--why", "first send"])?;
     wait_none_behind(bed)?;
-    Ok(leader)
+    bed.leader_other_than(None)
 }
 
 fn wait_none_behind(bed: &Bed) -> anyhow::Result<()> {
@@ -119,41 +124,36 @@ fn applied_since(bed: &Bed, machine: &str, from: usize) -> Vec<Applied> {
         .collect()
 }
 
-/// Each host's count of envelopes refused as not newer than its mark.
-fn older_refusals(bed: &Bed) -> anyhow::Result<BTreeMap<&'static str, u64>> {
-    machines
-        .iter()
-        .map(|m| Ok((*m, trail::refusals(bed, m)?.older)))
-        .collect()
-}
-
-/// The checks every bed ends with, once the cluster healed and a new push settled it: every host
-/// applied in strictly increasing `(epoch, sequence)` (G2), no envelope of `old_epoch` or below
-/// reached any host after `since` (neither applied nor refused as older: the gate kept it, G3),
-/// and every apply is a send record of the store (G4).
+/// The checks the cut and SIGSTOP beds end with, once the cluster healed and a new push settled
+/// it: every host applied in strictly increasing `(epoch, sequence)` (G2); `held`, the host whose
+/// envelope from the old leader was on its way at the fault, took nothing of `old_epoch` or below
+/// after its first `since` applies and refused nothing as older since (it had `older_before`):
+/// the gate kept that envelope from it (G3); and every apply is a send record of the store (G4).
+/// The other hosts' envelopes of the old push were written before the fault, under the lease,
+/// and may land just after it: those are allowed.
 fn no_host_took_the_old_epoch(
     bed: &Bed,
     old_epoch: u64,
-    since: &BTreeMap<&'static str, usize>,
-    older_before: &BTreeMap<&'static str, u64>,
+    held: &str,
+    since: usize,
+    older_before: u64,
 ) -> anyhow::Result<()> {
     for machine in machines {
         trail::strictly_increasing(machine, &trail::applied(bed, machine))?;
-        let from = since.get(machine).copied().unwrap_or(0);
-        if let Some(stale) = applied_since(bed, machine, from)
-            .into_iter()
-            .find(|a| a.epoch <= old_epoch)
-        {
-            anyhow::bail!(
-                "{machine} applied {stale} after the old leader (term {old_epoch}) lost its lease"
-            );
-        }
     }
-    let older_now = older_refusals(bed)?;
+    if let Some(stale) = applied_since(bed, held, since)
+        .into_iter()
+        .find(|a| a.epoch <= old_epoch)
+    {
+        anyhow::bail!(
+            "{held} applied {stale} after the old leader (term {old_epoch}) lost its lease"
+        );
+    }
+    let older_now = trail::refusals(bed, held)?.older;
     anyhow::ensure!(
-        &older_now == older_before,
-        "an envelope older than a host's mark reached a host after the old leader lost its lease \
-         (refused as older: before {older_before:?}, now {older_now:?})"
+        older_now == older_before,
+        "an envelope older than {held}'s mark reached it after the old leader lost its lease \
+         ({older_before} refused as older before, {older_now} now)"
     );
     let sent = trail::sends(bed, &bed.context)?;
     trail::every_apply_recorded(bed, &machines, &sent)
@@ -232,7 +232,7 @@ fn cut_off(bed: &Bed) -> anyhow::Result<()> {
     let first = first_applied(&in_flight)?;
     bed.cut_replica_from_peers(old)?;
     let at_cut = applied_counts(bed);
-    let older_before = older_refusals(bed)?;
+    let older_before = trail::refusals(bed, "g14")?.older;
 
     let new = bed.leader_other_than(Some(old))?;
     let new_epoch = epoch_of(&bed.status()?, new)?;
@@ -288,7 +288,7 @@ fn cut_off(bed: &Bed) -> anyhow::Result<()> {
     follows_another(bed, &only_old, old)?;
     bed.meshctl_ok(&["push", "--all", "--why", "after the heal"])?;
     wait_none_behind(bed)?;
-    no_host_took_the_old_epoch(bed, old_epoch, &at_cut, &older_before)
+    no_host_took_the_old_epoch(bed, old_epoch, "g14", at_cut["g14"], older_before)
 }
 
 #[test]
@@ -383,7 +383,7 @@ fn paused(bed: &Bed) -> anyhow::Result<()> {
     let first = first_applied(&push)?;
     bed.pause_replica(old)?;
     let at_pause = applied_counts(bed);
-    let older_before = older_refusals(bed)?;
+    let older_before = trail::refusals(bed, "shanks")?.older;
 
     let new = bed.leader_other_than(Some(old))?;
     let new_epoch = epoch_of(&bed.status()?, new)?;
@@ -404,7 +404,7 @@ fn paused(bed: &Bed) -> anyhow::Result<()> {
     follows_another(bed, &only_old, old)?;
     bed.meshctl_ok(&["push", "--all", "--why", "after the resume"])?;
     wait_none_behind(bed)?;
-    no_host_took_the_old_epoch(bed, old_epoch, &at_pause, &older_before)
+    no_host_took_the_old_epoch(bed, old_epoch, "shanks", at_pause["shanks"], older_before)
 }
 
 /// The replica's `log_index` when status says it answered and is level with the longest log.
