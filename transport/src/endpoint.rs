@@ -512,8 +512,19 @@ impl Endpoint {
                 let _ = go.await;
             }
         }
-        self.send_with_redial(peer, message, deadline, what, gate)
-            .await
+        let answered = self
+            .send_with_redial(peer, message, deadline, what, gate)
+            .await;
+        if answered.is_ok()
+            && matches!(what, Outgoing::Request)
+            && self.inner.faults.duplicate(peer.addr)
+        {
+            // The duplicate of bytes already written: not gated again, its answer dropped.
+            let _ = self
+                .send_with_redial(peer, message, deadline, what, None)
+                .await;
+        }
+        answered
     }
 
     /// Sends once; if a reused connection turns out to be dead before the whole message was

@@ -23,6 +23,7 @@ struct PeerFaults {
     cut_off: bool,
     drop_all: bool,
     drop_next: u64,
+    duplicate_next: u64,
     delay: Option<Duration>,
     hold: bool,
     held: VecDeque<Held>,
@@ -33,6 +34,7 @@ impl PeerFaults {
         !self.cut_off
             && !self.drop_all
             && self.drop_next == 0
+            && self.duplicate_next == 0
             && self.delay.is_none()
             && !self.hold
             && self.held.is_empty()
@@ -63,6 +65,7 @@ pub struct Faults {
     active: AtomicBool,
     peers: Mutex<HashMap<SocketAddr, PeerFaults>>,
     dropped: AtomicU64,
+    duplicated: AtomicU64,
 }
 
 impl std::fmt::Debug for Faults {
@@ -96,6 +99,37 @@ impl Faults {
     /// Drops the next `count` outgoing messages to `peer`.
     pub fn drop_next(&self, peer: SocketAddr, count: u64) {
         self.with_peer(peer, |f| f.drop_next = count);
+    }
+
+    /// Delivers each of the next `count` requests to `peer` that got an answer a second time
+    /// right after (the same bytes, not gated again: a duplicate on the wire); the caller gets
+    /// the first answer.
+    pub fn duplicate_next(&self, peer: SocketAddr, count: u64) {
+        self.with_peer(peer, |f| f.duplicate_next = count);
+    }
+
+    /// Whether the request to `peer` just answered is to be delivered again (and counts it).
+    pub(crate) fn duplicate(&self, peer: SocketAddr) -> bool {
+        if !self.active.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut peers = self
+            .peers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(f) = peers.get_mut(&peer) else {
+            return false;
+        };
+        let again = f.duplicate_next > 0;
+        if again {
+            f.duplicate_next -= 1;
+            self.duplicated.fetch_add(1, Ordering::Relaxed);
+        }
+        if f.is_clear() {
+            peers.remove(&peer);
+            self.active.store(!peers.is_empty(), Ordering::Relaxed);
+        }
+        again
     }
 
     /// Delays every outgoing message to `peer` by `delay` before it leaves.
@@ -158,6 +192,11 @@ impl Faults {
         peers
             .get(&peer)
             .map_or(0, |f| f.held.iter().filter(|h| !h.go.is_closed()).count())
+    }
+
+    /// Requests delivered twice by the hooks since the endpoint started.
+    pub fn duplicated(&self) -> u64 {
+        self.duplicated.load(Ordering::Relaxed)
     }
 
     /// Messages dropped by the hooks since the endpoint started.

@@ -1,4 +1,4 @@
-//! Fault hooks as the chaos suite drives them: drop, delay, hold/release, reorder and cut-off,
+//! Fault hooks as the chaos suite drives them: drop, duplicate, delay, hold/release, reorder and cut-off,
 //! each observable from outside, and all free until switched on.
 
 mod support;
@@ -45,6 +45,26 @@ async fn drop_next_loses_exactly_that_many_requests() {
         .expect("third passes");
     assert_eq!(bodies(&recorder), ["c"]);
     assert_eq!(alice.faults().dropped(), 2);
+}
+
+#[tokio::test]
+async fn duplicate_next_delivers_each_answered_request_twice_and_answers_once() {
+    // Chaos hook: the next N requests to one peer reach it twice (a duplicate on the wire).
+    let pki = Pki::new();
+    let (server, recorder) = serving(&pki, &replica(1));
+    let alice = client(&pki, &operator("alice"));
+    let addr = server.local_addr();
+    alice.faults().duplicate_next(addr, 1);
+    for body in ["twice", "once"] {
+        let (kind, body) = command(body);
+        alice
+            .request(addr, kind, body, timeout)
+            .await
+            .expect("answered");
+    }
+    wait_for("three deliveries", || recorder.seen().len() == 3).await;
+    assert_eq!(bodies(&recorder), ["twice", "twice", "once"]);
+    assert_eq!(alice.faults().duplicated(), 1);
 }
 
 #[tokio::test]
