@@ -33,6 +33,8 @@ pub const machines: [&str; 3] = ["ace", "bex", "cor"];
 pub const request_timeout_ms: u64 = 4_000;
 /// Interval of the hosts' periodic reconcile reports.
 pub const reconcile_every_ms: u64 = 300;
+/// Chunks of one backup at most (the store of a run is a few hundred KiB).
+pub const snapshot_chunks_max: usize = 1_024;
 /// How long a stopping replica or host may take.
 pub const stop_wait_ms: u64 = 15_000;
 
@@ -199,6 +201,8 @@ pub struct Cluster {
     pub hosts: BTreeMap<String, Host>,
     pub operator: Endpoint,
     pub recorder: Recorder,
+    /// Backups taken during the run (`snapshot save`), oldest first.
+    pub backups: Vec<PathBuf>,
 }
 
 /// Why the cluster could not be set up or changed.
@@ -244,6 +248,7 @@ impl Cluster {
             hosts: BTreeMap::new(),
             operator,
             recorder,
+            backups: Vec::new(),
         };
         for m in machines {
             let host = cluster.first_host(m).await?;
@@ -522,6 +527,116 @@ impl Cluster {
             up: true,
         });
         Ok(())
+    }
+
+    /// A lost disk: replica `id`'s store and epoch-floor file removed (its keys, certificate and
+    /// config stay), as `tests/bed_restore.rs` wipes one. The replica must be stopped.
+    pub fn wipe_store(&self, id: u64, floor_too: bool) -> Result<(), BedError> {
+        let dir = self.configs[&id].data_dir();
+        let mut files = vec![dir.join(mesh_raft::store_file_name)];
+        if floor_too {
+            files.push(dir.join(mesh::controller::floor::floor_file_name));
+        }
+        for path in files {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(BedError(format!("remove {}: {e}", path.display()))),
+            }
+        }
+        Ok(())
+    }
+
+    /// A backup as `meshctl snapshot save` takes it: every chunk of one held snapshot, asked of
+    /// replica `via`, written to `name` in the run's dir.
+    pub async fn save_snapshot(&self, via: u64, name: &str) -> Result<PathBuf, BedError> {
+        let mut bytes = Vec::new();
+        let mut held = None;
+        for _ in 0..snapshot_chunks_max {
+            let call = Cluster::call(Request::SnapshotChunk {
+                snapshot: held,
+                offset: bytes.len() as u64,
+            })
+            .map_err(BedError)?;
+            let answer = self.ask(via, &call).await.map_err(bed("snapshot save"))?;
+            match answer.body {
+                Ok(mesh::controller::api::Body::SnapshotChunk {
+                    snapshot,
+                    total,
+                    bytes: chunk,
+                    ..
+                }) => {
+                    held = Some(snapshot);
+                    bytes.extend_from_slice(&chunk);
+                    if bytes.len() as u64 >= total || chunk.is_empty() {
+                        let path = self.dir.path().join(name);
+                        std::fs::write(&path, &bytes).map_err(bed("write the snapshot"))?;
+                        return Ok(path);
+                    }
+                }
+                Ok(other) => return Err(BedError(format!("snapshot save: answered {other:?}"))),
+                Err(e) => return Err(BedError(format!("snapshot save via replica {via}: {e}"))),
+            }
+        }
+        Err(BedError(format!(
+            "snapshot save took more than {snapshot_chunks_max} chunks"
+        )))
+    }
+
+    /// Stops every replica, as an operator stops them all before a restore: the followers at
+    /// once, then the leader (whose handover finds no one and gives up at once, instead of
+    /// waiting out its 2 s for followers that are stopping); their files stay.
+    pub async fn stop_replicas(&mut self) {
+        let leader = self.leader().map(|(id, _)| id);
+        let followers: Vec<u64> = self
+            .replicas
+            .keys()
+            .copied()
+            .filter(|id| Some(*id) != leader)
+            .collect();
+        self.stop_these(&followers).await;
+        if let Some(leader) = leader {
+            self.stop_these(&[leader]).await;
+        }
+    }
+
+    async fn stop_these(&mut self, ids: &[u64]) {
+        let stops: Vec<_> = ids
+            .iter()
+            .filter_map(|id| self.replicas.remove(id))
+            .map(|running| {
+                tokio::spawn(tokio::time::timeout(
+                    Duration::from_millis(stop_wait_ms),
+                    running.shutdown(),
+                ))
+            })
+            .collect();
+        for stop in stops {
+            let _ = stop.await;
+        }
+        for id in ids {
+            self.recorder.record(Event::Restart {
+                who: format!("replica {id}"),
+                up: false,
+            });
+        }
+    }
+
+    /// Replica `id` (stopped) restored from the backup `file` as `meshd restore` does
+    /// (`mesh::controller::restore::restore`): its store removed first (restore refuses an
+    /// existing one) and, with `floor_too`, its epoch-floor file (a new disk). Returns the term
+    /// floor the restore set.
+    pub async fn restore_replica(
+        &self,
+        id: u64,
+        file: &std::path::Path,
+        floor_too: bool,
+    ) -> Result<u64, BedError> {
+        self.wipe_store(id, floor_too)?;
+        let restored = mesh::controller::restore::restore(&self.configs[&id], file)
+            .await
+            .map_err(bed("meshd restore"))?;
+        Ok(restored.term_floor)
     }
 
     /// Cuts replica `id` off from the other replicas: `out` its messages to them, `inward`

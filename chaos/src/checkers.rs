@@ -11,7 +11,7 @@ use mesh::store::command::SendRecord;
 use crate::history::{Answered, Event, History, Op, OpId, Tick};
 
 /// The checkers, by name, in the order they run.
-pub const checker_names: [&str; 10] = [
+pub const checker_names: [&str; 11] = [
     "history complete",
     "no stale epoch written",
     "no host applies at or below its mark",
@@ -22,6 +22,7 @@ pub const checker_names: [&str; 10] = [
     "each refusal counted once",
     "acknowledged writes survive",
     "converged after heal",
+    "no epoch reused after a restore",
 ];
 
 /// One broken guarantee, with the tick it was seen at (when there is one).
@@ -77,6 +78,56 @@ pub fn check_all(history: &History, last: &Final) -> Vec<Violation> {
     out.extend(each_refusal_counted_once(history, last));
     out.extend(acknowledged_writes_survive(history, last));
     out.extend(converged(last));
+    out.extend(no_epoch_reused_after_restore(history));
+    out
+}
+
+/// The tick of the last whole-cluster restore, if any: what the store holds at the end was
+/// written after it (or is in the backup), so the store-based checks look only after it.
+pub fn last_restore(history: &History) -> Option<Tick> {
+    history
+        .ticked()
+        .filter(|(_, e)| matches!(e, Event::Restored { .. }))
+        .map(|(t, _)| t)
+        .last()
+}
+
+/// G9: after a restore from an older backup, every envelope written is of an epoch above every
+/// epoch any host applied before the restore (hosts keep their marks: a reused epoch would be
+/// refused, or accepted as a duplicate position).
+pub fn no_epoch_reused_after_restore(history: &History) -> Vec<Violation> {
+    let mut applied_max: Option<(u64, &str, Tick)> = None;
+    let mut floor: Option<(u64, &str, Tick)> = None;
+    let mut out = Vec::new();
+    for (tick, e) in history.ticked() {
+        match e {
+            Event::HostApplied { machine, epoch, .. }
+                if applied_max.is_none_or(|(m, _, _)| *epoch > m) =>
+            {
+                applied_max = Some((*epoch, machine, tick));
+            }
+            Event::Restored { .. } => floor = applied_max,
+            Event::WriteAllowed {
+                replica,
+                machine,
+                epoch,
+                sequence,
+            } => {
+                if let Some((max, by, at)) = floor
+                    && *epoch <= max
+                {
+                    out.push(violation(
+                        checker_names[10],
+                        Some(tick),
+                        format!(
+                            "replica {replica} wrote envelope {epoch}.{sequence} to {machine} after the restore, but {by} had applied epoch {max} before it (#{at:06})"
+                        ),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
     out
 }
 
@@ -102,6 +153,9 @@ pub fn no_stale_epoch_written(history: &History) -> Vec<Violation> {
     let mut out = Vec::new();
     for (tick, e) in history.ticked() {
         match e {
+            // Terms after a restore are the restored cluster's: "no epoch reused after a
+            // restore" checks them against what came before.
+            Event::Restored { .. } => granted = None,
             Event::LeaseGranted { replica, term } => {
                 if granted.is_none_or(|(t, _, _)| *term > t) {
                     granted = Some((*term, *replica, tick));
@@ -175,7 +229,9 @@ pub fn applied_has_send_record(history: &History, last: &Final) -> Vec<Violation
         .map(|s| ((s.machine.as_str(), s.sequence), s))
         .collect();
     let mut out = Vec::new();
-    for (tick, e) in history.ticked() {
+    // The sends between an older backup and its restore are gone from the store.
+    let from = last_restore(history).unwrap_or(0);
+    for (tick, e) in history.ticked().filter(|(t, _)| *t >= from) {
         let Event::HostApplied {
             machine,
             epoch,
@@ -232,13 +288,15 @@ pub fn no_push_runs_twice(last: &Final) -> Vec<Violation> {
 pub fn push_names_recorded_machines(history: &History, last: &Final) -> Vec<Violation> {
     let mut pushes: BTreeMap<OpId, &str> = BTreeMap::new();
     let mut out = Vec::new();
+    // A push before a restore from an older backup may have recorded sends the store lost.
+    let from = last_restore(history).unwrap_or(0);
     for (tick, e) in history.ticked() {
         match e {
             Event::Invoked {
                 op,
                 what: Op::Push { why, .. },
                 ..
-            } => {
+            } if tick >= from => {
                 pushes.insert(*op, why);
             }
             Event::Done { op, answer } => {
@@ -308,6 +366,12 @@ pub fn accounts_never_regress(history: &History) -> Vec<Violation> {
     let mut seen: BTreeMap<(u64, &str), (Option<ReportPosition>, u64, Tick)> = BTreeMap::new();
     let mut out = Vec::new();
     for (tick, e) in history.ticked() {
+        // A store lost or restored starts its accounts again (from a snapshot or the backup).
+        match e {
+            Event::StoreWiped { replica } => seen.retain(|(r, _), _| r != replica),
+            Event::Restored { .. } => seen.clear(),
+            _ => {}
+        }
         let Event::AccountSeen {
             replica,
             machine,
@@ -342,7 +406,27 @@ pub fn each_refusal_counted_once(history: &History, last: &Final) -> Vec<Violati
     let mut failed_best: BTreeMap<&str, ReportPosition> = BTreeMap::new();
     let mut low: BTreeMap<&str, u64> = BTreeMap::new();
     let mut high: BTreeMap<&str, u64> = BTreeMap::new();
+    // The most refusals any replica's account showed: after a restore the account counts on
+    // from the backup's count, which is at most that.
+    let mut seen_refused: BTreeMap<&str, u64> = BTreeMap::new();
     for (_, e) in history.ticked() {
+        match e {
+            Event::AccountSeen {
+                machine,
+                refused_older,
+                ..
+            } => {
+                let r = seen_refused.entry(machine.as_str()).or_default();
+                *r = (*r).max(*refused_older);
+            }
+            Event::Restored { .. } => {
+                best.clear();
+                failed_best.clear();
+                low.clear();
+                high = seen_refused.clone();
+            }
+            _ => {}
+        }
         let Event::ReportDelivered {
             machine,
             position,
@@ -394,8 +478,18 @@ pub fn acknowledged_writes_survive(history: &History, last: &Final) -> Vec<Viola
     let mut invoked: BTreeMap<OpId, (String, String)> = BTreeMap::new();
     let mut writes: BTreeMap<String, Vec<(String, Option<Answered>)>> = BTreeMap::new();
     let mut index: BTreeMap<OpId, (String, usize)> = BTreeMap::new();
+    // Values any write before the last restore may have left in the backup.
+    let mut before_restore: BTreeMap<String, BTreeSet<Option<String>>> = BTreeMap::new();
     for (_, e) in history.ticked() {
         match e {
+            Event::Restored { .. } => {
+                for (thing, list) in std::mem::take(&mut writes) {
+                    let kept = before_restore.entry(thing).or_default();
+                    kept.insert(None);
+                    kept.extend(list.into_iter().map(|(v, _)| Some(v)));
+                }
+                index.clear();
+            }
             Event::Invoked { op, what, .. } => {
                 let (thing, value) = match what {
                     Op::Set { key, value } => (format!("setting {key}"), value.clone()),
@@ -430,6 +524,10 @@ pub fn acknowledged_writes_survive(history: &History, last: &Final) -> Vec<Viola
         match acked {
             Some(i) => {
                 allowed.insert(Some(list[i].0.clone()));
+            }
+            // Nothing acknowledged since a restore: whatever the backup held.
+            None if before_restore.contains_key(thing) => {
+                allowed.extend(before_restore[thing].iter().cloned());
             }
             // Nothing acknowledged: the value before the run, or any write that may have happened.
             None => {

@@ -98,6 +98,14 @@ pub enum Event {
     Done { op: OpId, answer: Answered },
     /// A replica or host stopped (`up: false`) or came back from its files.
     Restart { who: String, up: bool },
+    /// Replica `replica`'s store was lost (removed with the replica stopped); it restarts empty.
+    StoreWiped { replica: u64 },
+    /// Every replica was stopped and restored from an older backup (`meshd restore`); recorded
+    /// before any of them restarts. `floors`: each replica's term floor after the restore.
+    Restored {
+        floors: Vec<(u64, u64)>,
+        floor_files_kept: bool,
+    },
     /// Anything else worth reading in a failure.
     Note { what: String },
 }
@@ -166,6 +174,19 @@ impl fmt::Display for Event {
                     }
                 )
             }
+            Event::StoreWiped { replica } => write!(f, "replica {replica}'s store lost"),
+            Event::Restored {
+                floors,
+                floor_files_kept,
+            } => write!(
+                f,
+                "every replica restored from an older backup (term floors {floors:?}, floor files {})",
+                if *floor_files_kept {
+                    "kept"
+                } else {
+                    "lost too"
+                }
+            ),
             Event::Note { what } => write!(f, "note: {what}"),
         }
     }

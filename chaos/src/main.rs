@@ -17,7 +17,7 @@ use mesh_chaos::run::{RunSpec, run};
 #[global_allocator]
 static allocator: CountingAlloc = CountingAlloc;
 
-const usage: &str = "usage: mesh-chaos --runs N [--mix partitions|stale-leaders|processes|everything] [--seed S] [--chaos-ms MS] [--minutes M]\n       mesh-chaos fuzz --seconds N [--seed S]";
+const usage: &str = "usage: mesh-chaos --runs N [--mix partitions|stale-leaders|processes|stores|new-disks|everything] [--seed S] [--chaos-ms MS] [--minutes M]\n       mesh-chaos fuzz --seconds N [--seed S]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -60,7 +60,7 @@ fn parse_runs(args: &[String]) -> Result<RunArgs, String> {
             "--minutes" => out.minutes = Some(number()?),
             "--mix" => {
                 let mix = Mix::named(value).ok_or_else(|| {
-                    format!("no mix {value:?}; the mixes are partitions, stale-leaders, processes, everything")
+                    format!("no mix {value:?}; the mixes are partitions, stale-leaders, processes, stores, new-disks, everything")
                 })?;
                 out.mixes = vec![mix];
             }

@@ -28,6 +28,8 @@ pub const fault_ms_max: u64 = 700;
 pub const depose_ms: u64 = 1_500;
 /// Calm between two steps, at most.
 pub const calm_ms_max: u64 = 200;
+/// Longest wait for the leader's next envelope write (crash-leader-mid-push).
+pub const mid_push_wait_ms: u64 = 3_000;
 /// Longest wait for another replica's lease while a leader is cut off.
 pub const depose_wait_ms: u64 = 4_000;
 
@@ -71,10 +73,25 @@ pub enum Fault {
     /// Crash a host's agent at its next apply, after the mark and the declaration are on disk and
     /// before anything is applied; stop it and restart it from its files.
     CrashHostMidApply,
+    /// Lose a follower's disk: stop it, remove its store and epoch-floor file, start it on an
+    /// empty store (it catches up from the leader's snapshot, decision 0200).
+    StoreLost,
+    /// Stop every replica and restore each from the backup taken at setup, as `meshd restore`
+    /// does (the store removed, the epoch-floor file beside it kept), then start them.
+    RestoreOldBackup,
+    /// The same on new disks: the epoch-floor files lost with the stores, so only the backup's
+    /// floor and what hosts prove tell the cluster which epochs were used.
+    RestoreOnNewDisks,
+    /// Crash the leader at its next envelope write: the send record committed, the envelope not
+    /// written (its push unwinds at the write gate's yes), then the replica cut off, stopped and
+    /// restarted from its files.
+    CrashLeaderMidPush,
+    /// Deliver the next envelopes from every replica to the hosts twice.
+    DuplicateEnvelopes,
 }
 
 impl Fault {
-    pub const all: [Fault; 17] = [
+    pub const all: [Fault; 22] = [
         Fault::IsolateLeader,
         Fault::IsolateLeaderOut,
         Fault::IsolateLeaderIn,
@@ -92,6 +109,11 @@ impl Fault {
         Fault::CrashReplica,
         Fault::CrashHost,
         Fault::CrashHostMidApply,
+        Fault::StoreLost,
+        Fault::RestoreOldBackup,
+        Fault::RestoreOnNewDisks,
+        Fault::CrashLeaderMidPush,
+        Fault::DuplicateEnvelopes,
     ];
 
     /// The fault's name in schedules and tables.
@@ -114,6 +136,11 @@ impl Fault {
             Fault::CrashReplica => "crash-replica",
             Fault::CrashHost => "crash-host",
             Fault::CrashHostMidApply => "crash-host-mid-apply",
+            Fault::StoreLost => "store-lost",
+            Fault::RestoreOldBackup => "restore-old-backup",
+            Fault::RestoreOnNewDisks => "restore-on-new-disks",
+            Fault::CrashLeaderMidPush => "crash-leader-mid-push",
+            Fault::DuplicateEnvelopes => "duplicate-envelopes",
         }
     }
 
@@ -126,6 +153,7 @@ impl Fault {
                 | Fault::PausedLeader
                 | Fault::Suspend
                 | Fault::CrashReplica
+                | Fault::CrashLeaderMidPush
         )
     }
 }
@@ -145,15 +173,23 @@ pub enum Mix {
     StaleLeaders,
     /// Processes and reports: replica and host crashes, overtaken and duplicated reports.
     Processes,
+    /// Stores: a restore of the whole cluster from an older backup, a lost disk, a leader
+    /// crashed mid-push, duplicated envelopes.
+    Stores,
+    /// A restore on new disks (the epoch-floor files lost too) with elections around it: the
+    /// mix of the open G9 finding (docs/chaos.md).
+    NewDisks,
     /// Everything, evenly.
     Everything,
 }
 
 impl Mix {
-    pub const all: [Mix; 4] = [
+    pub const all: [Mix; 6] = [
         Mix::Partitions,
         Mix::StaleLeaders,
         Mix::Processes,
+        Mix::Stores,
+        Mix::NewDisks,
         Mix::Everything,
     ];
 
@@ -163,6 +199,8 @@ impl Mix {
             Mix::Partitions => "partitions",
             Mix::StaleLeaders => "stale-leaders",
             Mix::Processes => "processes",
+            Mix::Stores => "stores",
+            Mix::NewDisks => "new-disks",
             Mix::Everything => "everything",
         }
     }
@@ -193,6 +231,7 @@ impl Mix {
                 Suspend,
                 IsolateLeader,
                 IsolateLeaderOut,
+                CrashLeaderMidPush,
             ],
             Mix::Processes => vec![
                 CrashReplica,
@@ -200,6 +239,18 @@ impl Mix {
                 CrashHostMidApply,
                 OvertakeReport,
                 DuplicateReports,
+                StoreLost,
+                CrashLeaderMidPush,
+                DuplicateEnvelopes,
+            ],
+            Mix::NewDisks => vec![RestoreOnNewDisks, IsolateLeader, CrashReplica],
+            Mix::Stores => vec![
+                RestoreOldBackup,
+                StoreLost,
+                CrashLeaderMidPush,
+                DuplicateEnvelopes,
+                CrashReplica,
+                IsolateLeader,
             ],
             Mix::Everything => Fault::all.to_vec(),
         }
@@ -628,6 +679,141 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
                     format!("host {m} did not restart: {e}")
                 }
             }
+        }
+        Fault::StoreLost => {
+            let mut c = cluster.write().await;
+            let leader = target(&c, step.pick);
+            let id = others(leader)[rng.below(2) as usize];
+            note(&c, i, step.fault, format!("replica {id}'s disk"));
+            c.crash_replica(id).await;
+            if let Err(e) = c.wipe_store(id, true) {
+                return format!("replica {id}'s store not removed: {e}");
+            }
+            c.recorder.record(Event::StoreWiped { replica: id });
+            tokio::time::sleep(time).await;
+            match c.restart_replica(id).await {
+                Ok(()) => format!("replica {id} started on an empty store"),
+                Err(e) => {
+                    c.recorder.record(Event::Note {
+                        what: format!("RESTART FAILED: {e}"),
+                    });
+                    format!("replica {id} did not start on an empty store: {e}")
+                }
+            }
+        }
+        Fault::RestoreOldBackup | Fault::RestoreOnNewDisks => {
+            let mut c = cluster.write().await;
+            let Some(file) = c.backups.first().cloned() else {
+                return "no backup was taken at setup; not restored".into();
+            };
+            let floor_files_kept = step.fault == Fault::RestoreOldBackup;
+            note(
+                &c,
+                i,
+                step.fault,
+                format!(
+                    "every replica from {} (floor files {})",
+                    file.display(),
+                    if floor_files_kept { "kept" } else { "lost too" }
+                ),
+            );
+            c.stop_replicas().await;
+            let mut floors = Vec::new();
+            for id in 1..=replicas_n {
+                match c.restore_replica(id, &file, !floor_files_kept).await {
+                    Ok(floor) => floors.push((id, floor)),
+                    Err(e) => {
+                        c.recorder.record(Event::Note {
+                            what: format!("RESTORE FAILED: replica {id}: {e}"),
+                        });
+                    }
+                }
+            }
+            c.recorder.record(Event::Restored {
+                floors: floors.clone(),
+                floor_files_kept,
+            });
+            for id in 1..=replicas_n {
+                if let Err(e) = c.restart_replica(id).await {
+                    c.recorder.record(Event::Note {
+                        what: format!("RESTART FAILED: {e}"),
+                    });
+                }
+            }
+            tokio::time::sleep(time).await;
+            format!("restored, term floors {floors:?}")
+        }
+        Fault::CrashLeaderMidPush => {
+            let (leader, from) = {
+                let c = cluster.read().await;
+                let leader = target(&c, step.pick);
+                note(
+                    &c,
+                    i,
+                    step.fault,
+                    format!("replica {leader} at its next envelope write"),
+                );
+                (leader, c.recorder.now())
+            };
+            crate::observe::crash_at_next_write(Some(leader));
+            let recorder = cluster.read().await.recorder.clone();
+            let crashed = recorder
+                .wait_for(
+                    from,
+                    Duration::from_millis(mid_push_wait_ms),
+                    |e| matches!(e, Event::WriteAllowed { replica, .. } if *replica == leader),
+                )
+                .await;
+            crate::observe::crash_at_next_write(None);
+            if !crashed {
+                return format!(
+                    "no envelope write by replica {leader} within {mid_push_wait_ms} ms; not crashed"
+                );
+            }
+            let mut c = cluster.write().await;
+            c.crash_replica(leader).await;
+            wait_deposed(&c, leader, from).await;
+            tokio::time::sleep(time).await;
+            match c.restart_replica(leader).await {
+                Ok(()) => format!("replica {leader} crashed mid-push and restarted"),
+                Err(e) => {
+                    c.recorder.record(Event::Note {
+                        what: format!("RESTART FAILED: {e}"),
+                    });
+                    format!("replica {leader} did not restart: {e}")
+                }
+            }
+        }
+        Fault::DuplicateEnvelopes => {
+            let c = cluster.read().await;
+            let count = rng.between(1, 4);
+            note(
+                &c,
+                i,
+                step.fault,
+                format!("the next {count} envelopes from each replica to each host, twice"),
+            );
+            let arm = |count: u64| {
+                for r in c.replicas.values() {
+                    for h in c.hosts.values() {
+                        r.service()
+                            .endpoint()
+                            .faults()
+                            .duplicate_next(h.addr, count);
+                    }
+                }
+            };
+            let duplicated = |c: &Cluster| -> u64 {
+                c.replicas
+                    .values()
+                    .map(|r| r.service().endpoint().faults().duplicated())
+                    .sum()
+            };
+            let before = duplicated(&c);
+            arm(count);
+            tokio::time::sleep(time).await;
+            arm(0);
+            format!("{} envelopes delivered twice", duplicated(&c) - before)
         }
         Fault::CrashHost => {
             let mut c = cluster.write().await;

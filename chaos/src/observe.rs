@@ -26,6 +26,17 @@ static installed: OnceLock<Result<(), String>> = OnceLock::new();
 /// The machine whose next apply crashes its agent between the mark and the apply (the
 /// `crash-host-mid-apply` fault), if armed.
 static crash_next_apply: Mutex<Option<String>> = Mutex::new(None);
+/// The replica whose next envelope write crashes its push (the `crash-leader-mid-push` fault),
+/// if armed.
+static crash_next_write: Mutex<Option<u64>> = Mutex::new(None);
+
+/// Arms (`Some`) or disarms the crash of replica `id`'s push at its next envelope write: when its
+/// write gate says yes, the push unwinds right there, before a byte of the envelope leaves, so
+/// the send record is committed and the envelope never written — what a crash between the two
+/// leaves behind. The nemesis then crashes the replica.
+pub fn crash_at_next_write(id: Option<u64>) {
+    *crash_next_write.lock().unwrap_or_else(|p| p.into_inner()) = id;
+}
 
 /// Arms (`Some`) or disarms the crash of `machine`'s agent at its next apply: when the agent
 /// says it persisted the mark and applies, the task applying unwinds right there, so the
@@ -174,17 +185,27 @@ impl<S: tracing::Subscriber> Layer<S> for Observer {
                     machine.clone()
                 })
             }
+            Event::WriteAllowed { replica, .. } => {
+                let mut armed = crash_next_write.lock().unwrap_or_else(|p| p.into_inner());
+                (*armed == Some(*replica)).then(|| {
+                    *armed = None;
+                    format!("replica {replica}")
+                })
+            }
             _ => None,
         };
         let recorder = slot().clone();
         if let Some(recorder) = recorder {
             recorder.record(seen);
-            if let Some(machine) = &crash {
-                recorder.record(Event::Note {
-                    what: format!(
-                        "{machine}'s agent crashes between persisting its mark and applying"
-                    ),
-                });
+            if let Some(who) = &crash {
+                let what = if who.starts_with("replica ") {
+                    format!(
+                        "{who}'s push crashes between the send record's commit and the envelope's write"
+                    )
+                } else {
+                    format!("{who}'s agent crashes between persisting its mark and applying")
+                };
+                recorder.record(Event::Note { what });
             }
         }
         if let Some(machine) = crash {

@@ -308,6 +308,10 @@ async fn setup(cluster: &Arc<RwLock<Cluster>>) -> Result<(), RunError> {
             continue;
         }
         if push_all(cluster, leader, "chaos push setup").await {
+            // The older backup `restore-old-backup` restores (a few ms: the store is small).
+            let mut c = cluster.write().await;
+            let file = c.save_snapshot(leader, "setup.snapshot").await?;
+            c.backups.push(file);
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
