@@ -32,8 +32,8 @@ pub fn applied_in_log(log: &str) -> Vec<Applied> {
             let field = |name: &str| -> Option<String> {
                 let key = format!("{name}=");
                 line.split_whitespace()
-                    .filter_map(|t| t.strip_prefix(key.as_str()))
-                    .last()
+                    .rev()
+                    .find_map(|t| t.strip_prefix(key.as_str()))
                     .map(str::to_string)
             };
             Some(Applied {
