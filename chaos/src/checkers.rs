@@ -11,7 +11,7 @@ use mesh::store::command::SendRecord;
 use crate::history::{Answered, Event, History, Op, OpId, Tick};
 
 /// The checkers, by name, in the order they run.
-pub const checker_names: [&str; 11] = [
+pub const checker_names: [&str; 12] = [
     "history complete",
     "no stale epoch written",
     "no host applies at or below its mark",
@@ -23,6 +23,7 @@ pub const checker_names: [&str; 11] = [
     "acknowledged writes survive",
     "converged after heal",
     "no epoch reused after a restore",
+    "replicas agree at the end",
 ];
 
 /// One broken guarantee, with the tick it was seen at (when there is one).
@@ -64,6 +65,8 @@ pub struct Final {
     pub accounts: BTreeMap<String, (Option<ReportPosition>, u64)>,
     /// Machines that did not apply their should-be within the deadline after the heal, and why.
     pub not_converged: Vec<String>,
+    /// Replicas whose state or sends differ from the leader's at the same applied index.
+    pub disagree: Vec<String>,
 }
 
 /// Runs every checker.
@@ -79,7 +82,17 @@ pub fn check_all(history: &History, last: &Final) -> Vec<Violation> {
     out.extend(acknowledged_writes_survive(history, last));
     out.extend(converged(last));
     out.extend(no_epoch_reused_after_restore(history));
+    out.extend(replicas_agree(last));
     out
+}
+
+/// Every replica holds the same state and sends once all applied the same index (a store
+/// rebuilt from the leader's snapshot, restored from a backup or restarted from its files).
+pub fn replicas_agree(last: &Final) -> Vec<Violation> {
+    last.disagree
+        .iter()
+        .map(|why| violation(checker_names[11], None, why.clone()))
+        .collect()
 }
 
 /// The tick of the last whole-cluster restore, if any: what the store holds at the end was

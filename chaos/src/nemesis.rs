@@ -243,14 +243,15 @@ impl Mix {
                 CrashLeaderMidPush,
                 DuplicateEnvelopes,
             ],
-            Mix::NewDisks => vec![RestoreOnNewDisks, IsolateLeader, CrashReplica],
+            // A deposition first: a restore means something once epochs moved past the backup's.
+            Mix::NewDisks => vec![IsolateLeader, RestoreOnNewDisks, CrashReplica],
             Mix::Stores => vec![
+                IsolateLeader,
                 RestoreOldBackup,
                 StoreLost,
                 CrashLeaderMidPush,
                 DuplicateEnvelopes,
                 CrashReplica,
-                IsolateLeader,
             ],
             Mix::Everything => Fault::all.to_vec(),
         }

@@ -481,6 +481,32 @@ async fn read_final(
         .map_err(|e| RunError::Stuck(format!("cannot read the state: {e}")))?;
     let sends = MeshApp::sends(service.replica().database(), None)
         .map_err(|e| RunError::Stuck(format!("cannot read the sends table: {e}")))?;
+    // Every replica applied the same index: each must hold the same state and sends (a store
+    // rebuilt from a snapshot, restored or restarted included).
+    let mut disagree = Vec::new();
+    for (id, r) in &c.replicas {
+        if *id == leader {
+            continue;
+        }
+        let theirs = r.service().app().state();
+        let their_sends = MeshApp::sends(r.service().replica().database(), None);
+        match (theirs, their_sends) {
+            (Ok(theirs), Ok(their_sends)) => {
+                let mut fields = state_differs(&state, &theirs);
+                if their_sends != sends {
+                    fields.push("the sends table");
+                }
+                if !fields.is_empty() {
+                    disagree.push(format!(
+                        "replica {id} differs from the leader {leader} at the same applied index in {}",
+                        fields.join(", ")
+                    ));
+                }
+            }
+            (Err(e), _) => disagree.push(format!("replica {id}'s state cannot be read: {e}")),
+            (_, Err(e)) => disagree.push(format!("replica {id}'s sends cannot be read: {e}")),
+        }
+    }
     let settings = state
         .mesh
         .settings
@@ -505,7 +531,40 @@ async fn read_final(
         apply_tag,
         accounts,
         not_converged,
+        disagree,
     })
+}
+
+/// The fields in which two replicas' domain states differ, by name.
+fn state_differs(
+    a: &mesh::store::state::DomainState,
+    b: &mesh::store::state::DomainState,
+) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    let mut field = |name, same: bool| {
+        if !same {
+            out.push(name);
+        }
+    };
+    field("revision", a.revision == b.revision);
+    field("the model", a.mesh == b.mesh);
+    field("provisions", a.provisions == b.provisions);
+    field("last sends", a.last_sends == b.last_sends);
+    field("accounts", a.accounts == b.accounts);
+    field("holds", a.holds == b.holds);
+    field("the epoch floor", a.epoch_floor == b.epoch_floor);
+    field("the history id", a.next_history_id == b.next_history_id);
+    field(
+        "remembered requests",
+        a.requests == b.requests && a.request_order == b.request_order,
+    );
+    field("the deny list", a.revoked == b.revoked);
+    field("uploads", a.uploads == b.uploads);
+    field("signers", a.signers == b.signers);
+    if out.is_empty() && a != b {
+        out.push("the state");
+    }
+    out
 }
 
 /// Records every replica's accounts whenever they change, until `stop`.

@@ -6,8 +6,9 @@ use mesh::core::report::ReportPosition;
 use mesh::store::command::SendRecord;
 use mesh_chaos::checkers::{
     Final, accounts_never_regress, acknowledged_writes_survive, applied_has_send_record, check_all,
-    complete, converged, each_refusal_counted_once, no_apply_at_or_below_mark, no_push_runs_twice,
-    no_stale_epoch_written, push_names_recorded_machines,
+    complete, converged, each_refusal_counted_once, no_apply_at_or_below_mark,
+    no_epoch_reused_after_restore, no_push_runs_twice, no_stale_epoch_written,
+    push_names_recorded_machines, replicas_agree,
 };
 use mesh_chaos::history::{Answered, Event, History, Op};
 
@@ -304,14 +305,113 @@ fn an_acknowledged_write_lost_or_a_refused_write_shown_is_named() {
 }
 
 #[test]
-fn a_machine_left_behind_after_the_heal_and_a_truncated_history_are_named() {
+fn a_machine_left_behind_after_the_heal_replicas_apart_and_a_truncated_history_are_named() {
     let last = Final {
         not_converged: vec!["ace still behind".into()],
         ..Final::default()
     };
     assert_eq!(converged(&last).len(), 1);
+    let apart = Final {
+        disagree: vec![
+            "replica 3 differs from the leader 1 at the same applied index in accounts".into(),
+        ],
+        ..Final::default()
+    };
+    assert_eq!(replicas_agree(&apart).len(), 1);
+    assert!(replicas_agree(&Final::default()).is_empty());
     let mut truncated = History::of(vec![]);
     truncated.dropped = 3;
     assert_eq!(complete(&truncated).len(), 1);
     assert!(check_all(&History::of(vec![]), &Final::default()).is_empty());
+}
+
+fn restored() -> Event {
+    Event::Restored {
+        floors: vec![(1, 3), (2, 3), (3, 3)],
+        floor_files_kept: true,
+    }
+}
+
+#[test]
+fn g9_a_write_after_a_restore_at_or_below_an_epoch_applied_before_it_is_named() {
+    // Before the restore bex applied epoch 3; after it, epoch 4 is fine, 3 (reused) and 2 not.
+    let good = History::of(vec![
+        applied("bex", 3, 5, 1),
+        restored(),
+        lease(1, 4),
+        write(1, 4, 2),
+    ]);
+    assert!(no_epoch_reused_after_restore(&good).is_empty());
+    assert!(check_all(&good, &Final::default()).is_empty());
+    let reused = History::of(vec![
+        applied("bex", 3, 5, 1),
+        restored(),
+        write(1, 3, 6),
+        write(1, 2, 1),
+    ]);
+    let found = no_epoch_reused_after_restore(&reused);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].what.contains("bex had applied epoch 3"),
+        "{}",
+        found[0]
+    );
+    // Without a restore the same writes are G3's business, not G9's.
+    let plain = History::of(vec![applied("bex", 3, 5, 1), write(1, 3, 6)]);
+    assert!(no_epoch_reused_after_restore(&plain).is_empty());
+}
+
+#[test]
+fn g9_what_an_older_backup_lost_is_not_held_against_the_store() {
+    // A write acknowledged before the restore may be gone (the backup is older): allowed. One
+    // acknowledged after it must survive.
+    let history = History::of(vec![
+        set(1, "pool", "v1"),
+        done(1, ok()),
+        restored(),
+        set(2, "mode", "m2"),
+        done(2, ok()),
+    ]);
+    let with = |pool: Option<&str>, mode: Option<&str>| {
+        let mut settings = std::collections::BTreeMap::new();
+        if let Some(p) = pool {
+            settings.insert("pool".to_string(), p.to_string());
+        }
+        if let Some(m) = mode {
+            settings.insert("mode".to_string(), m.to_string());
+        }
+        Final {
+            settings,
+            ..Final::default()
+        }
+    };
+    assert!(acknowledged_writes_survive(&history, &with(None, Some("m2"))).is_empty());
+    assert_eq!(
+        acknowledged_writes_survive(&history, &with(None, None)).len(),
+        1
+    );
+    // An account starts again from the backup: not a regression; moving back after it is.
+    let seen = |last: Option<ReportPosition>| Event::AccountSeen {
+        replica: 1,
+        machine: "ace".into(),
+        last,
+        refused_older: 0,
+    };
+    let again = History::of(vec![
+        seen(Some(pos(3, 4, 9))),
+        restored(),
+        seen(Some(pos(1, 1, 2))),
+    ]);
+    assert!(accounts_never_regress(&again).is_empty());
+    let back = History::of(vec![
+        restored(),
+        seen(Some(pos(3, 4, 9))),
+        seen(Some(pos(1, 1, 2))),
+    ]);
+    assert_eq!(accounts_never_regress(&back).len(), 1);
+    // An apply before the restore has no record in the restored store: not G4's business.
+    let lost = History::of(vec![applied("ace", 2, 1, 7), restored()]);
+    assert!(applied_has_send_record(&lost, &Final::default()).is_empty());
+    let after = History::of(vec![restored(), applied("ace", 4, 1, 7)]);
+    assert_eq!(applied_has_send_record(&after, &Final::default()).len(), 1);
 }

@@ -62,6 +62,23 @@ async fn g5_g9_crashed_replicas_and_hosts_and_overtaken_reports_break_no_guarant
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_g2_a_restore_from_an_older_backup_a_lost_disk_and_a_leader_crashed_mid_push_break_no_guarantee()
+ {
+    let outcome = check(0x5eed_0005, Mix::Stores).await;
+    assert!(
+        outcome
+            .stats
+            .faults
+            .contains_key(&mesh_chaos::nemesis::Fault::RestoreOldBackup),
+        "the cluster was restored from the older backup"
+    );
+    assert!(
+        outcome.stats.restarts >= 3,
+        "every replica restarted restored"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_fault_together_breaks_no_guarantee() {
     check(0x5eed_0004, Mix::Everything).await;
 }
