@@ -610,3 +610,89 @@ fn wiped_under_load(bed: &mut Bed) -> anyhow::Result<()> {
     bed.resume_replica(other)?;
     Ok(())
 }
+
+/// The blackhole routes in `netns` (`ip route show type blackhole`, both families), one per line.
+fn blackholes(netns: &str) -> anyhow::Result<Vec<String>> {
+    let mut routes = Vec::new();
+    for family in ["-4", "-6"] {
+        let out = std::process::Command::new("ip")
+            .args([family, "-n", netns, "route", "show", "type", "blackhole"])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "ip route show in {netns}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        routes.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| l.trim().to_string())
+                .filter(|l| !l.is_empty()),
+        );
+    }
+    Ok(routes)
+}
+
+#[test]
+fn netns_cut_between_routes_away_only_that_pair_both_ways_and_heal_removes_exactly_that()
+-> anyhow::Result<()> {
+    // The fault the headline bed rests on: a cut between a and b is a blackhole route to each
+    // other's addresses (both families) in both namespaces and nothing in c's; cutting twice or
+    // healing twice changes nothing; healing leaves no route; a node cut from itself is refused.
+    if let Err(why) = Fabric::available() {
+        anyhow::ensure!(
+            std::env::var(require_env).as_deref() != Ok("1"),
+            "{require_env}=1 but network namespaces cannot be made: {}",
+            why.0
+        );
+        eprintln!("SKIPPED bed_faults cut check: network namespaces cannot be made here");
+        return Ok(());
+    }
+    let ip = |s: &str| s.parse::<IpAddr>();
+    let fabric = Fabric::create(&[
+        ("a", vec![ip("10.77.0.1")?, ip("fd77::1")?]),
+        ("b", vec![ip("10.77.0.2")?, ip("fd77::2")?]),
+        ("c", vec![ip("10.77.0.3")?]),
+    ])?;
+    let ns = |n: &str| fabric.node(n).map(|node| node.netns.clone());
+    let (a, b, c) = (ns("a")?, ns("b")?, ns("c")?);
+    fabric.cut_between("a", "b")?;
+    fabric.cut_between("b", "a")?;
+    let expect = |routes: Vec<String>, want: &[&str]| -> anyhow::Result<()> {
+        let got: Vec<String> = routes
+            .iter()
+            .filter_map(|r| r.split_whitespace().nth(1).map(str::to_string))
+            .collect();
+        let mut want: Vec<String> = want.iter().map(|w| w.to_string()).collect();
+        let mut sorted = got.clone();
+        sorted.sort();
+        want.sort();
+        anyhow::ensure!(sorted == want, "blackholes {routes:?}, want {want:?}");
+        Ok(())
+    };
+    expect(blackholes(&a)?, &["10.77.0.2", "fd77::2"])?;
+    expect(blackholes(&b)?, &["10.77.0.1", "fd77::1"])?;
+    expect(blackholes(&c)?, &[])?;
+    assert_eq!(fabric.cut_pairs(), vec![("a".to_string(), "b".to_string())]);
+    fabric.heal_between("b", "a")?;
+    fabric.heal_between("a", "b")?;
+    for netns in [&a, &b, &c] {
+        expect(blackholes(netns)?, &[])?;
+    }
+    assert!(fabric.cut_pairs().is_empty());
+    let refused = fabric.cut_between("a", "a").err().map(|e| e.to_string());
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("from itself")),
+        "{refused:?}"
+    );
+    let unknown = fabric.cut_between("a", "zed").err().map(|e| e.to_string());
+    assert!(
+        unknown
+            .as_deref()
+            .is_some_and(|e| e.contains("no node zed")),
+        "{unknown:?}"
+    );
+    Ok(())
+}
