@@ -191,7 +191,7 @@ fn follows_another(bed: &Bed, context: &std::path::Path, old: u64) -> anyhow::Re
     })
 }
 
-/// The namespace node name of replica `id` and of machine `name`'s host.
+/// Replica `id`'s node name on the namespace bed (a host's is `host-<machine>`).
 fn replica_node(id: u64) -> String {
     format!("replica-{id}")
 }
