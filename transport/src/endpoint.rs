@@ -629,7 +629,11 @@ impl Endpoint {
     ) -> Result<Vec<u8>, Attempt> {
         let max = self.inner.config.frame_bytes_max();
         let left = deadline.saturating_duration_since(Instant::now());
-        let (mut send, mut recv) = conn.open_bi().await.map_err(Attempt::Stale)?;
+        let (send, mut recv) = conn.open_bi().await.map_err(Attempt::Stale)?;
+        let mut send = ResetUnlessAnswered {
+            send,
+            answered: false,
+        };
         // The last check before the first byte (G3): everything slow happened before it.
         let (write_left, write_by) = match gate {
             None => (left, None),
@@ -639,11 +643,11 @@ impl Endpoint {
                 (allowed, Some(Instant::now() + allowed))
             }
         };
-        match frame::write_frame(&mut send, bytes, max, write_left).await {
+        match frame::write_frame(&mut send.send, bytes, max, write_left).await {
             Ok(()) => {}
             Err(FrameError::Timeout { .. }) if write_by.is_some() => {
-                // Nothing more of it may leave: unsent and unacknowledged data is dropped.
-                let _ = send.reset(quinn::VarInt::from_u32(0));
+                // Nothing more of it may leave: unsent and unacknowledged data is dropped (the
+                // guard resets the stream).
                 return Err(gated(
                     addr,
                     "the write did not finish inside its gate".into(),
@@ -665,7 +669,7 @@ impl Endpoint {
                         match gate() {
                             Ok(more) if !more.is_zero() => write_by = Instant::now() + more,
                             _ => {
-                                let _ = send.reset(quinn::VarInt::from_u32(0));
+                                let _ = send.send.reset(quinn::VarInt::from_u32(0));
                                 break read.await;
                             }
                         }
@@ -675,6 +679,8 @@ impl Endpoint {
             _ => read.await,
         };
         let answer = answer.map_err(|e| Attempt::after_write(addr, e))?;
+        // The peer read the whole request: nothing of it is left to retransmit.
+        send.answered = true;
         match frame::decode_response(&answer) {
             Ok(Ok(body)) => Ok(body),
             Ok(Err(refused)) => Err(Attempt::Failed(TransportError::Refused {
@@ -998,5 +1004,22 @@ mod tests {
             "receive buffer {recv} (was {before}), asked {want_recv}"
         );
         assert!(send >= want_send, "send buffer {send}, asked {want_send}");
+    }
+}
+
+/// A request's send stream, reset when dropped before its answer came: a request given up (its
+/// timeout, a failed read, its future dropped) is given up on the wire too. Left to quinn, a
+/// dropped stream is finished, and bytes written under the gate's time but lost on the way would
+/// go on being retransmitted, and could reach a host after a newer leader was heard from (G3).
+struct ResetUnlessAnswered {
+    send: quinn::SendStream,
+    answered: bool,
+}
+
+impl Drop for ResetUnlessAnswered {
+    fn drop(&mut self) {
+        if !self.answered {
+            let _ = self.send.reset(quinn::VarInt::from_u32(0));
+        }
     }
 }
