@@ -30,6 +30,8 @@ pub const depose_ms: u64 = 1_500;
 pub const calm_ms_max: u64 = 200;
 /// Longest wait for the leader's next envelope write (crash-leader-mid-push).
 pub const mid_push_wait_ms: u64 = 3_000;
+/// Longest wait for a snapshot a replica was told to build.
+pub const snapshot_wait_ms: u64 = 3_000;
 /// Longest wait for another replica's lease while a leader is cut off.
 pub const depose_wait_ms: u64 = 4_000;
 
@@ -398,6 +400,37 @@ async fn wait_deposed(c: &Cluster, deposed: u64, from: u64) -> bool {
     }
 }
 
+/// Has replica `id` build a snapshot now and purge its log up to it; says what it did.
+async fn purge_to_snapshot(c: &Cluster, id: u64) -> String {
+    let Some(r) = c.replicas.get(&id) else {
+        return format!("replica {id} is down; nothing purged");
+    };
+    let raft = r.service().replica().raft();
+    let before = raft.metrics().borrow().snapshot;
+    if raft.trigger().snapshot().await.is_err() {
+        return format!("replica {id} did not take the snapshot order");
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(snapshot_wait_ms);
+    loop {
+        let now = raft.metrics().borrow().snapshot;
+        if let Some(at) = now
+            && now != before
+        {
+            return match raft.trigger().purge_log(at.index).await {
+                Ok(()) => format!(
+                    "replica {id}'s log purged up to its snapshot at {}",
+                    at.index
+                ),
+                Err(e) => format!("replica {id} snapshot at {}, not purged: {e}", at.index),
+            };
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return format!("replica {id} built no snapshot within {snapshot_wait_ms} ms");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> String {
     let time = Duration::from_millis(step.for_ms);
     let mut rng = Rng::new(step.pick, 0x57e9);
@@ -686,6 +719,9 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
             let leader = target(&c, step.pick);
             let id = others(leader)[rng.below(2) as usize];
             note(&c, i, step.fault, format!("replica {id}'s disk"));
+            // The leader's log purged up to a fresh snapshot first, as on a cluster that ran
+            // long enough: the empty store can only come back through the snapshot.
+            let purged = purge_to_snapshot(&c, leader).await;
             c.crash_replica(id).await;
             if let Err(e) = c.wipe_store(id, true) {
                 return format!("replica {id}'s store not removed: {e}");
@@ -693,7 +729,7 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
             c.recorder.record(Event::StoreWiped { replica: id });
             tokio::time::sleep(time).await;
             match c.restart_replica(id).await {
-                Ok(()) => format!("replica {id} started on an empty store"),
+                Ok(()) => format!("replica {id} started on an empty store ({purged})"),
                 Err(e) => {
                     c.recorder.record(Event::Note {
                         what: format!("RESTART FAILED: {e}"),

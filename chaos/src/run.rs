@@ -172,7 +172,23 @@ pub async fn run(spec: RunSpec) -> Result<Outcome, RunError> {
     }
     phases.end("teardown");
     drop(observed);
-    let (mut stats, last) = result?;
+    let (mut stats, last) = match result {
+        Ok(done) => done,
+        // A stuck run's history is the only way to see why: written, and named in the error.
+        Err(RunError::Stuck(why)) => {
+            let path = std::env::temp_dir().join(format!(
+                "mesh-chaos-{}-seed-{}.history",
+                spec.mix, spec.seed
+            ));
+            let written = std::fs::write(&path, recorder.snapshot().to_string()).is_ok();
+            return Err(RunError::Stuck(if written {
+                format!("{why}; history: {}", path.display())
+            } else {
+                why
+            }));
+        }
+        Err(e) => return Err(e),
+    };
     stats.phases = phases.done;
     let history = recorder.snapshot_until(last.1);
     let violations = check_all(&history, &last.0);
