@@ -930,6 +930,14 @@ impl Service {
             tracing::warn!(machine = frame_machine, epoch = report.epoch, %reason, "report refused: epoch above the floor without a proof");
             return Ok(ReportReply::Refused { reason });
         }
+        if let Some(why) = self.reused_term(term, &report) {
+            // Another leadership signed this leader's own epoch: a cluster restored without its
+            // floor files was elected again in a term the hosts had seen (G9, decision 0272).
+            // The floor goes above the term, so `keep_floor` moves this leader past it.
+            tracing::warn!(machine = frame_machine, epoch = report.epoch, sequence = report.sequence, %why, "a host holds an envelope of this leader's term that this store never recorded; raising the floor above the term");
+            self.raise_floor_to(term, &actor, term.saturating_add(1))
+                .await;
+        }
         self.raise_floor_to(term, &actor, report.epoch).await;
         // Heard in memory, or filed in a shared proposal (decision 0216).
         self.take_report(term, report, body.len()).await
@@ -964,6 +972,48 @@ impl Service {
                 report.epoch
             )
         })
+    }
+
+    /// Why `report` proves that another leadership signed envelopes of `term`, this leader's own
+    /// term, or `None`. Every envelope this leadership signs has its send record applied here
+    /// before it is written, so a host holding a position of `term` past the machine's last
+    /// recorded send of `term` (or the same sequence with another digest) holds one this store
+    /// never made. Only a proof signed by a trusted replica counts: a host certificate alone must
+    /// not be able to move the term. Positions below the last record are not looked up (that would
+    /// read the sends table on every report).
+    fn reused_term(&self, term: u64, report: &Report) -> Option<String> {
+        if report.epoch != term || report.sequence == 0 {
+            return None;
+        }
+        let state = self.app.state().ok()?;
+        let recorded = state
+            .last_sends
+            .get(&report.machine)
+            .filter(|s| s.epoch == term);
+        let why = match recorded {
+            None => format!("no send of term {term} to {} is recorded", report.machine),
+            Some(s) if report.sequence > s.sequence => format!(
+                "the last send of term {term} to {} recorded is {term}.{}",
+                report.machine, s.sequence
+            ),
+            Some(s)
+                if report.sequence == s.sequence
+                    && report.applied.is_some_and(|d| d != s.digest) =>
+            {
+                format!("{term}.{} was recorded with another digest", s.sequence)
+            }
+            Some(_) => return None,
+        };
+        let mut trusted = super::members::signers_trusted(&state);
+        trusted.extend(self.config.trusted_keys().clone());
+        trusted.insert(self.id, self.key.verifying_key());
+        let position = Position {
+            epoch: report.epoch,
+            sequence: report.sequence,
+        };
+        let proof = report.proof.as_ref()?;
+        proof.verify(&trusted, &report.machine, position).ok()?;
+        Some(why)
     }
 
     /// A host that reports an epoch above the floor has seen a leader this store does not remember

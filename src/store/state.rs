@@ -114,6 +114,22 @@ impl DomainState {
                 term,
             });
         }
+        // A floor above the term means a host proved an epoch this term may not sign past (a
+        // reused term after a restore without floor files, decision 0272, or a newer epoch,
+        // decision 0151): nothing that leads to an envelope is recorded until the leader moved
+        // above it. Other commands go on (operators, reports).
+        let mut command = &proposal.command;
+        while let Command::Once { command: inner, .. } = command {
+            command = inner;
+        }
+        if term < self.epoch_floor
+            && matches!(command, Command::RecordSends { .. } | Command::Mint { .. })
+        {
+            return Err(Refusal::StaleEpoch {
+                epoch: proposal.epoch,
+                term: self.epoch_floor,
+            });
+        }
         if let Some(expected) = proposal.expect_revision
             && expected != self.revision
         {
@@ -542,4 +558,43 @@ pub fn leave_refused(machine: &str, why: &str) -> String {
     format!(
         "machine {machine} cannot leave the model: {why}; apply with `--drain` to keep it with no modules, push it, then apply again"
     )
+}
+
+#[cfg(test)]
+mod floor_tests {
+    use super::*;
+
+    fn proposal(epoch: u64, command: Command) -> Proposal {
+        Proposal {
+            epoch,
+            expect_revision: None,
+            actor: "replica:1".into(),
+            time_ms: 1,
+            command,
+        }
+    }
+
+    #[test]
+    fn g9_no_send_is_recorded_nor_provision_minted_in_a_term_below_the_floor() {
+        // G9 (decision 0272): once the floor is above the leader's term (a host proved that
+        // another leadership signed this term), the term records no send and mints nothing, so
+        // no envelope of it can leave; a term at the floor records again.
+        let mut state = DomainState::default();
+        let (out, _) = state.apply(2, &proposal(2, Command::RaiseEpochFloor { epoch: 3 }));
+        assert!(matches!(out, Outcome::Applied(_)), "{out:?}");
+        let sends = Command::RecordSends { sends: vec![] };
+        let mints = Command::Mint { provisions: vec![] };
+        for command in [sends.clone(), mints] {
+            let (out, _) = state.apply(2, &proposal(2, command));
+            assert!(
+                matches!(
+                    out,
+                    Outcome::Refused(Refusal::StaleEpoch { epoch: 2, term: 3 })
+                ),
+                "{out:?}"
+            );
+        }
+        let (out, _) = state.apply(3, &proposal(3, sends));
+        assert!(matches!(out, Outcome::Applied(_)), "{out:?}");
+    }
 }
