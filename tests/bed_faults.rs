@@ -407,38 +407,6 @@ fn paused(bed: &Bed) -> anyhow::Result<()> {
     no_host_took_the_old_epoch(bed, old_epoch, "shanks", at_pause["shanks"], older_before)
 }
 
-/// The replica's `log_index` when status says it answered and is level with the longest log.
-fn level(status: &Value, id: u64) -> Option<u64> {
-    let replica = status["replicas"]
-        .as_array()?
-        .iter()
-        .find(|r| r["id"].as_u64() == Some(id))?;
-    if replica["reachable"] != true || replica["lag"].as_u64() != Some(0) {
-        return None;
-    }
-    replica["log_index"].as_u64()
-}
-
-/// Fails when a replica's log shows a panic, a hole in its Raft log or openraft stopping.
-fn no_panic(bed: &Bed) -> anyhow::Result<()> {
-    for id in 1..=3 {
-        let log = bed.replica_log(id);
-        for bad in [
-            "panicked",
-            "try to get log at index",
-            "with nothing between",
-            "openraft stopped",
-        ] {
-            if let Some(at) = log.find(bad) {
-                let from = log[..at].rfind('\n').map_or(0, |n| n + 1);
-                let line = log[from..].lines().next().unwrap_or_default();
-                anyhow::bail!("replica {id} logged {bad:?}: {line}");
-            }
-        }
-    }
-    Ok(())
-}
-
 /// A loop of `settings set machine/ace k<n>=v<n>` straight to one replica until `stop`; the `n`
 /// of every write meshctl acknowledged (exit 0). Anything else is of unknown outcome.
 struct Writer {
@@ -547,8 +515,8 @@ fn wiped_under_load(bed: &mut Bed) -> anyhow::Result<()> {
     let at_restart = writer.acknowledged();
     wait_acks(bed, &writer, at_restart + 15)?;
     bed.wait_for("the wiped replica level", wait_ms_default, || {
-        no_panic(bed)?;
-        Ok(level(&bed.status()?, wiped))
+        bed.no_replica_panicked()?;
+        Ok(Bed::level(&bed.status()?, wiped))
     })?;
     let acknowledged = writer.finish()?;
     anyhow::ensure!(
@@ -606,7 +574,7 @@ fn wiped_under_load(bed: &mut Bed) -> anyhow::Result<()> {
         acknowledged.len(),
         acknowledged.iter().filter(|n| **n >= at_restart).count()
     );
-    no_panic(bed)?;
+    bed.no_replica_panicked()?;
     bed.resume_replica(other)?;
     Ok(())
 }

@@ -4,42 +4,8 @@
 //! started again on the store it caught up into it comes up and stays level.
 
 use mesh_beds::{Bed, binaries, wait_ms_default};
-use serde_json::Value;
 
 const pair: &str = include_str!("../beds/meshes/pair.toml");
-
-/// The replica's view in `status`, when it answered and is level with the longest log.
-fn level(status: &Value, id: u64) -> Option<u64> {
-    let replica = status["replicas"]
-        .as_array()?
-        .iter()
-        .find(|r| r["id"].as_u64() == Some(id))?;
-    if replica["reachable"] != true || replica["lag"].as_u64() != Some(0) {
-        return None;
-    }
-    replica["log_index"].as_u64()
-}
-
-/// Fails when any replica's log shows a panic (openraft's core, in the leader or the wiped
-/// follower), a hole in its Raft log or a fatal Raft error.
-fn no_panic(bed: &Bed) -> anyhow::Result<()> {
-    for id in 1..=3 {
-        let log = bed.replica_log(id);
-        for bad in [
-            "panicked",
-            "try to get log at index",
-            "with nothing between",
-            "openraft stopped",
-        ] {
-            if let Some(at) = log.find(bad) {
-                let from = log[..at].rfind('\n').map_or(0, |n| n + 1);
-                let line = log[from..].lines().next().unwrap_or_default();
-                anyhow::bail!("replica {id} logged {bad:?}: {line}");
-            }
-        }
-    }
-    Ok(())
-}
 
 /// Removes replica `id`'s store and epoch-floor file (its keys and certificate stay): an empty
 /// store, as on a new disk.
@@ -137,10 +103,10 @@ fn restore_and_wipe(bed: &mut Bed) -> anyhow::Result<()> {
     bed.restart_replica(wiped)?;
     settings_set(bed, 10)?;
     let caught_up = bed.wait_for("the wiped replica level", wait_ms_default, || {
-        no_panic(bed)?;
-        Ok(level(&bed.status()?, wiped))
+        bed.no_replica_panicked()?;
+        Ok(Bed::level(&bed.status()?, wiped))
     })?;
-    no_panic(bed)?;
+    bed.no_replica_panicked()?;
 
     // Started again on the store it caught up into.
     bed.kill_replica(wiped)?;
@@ -150,11 +116,11 @@ fn restore_and_wipe(bed: &mut Bed) -> anyhow::Result<()> {
         "the replica level on its own store",
         wait_ms_default,
         || {
-            no_panic(bed)?;
-            Ok(level(&bed.status()?, wiped).filter(|i| *i > caught_up))
+            bed.no_replica_panicked()?;
+            Ok(Bed::level(&bed.status()?, wiped).filter(|i| *i > caught_up))
         },
     )?;
-    no_panic(bed)?;
+    bed.no_replica_panicked()?;
     assert!(again > caught_up, "{again} after {caught_up}");
     let shown = bed.meshctl_in(
         &bed.context_for(wiped)?,

@@ -748,6 +748,39 @@ impl Bed {
             .join("grants.toml")
     }
 
+    /// Replica `id`'s `log_index` in `status` when it answered and is level with the longest log.
+    pub fn level(status: &Value, id: u64) -> Option<u64> {
+        let replica = status["replicas"]
+            .as_array()?
+            .iter()
+            .find(|r| r["id"].as_u64() == Some(id))?;
+        if replica["reachable"] != true || replica["lag"].as_u64() != Some(0) {
+            return None;
+        }
+        replica["log_index"].as_u64()
+    }
+
+    /// Fails when any replica's log shows a panic (openraft's core, say), a hole in its Raft
+    /// log or openraft stopping.
+    pub fn no_replica_panicked(&self) -> anyhow::Result<()> {
+        for id in self.layout.replicas.iter().map(|(id, _)| *id) {
+            let log = self.replica_log(id);
+            for bad in [
+                "panicked",
+                "try to get log at index",
+                "with nothing between",
+                "openraft stopped",
+            ] {
+                if let Some(at) = log.find(bad) {
+                    let from = log[..at].rfind('\n').map_or(0, |n| n + 1);
+                    let line = log[from..].lines().next().unwrap_or_default();
+                    anyhow::bail!("replica {id} logged {bad:?}: {line}");
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The machine's entry in a `status --json` answer.
     pub fn machine<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
         status["machines"]

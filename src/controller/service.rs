@@ -955,9 +955,7 @@ impl Service {
         if report.epoch <= floor {
             return Ok(());
         }
-        let mut trusted = super::members::signers_trusted(&state);
-        trusted.extend(self.config.trusted_keys().clone());
-        trusted.insert(self.id, self.key.verifying_key());
+        let trusted = self.proof_keys(&state);
         let position = Position {
             epoch: report.epoch,
             sequence: report.sequence,
@@ -972,6 +970,18 @@ impl Service {
                 report.epoch
             )
         })
+    }
+
+    /// The replica keys an epoch proof may be signed with: the added replicas' keys in the state,
+    /// `trusted_keys` from replica.toml, and this replica's own.
+    fn proof_keys(
+        &self,
+        state: &DomainState,
+    ) -> std::collections::BTreeMap<u64, ed25519_dalek::VerifyingKey> {
+        let mut trusted = super::members::signers_trusted(state);
+        trusted.extend(self.config.trusted_keys().clone());
+        trusted.insert(self.id, self.key.verifying_key());
+        trusted
     }
 
     /// Why `report` proves that another leadership signed envelopes of `term`, this leader's own
@@ -1004,9 +1014,7 @@ impl Service {
             }
             Some(_) => return None,
         };
-        let mut trusted = super::members::signers_trusted(&state);
-        trusted.extend(self.config.trusted_keys().clone());
-        trusted.insert(self.id, self.key.verifying_key());
+        let trusted = self.proof_keys(&state);
         let position = Position {
             epoch: report.epoch,
             sequence: report.sequence,
