@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use mesh_beds::netns::{Fabric, require_env};
+use mesh_beds::netns::Fabric;
 use mesh_beds::trail::{self, Applied};
 use mesh_beds::{Bed, Streaming, binaries, wait_ms_default};
 use nix::sys::signal::Signal;
@@ -37,17 +37,7 @@ const finish_ms: u64 = 30_000;
 /// The bed started in namespaces (three IPv4 replicas, meshctl at 10.77.0.254), or `None` (said
 /// on stderr) where namespaces cannot be made and [`require_env`] is not `1`.
 fn netns_bed() -> anyhow::Result<Option<Bed>> {
-    if let Err(why) = Fabric::available() {
-        if std::env::var(require_env).as_deref() == Ok("1") {
-            anyhow::bail!(
-                "{require_env}=1 but network namespaces cannot be made: {}",
-                why.0
-            );
-        }
-        eprintln!(
-            "SKIPPED bed_faults (namespace bed): network namespaces cannot be made here: {}; run as root with iproute2 (set {require_env}=1 to make this a failure)",
-            why.0
-        );
+    if !Fabric::runs_here("bed_faults (namespace bed)")? {
         return Ok(None);
     }
     let replicas: Vec<(u64, IpAddr)> = vec![
@@ -70,12 +60,7 @@ fn settle(bed: &Bed, mesh: &str) -> anyhow::Result<u64> {
 }
 
 fn wait_none_behind(bed: &Bed) -> anyhow::Result<()> {
-    bed.wait_for("no machine behind", wait_ms_default, || {
-        let status = bed.status()?;
-        let all = status["machines"].as_array().cloned().unwrap_or_default();
-        let none_behind = all.len() == machines.len() && all.iter().all(|m| m["behind"] == false);
-        Ok(none_behind.then_some(()))
-    })
+    bed.wait_none_behind(machines.len())
 }
 
 /// The term replica `id` says it is in, from a `status` answer.
@@ -607,13 +592,7 @@ fn netns_cut_between_routes_away_only_that_pair_both_ways_and_heal_removes_exact
     // The fault the headline bed rests on: a cut between a and b is a blackhole route to each
     // other's addresses (both families) in both namespaces and nothing in c's; cutting twice or
     // healing twice changes nothing; healing leaves no route; a node cut from itself is refused.
-    if let Err(why) = Fabric::available() {
-        anyhow::ensure!(
-            std::env::var(require_env).as_deref() != Ok("1"),
-            "{require_env}=1 but network namespaces cannot be made: {}",
-            why.0
-        );
-        eprintln!("SKIPPED bed_faults cut check: network namespaces cannot be made here");
+    if !Fabric::runs_here("bed_faults cut check")? {
         return Ok(());
     }
     let ip = |s: &str| s.parse::<IpAddr>();

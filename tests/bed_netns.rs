@@ -24,17 +24,7 @@ fn replicas() -> anyhow::Result<Vec<(u64, IpAddr)>> {
 
 /// The bed started in namespaces, or `None` (said on stderr) where namespaces cannot be made.
 fn netns_bed() -> anyhow::Result<Option<Bed>> {
-    if let Err(why) = Fabric::available() {
-        if std::env::var(require_env).as_deref() == Ok("1") {
-            anyhow::bail!(
-                "{require_env}=1 but network namespaces cannot be made: {}",
-                why.0
-            );
-        }
-        eprintln!(
-            "SKIPPED bed_netns: network namespaces cannot be made here: {}; run as root with iproute2 (set {require_env}=1 to make this a failure)",
-            why.0
-        );
+    if !Fabric::runs_here("bed_netns")? {
         return Ok(None);
     }
     let bed = Bed::start_netns(binaries!(), &replicas()?, "10.77.0.254".parse()?, mesh)?;
@@ -54,12 +44,7 @@ fn settled() -> anyhow::Result<Option<Bed>> {
 }
 
 fn wait_none_behind(bed: &Bed) -> anyhow::Result<()> {
-    bed.wait_for("no machine behind", wait_ms_default, || {
-        let status = bed.status()?;
-        let machines = status["machines"].as_array().cloned().unwrap_or_default();
-        let all_applied = machines.len() == 4 && machines.iter().all(|m| m["behind"] == false);
-        Ok(all_applied.then_some(()))
-    })
+    bed.wait_none_behind(4)
 }
 
 /// The push output's line for `machine`.

@@ -748,6 +748,16 @@ impl Bed {
             .join("grants.toml")
     }
 
+    /// Waits until `status` lists `count` machines and none of them is behind its last send.
+    pub fn wait_none_behind(&self, count: usize) -> anyhow::Result<()> {
+        self.wait_for("no machine behind", wait_ms_default, || {
+            let status = self.status()?;
+            let all = status["machines"].as_array().cloned().unwrap_or_default();
+            let none_behind = all.len() == count && all.iter().all(|m| m["behind"] == false);
+            Ok(none_behind.then_some(()))
+        })
+    }
+
     /// Replica `id`'s `log_index` in `status` when it answered and is level with the longest log.
     pub fn level(status: &Value, id: u64) -> Option<u64> {
         let replica = status["replicas"]

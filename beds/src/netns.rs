@@ -53,6 +53,26 @@ pub struct Fabric {
 pub struct Unavailable(pub String);
 
 impl Fabric {
+    /// Whether the namespace bed `what` runs here: `Ok(true)` when namespaces can be made;
+    /// `Ok(false)` after saying on stderr why `what` is skipped; an error when they cannot be made
+    /// and [`require_env`] is `1` (CI), so a skip never passes there.
+    pub fn runs_here(what: &str) -> anyhow::Result<bool> {
+        let Err(why) = Fabric::available() else {
+            return Ok(true);
+        };
+        if std::env::var(require_env).as_deref() == Ok("1") {
+            anyhow::bail!(
+                "{require_env}=1 but network namespaces cannot be made: {}",
+                why.0
+            );
+        }
+        eprintln!(
+            "SKIPPED {what}: network namespaces cannot be made here: {}; run as root with iproute2 (set {require_env}=1 to make this a failure)",
+            why.0
+        );
+        Ok(false)
+    }
+
     /// Whether namespaces can be made here: `Err` says why not.
     pub fn available() -> Result<(), Unavailable> {
         use std::os::unix::fs::MetadataExt;
