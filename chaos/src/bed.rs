@@ -601,19 +601,11 @@ impl Cluster {
     }
 
     async fn stop_these(&mut self, ids: &[u64]) {
-        let stops: Vec<_> = ids
+        let running: Vec<Running> = ids
             .iter()
             .filter_map(|id| self.replicas.remove(id))
-            .map(|running| {
-                tokio::spawn(tokio::time::timeout(
-                    Duration::from_millis(stop_wait_ms),
-                    running.shutdown(),
-                ))
-            })
             .collect();
-        for stop in stops {
-            let _ = stop.await;
-        }
+        stop_at_once(running).await;
         for id in ids {
             self.recorder.record(Event::Restart {
                 who: format!("replica {id}"),
@@ -727,20 +719,26 @@ impl Cluster {
     /// each stop handed leadership to the next one to stop, about a second and a half each),
     /// then the hosts and their modules, at once.
     pub async fn shutdown(mut self) {
-        let stops: Vec<_> = std::mem::take(&mut self.replicas)
-            .into_values()
-            .map(|running| {
-                tokio::spawn(tokio::time::timeout(
-                    Duration::from_millis(stop_wait_ms),
-                    running.shutdown(),
-                ))
-            })
-            .collect();
-        for stop in stops {
-            let _ = stop.await;
-        }
+        stop_at_once(std::mem::take(&mut self.replicas).into_values()).await;
         let names: Vec<String> = self.hosts.keys().cloned().collect();
         self.stop_hosts(&names).await;
         self.operator.close().await;
+    }
+}
+
+/// Shuts `replicas` down all at once, each within [`stop_wait_ms`] (one after the other, each
+/// stop would hand leadership to the next one to stop).
+async fn stop_at_once(replicas: impl IntoIterator<Item = Running>) {
+    let stops: Vec<_> = replicas
+        .into_iter()
+        .map(|running| {
+            tokio::spawn(tokio::time::timeout(
+                Duration::from_millis(stop_wait_ms),
+                running.shutdown(),
+            ))
+        })
+        .collect();
+    for stop in stops {
+        let _ = stop.await;
     }
 }
