@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 
 use mesh::controller::config::ReplicaConfig;
-use mesh::controller::restore::restore;
+use mesh::controller::restore::restore_with;
 use mesh::logging::LogFormat;
 
 /// How long meshd waits for each peer's answer about its Raft timings before starting.
@@ -59,6 +59,11 @@ enum Cmd {
         /// The snapshot file.
         #[arg(long)]
         from: PathBuf,
+        /// The highest epoch any host holds (what the hosts report), when the epoch-floor files
+        /// are lost; without it and without a floor file the first leader waits for every
+        /// machine's report before sending (decision 0274).
+        #[arg(long)]
+        epoch_floor: Option<u64>,
     },
     /// After losing a quorum of replicas: make this stopped, surviving replica a one-member
     /// cluster with its data, its first term above every epoch floor it knows (decision 0235).
@@ -78,7 +83,14 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     mesh::logging::init(args.log_format);
     match (args.command, args.config) {
-        (Some(Cmd::Restore { config, from }), _) => run_restore(config, from).await,
+        (
+            Some(Cmd::Restore {
+                config,
+                from,
+                epoch_floor,
+            }),
+            _,
+        ) => run_restore(config, from, epoch_floor).await,
         (
             Some(Cmd::Recover {
                 config,
@@ -91,9 +103,13 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn run_restore(config: PathBuf, from: PathBuf) -> anyhow::Result<()> {
+async fn run_restore(
+    config: PathBuf,
+    from: PathBuf,
+    epoch_floor: Option<u64>,
+) -> anyhow::Result<()> {
     let config = ReplicaConfig::load(&config)?;
-    let done = restore(&config, &from)
+    let done = restore_with(&config, &from, epoch_floor)
         .await
         .with_context(|| format!("restoring replica {} from {}", config.id(), from.display()))?;
     eprintln!(
@@ -105,6 +121,11 @@ async fn run_restore(config: PathBuf, from: PathBuf) -> anyhow::Result<()> {
         done.snapshot_floor,
         done.term_floor
     );
+    if done.unproven {
+        eprintln!(
+            "FLOOR UNPROVEN: no epoch-floor file and no --epoch-floor, so the epochs used after the backup are unknown. The first leader sends nothing until every machine of the model reported the epoch it holds; `push` shows the others as held. To start sending at once, restore again with --epoch-floor N (N = the highest epoch any host holds)."
+        );
+    }
     Ok(())
 }
 

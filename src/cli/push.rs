@@ -591,6 +591,10 @@ fn push_line(l: &PushLine, width: usize) -> String {
         ),
         PushOutcome::Held { reason, holds } => {
             let mut s = String::new();
+            if holds.is_empty() {
+                // A hold of the whole machine (an unproven epoch floor, decision 0274).
+                s.push_str(&format!("{m:width$}  held     {reason}\n"));
+            }
             for h in holds {
                 s.push_str(&format!(
                     "{m:width$}  held     ({reason}) module {} mount {} would move from {} to {}; run `meshctl push {m} --move {} --why ...` to accept\n",

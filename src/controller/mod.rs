@@ -18,6 +18,7 @@ pub mod relay;
 mod reports;
 pub mod restore;
 pub mod service;
+mod unproven;
 mod upload;
 
 pub use service::{Running, Service, ServiceError, bind, start, start_on};

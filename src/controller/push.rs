@@ -186,6 +186,15 @@ impl Service {
             }
             .into());
         }
+        // G9 after a restore without the floor file: nothing leaves until the hosts' marks are
+        // known (decision 0274).
+        if let Some(reason) = self
+            .floor_wait(lease.epoch, &state, job.keep.as_deref())
+            .await
+        {
+            let view = self.floor_held(&state, lease.epoch, job.target, job.moves, &reason)?;
+            return Ok((Body::Push(view), None));
+        }
         let reveal = match job.saved {
             Some(_) => {
                 let history = MeshApp::settings_history(self.replica.database())

@@ -113,6 +113,8 @@ pub struct Service {
     pub(crate) live: super::reports::Liveness,
     /// The queue of reports to file in shared proposals (decision 0216).
     pub(crate) filer: super::reports::Filer,
+    /// The floor after a restore without its floor file, until proven (G9, decision 0274).
+    pub(crate) unproven: super::unproven::Unproven,
 }
 
 /// A started replica: the service and the tasks around it. Call [`Running::shutdown`] to stop it.
@@ -186,6 +188,10 @@ pub async fn start_on(
         })?
         .epoch_floor;
     let file_floor = read_floor(&dir)?;
+    let unproven = super::floor::read_unproven(&dir)?;
+    if let Some(restored) = unproven {
+        tracing::warn!(replica = config.id(), restored, "FLOOR UNPROVEN: this store was restored without its epoch-floor file; as leader it sends nothing until every machine of the model reported the epoch it holds (decision 0274)");
+    }
     let store_reset = check_reset(config.id(), store_floor, file_floor);
     let term_floor = store_floor.max(file_floor);
     let bootstrap: BTreeMap<u64, BasicNode> = config
@@ -225,6 +231,7 @@ pub async fn start_on(
         fatal: tokio::sync::watch::Sender::new(None),
         live: super::reports::Liveness::new(),
         filer,
+        unproven: super::unproven::Unproven::new(unproven),
     });
     super::reports::spawn_filer(Arc::downgrade(&service), filer_queue);
     let http = match service.config.http() {
@@ -280,6 +287,9 @@ async fn keep_floor(service: Weak<Service>, dir: std::path::PathBuf, mut written
                 return;
             }
         };
+        if let Ok(state) = s.app.state() {
+            s.clear_if_proven(&state);
+        }
         if floor > written {
             match write_floor(&dir, floor) {
                 Ok(()) => written = floor,
@@ -939,6 +949,8 @@ impl Service {
                 .await;
         }
         self.raise_floor_to(term, &actor, report.epoch).await;
+        // After the raises: a push of an unproven floor reads the mark only once they committed.
+        self.note_mark(term, &report);
         // Heard in memory, or filed in a shared proposal (decision 0216).
         self.take_report(term, report, body.len()).await
     }
@@ -974,7 +986,7 @@ impl Service {
 
     /// The replica keys an epoch proof may be signed with: the added replicas' keys in the state,
     /// `trusted_keys` from replica.toml, and this replica's own.
-    fn proof_keys(
+    pub(crate) fn proof_keys(
         &self,
         state: &DomainState,
     ) -> std::collections::BTreeMap<u64, ed25519_dalek::VerifyingKey> {
