@@ -55,15 +55,16 @@ impl<A: App> Replica<A> {
     ///    replica's lease that has not begun.
     /// 2. Pick a voter whose replicated log matches this leader's last index (waiting for one,
     ///    within `within`).
-    /// 3. Step down by handing the own Raft a vote for it in the next term, with its log: openraft
-    ///    grants it (higher term, log no shorter), persists it and stops leading. openraft refuses
+    /// 3. Step down by handing the own Raft a vote in the next term that names no one, with the
+    ///    taker's log: openraft grants it (higher term, log no shorter), persists it and stops
+    ///    leading (see `vote_for` for why it names no one). openraft refuses
     ///    it within its own vote lease just after an election: tried again every heartbeat, with
     ///    the takers and their logs read again.
     /// 4. Wait until `fence` has closed: once acting stopped, that is as soon as no act that began
     ///    is still in flight (at the latest the lease's end). Then nothing more is written under
     ///    the old lease, and a second lease may be granted (G3).
-    /// 5. `tell(to)` asks it to campaign now (`RaftCall::ElectNow`). Its vote request matches the
-    ///    vote given in 3, so this replica grants it; with this replica's vote it has a quorum of
+    /// 5. `tell(to)` asks it to campaign now (`RaftCall::ElectNow`). Its vote request is above the
+    ///    vote given in 3 (same term, names a candidate), so this replica grants it; with this replica's vote it has a quorum of
     ///    three without the third, whose lease of the old leader still runs.
     /// 6. Wait until the metrics name it leader.
     ///
@@ -154,7 +155,7 @@ impl<A: App> Replica<A> {
                     to,
                     term,
                     after_ms = since(began),
-                    "handover: stepped down, voted for replica {to} in term {term}"
+                    "handover: stepped down for replica {to} in term {term}"
                 );
                 if let Some(fence) = fence {
                     if !fence.closed_by(deadline).await {
@@ -229,8 +230,19 @@ impl<A: App> Replica<A> {
         }
     }
 
-    /// Hands the own Raft a vote for `to` (with log `matched`) in the next term, once; the term
-    /// when granted, `None` when openraft refused it.
+    /// Steps down for `to` (with its log `matched`): hands the own Raft a vote for the next term
+    /// that names no one, once; the term when granted, `None` when openraft refused it.
+    ///
+    /// It names no one (`voted_for: None`, openraft's "term moved, no candidate yet", as
+    /// [`Replica::raise_term_above`] does) because this vote outlives a failed handover on disk.
+    /// A vote naming `to` in a term `to` never campaigned in is one `to` would take for its own
+    /// campaign: should `to` win an earlier term on its own and then hear of it (this replica
+    /// restarted), openraft counts it as "still leading" — it keeps the earlier term's leadership,
+    /// no election timer runs, and nothing commits again (chaos pass D, processes seed 1033:
+    /// a follower one entry behind for good). A vote for no one makes that leader step down
+    /// instead. `to`'s own campaign in this term is still granted (a vote naming a candidate is
+    /// above one naming no one), and votes stay one per term: once granted, the term's vote names
+    /// that candidate.
     async fn vote_for(&self, to: NodeId, matched: LogId) -> Result<Option<u64>, HandoverError> {
         let vote = self
             .raft()
@@ -238,7 +250,15 @@ impl<A: App> Replica<A> {
             .await
             .map_err(|_| HandoverError::Stopped)?;
         let term = vote.leader_id().term + 1;
-        let request = VoteRequest::new(Vote::new(term, to), Some(matched));
+        let no_one = Vote {
+            leader_id: openraft::LeaderId {
+                term,
+                voted_for: None,
+            },
+            committed: false,
+        };
+        tracing::debug!(replica = self.id(), to, term, "handover: stepping down");
+        let request = VoteRequest::new(no_one, Some(matched));
         let answer = self
             .raft()
             .vote(request)

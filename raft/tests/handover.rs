@@ -205,3 +205,121 @@ async fn a_leader_stopped_right_after_its_election_hands_over_while_entries_stil
     assert!(handed.to != leader && handed.term > term);
     assert_eq!(cluster.metrics(handed.to).current_leader, Some(handed.to));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_handover_failed_leaves_no_vote_that_stalls_the_next_leader_when_it_restarts()
+ {
+    // Availability (chaos pass D, processes seed 1033): a leader stopping while cut off steps
+    // down for each taker in turn and cannot tell any (terms T+1 and T+2), then stops with its
+    // last step-down vote on disk. The last taker wins T+1 on its own. When the old leader comes
+    // back, the new leader learns its vote of T+2. Had that vote named the new leader, openraft
+    // would count it as "still leading" (its vote, uncommitted) and keep the old term's
+    // leadership: no election timer, nothing committed, for good. A step-down vote names no one,
+    // so the new leader steps down and the cluster elects and commits again.
+    let mut cluster = Cluster::start(3, fast_settings(), 0).await;
+    let (old, term) = cluster.wait_leader(&all(), 0).await;
+    let written = cluster.set(old, "k", "v").await;
+    let followers: Vec<u64> = all().into_iter().filter(|id| *id != old).collect();
+    // Both followers are takers (their replicated log matches): the handover tries them in id
+    // order, one term higher each.
+    let deadline = tokio::time::Instant::now() + wait_deadline;
+    loop {
+        let m = cluster.metrics(old);
+        let matched = m
+            .replication
+            .iter()
+            .flatten()
+            .filter(|(id, l)| **id != old && l.is_some_and(|l| l.index >= written.index()))
+            .count();
+        if matched == followers.len() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the followers did not match index {}",
+            written.index()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for f in &followers {
+        cluster.replica(*f).raft().runtime_config().elect(false);
+    }
+    cluster.router.isolate(old);
+    let failed = cluster
+        .replica(old)
+        .hand_over(None, wait_deadline, |to| async move {
+            Err(format!("replica {to} cannot be told: cut off"))
+        })
+        .await;
+    assert!(
+        matches!(failed, Err(HandoverError::NoTaker { .. })),
+        "the handover fails: {failed:?}"
+    );
+    cluster.stop(old).await;
+    // Only the last taker's election timer runs: it campaigns once its timeout passed since the
+    // old leader's last heartbeat, when the other follower's lease of the old leader has ended
+    // too, and wins the next term.
+    let taker = *followers.last().expect("two followers");
+    cluster.replica(taker).raft().runtime_config().elect(true);
+    let others: BTreeSet<u64> = followers.iter().copied().collect();
+    let (_, new_term) = cluster.wait_leader(&others, term).await;
+    for f in &followers {
+        cluster.replica(*f).raft().runtime_config().elect(true);
+    }
+    // The old leader hears from the new one before its own election timeout (as on a live
+    // network; here openraft's back-off towards a replica that was gone could lose that race).
+    cluster.start_replica(old, true, 0).await;
+    cluster.replica(old).raft().runtime_config().elect(false);
+    cluster.router.rejoin(old);
+    // A write commits within the deadline, through whichever replica leads then, and the old
+    // leader applies it too (a write may commit on the other two before the new leader hears of
+    // the old one's vote: it is the next ones that stall).
+    let command = mesh_raft::kv::Set {
+        key: "after".into(),
+        value: b"w".to_vec(),
+    }
+    .encode()
+    .expect("encode");
+    let deadline = tokio::time::Instant::now() + wait_deadline;
+    let committed = loop {
+        let leaders: Vec<u64> = all()
+            .into_iter()
+            .filter(|id| cluster.metrics(*id).state == ServerState::Leader)
+            .collect();
+        let mut done = None;
+        for id in leaders {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if let Ok(Ok(p)) =
+                tokio::time::timeout(left, cluster.replica(id).propose(command.clone())).await
+            {
+                done = Some(p);
+                break;
+            }
+        }
+        if let Some(p) = done {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let applied = cluster
+                .replica(old)
+                .raft()
+                .wait(Some(left.min(Duration::from_secs(2))))
+                .applied_index_at_least(Some(p.index()), "the old leader applies the write")
+                .await;
+            if applied.is_ok() {
+                break p;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no write committed and reached the rejoined old leader within {wait_deadline:?} (new leader's term {new_term}): {:?}",
+            all()
+                .into_iter()
+                .map(|id| {
+                    let m = cluster.metrics(id);
+                    (id, m.state, m.current_term, m.vote, m.last_applied)
+                })
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(committed.index() > written.index());
+}
