@@ -6,7 +6,7 @@
 mod controller_common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use controller_common::*;
 use mesh::controller::api::{Body, PushOutcome, PushTarget, Request};
@@ -148,7 +148,7 @@ async fn restart(bed: &mut Bed) {
 }
 
 /// The replica's disk lost (store and epoch-floor file), restored from `file` with `floor`.
-async fn restore_on_a_new_disk(bed: &mut Bed, file: &PathBuf, floor: Option<u64>) -> u64 {
+async fn restore_on_a_new_disk(bed: &mut Bed, file: &Path, floor: Option<u64>) -> u64 {
     bed.stop_replica(1).await;
     let config = bed.configs[&1].clone();
     std::fs::remove_dir_all(config.data_dir()).expect("lose the disk");
