@@ -210,11 +210,16 @@ async fn serve_connection(
 ) {
     let permissions = Arc::new(permissions_for(&principal));
     let framing = crate::version::framing_of(&conn);
+    // The peer is known now: replicas and operators get the full stream credit (the connection
+    // started with `streams_unproven`, see `tls::transport_config`).
+    let streams = crate::tls::streams_for(&principal, &context.config);
+    if streams > crate::tls::streams_unproven {
+        conn.set_max_concurrent_bi_streams(VarInt::from_u32(streams));
+        conn.set_max_concurrent_uni_streams(VarInt::from_u32(streams));
+    }
     // Bounds requests in flight on this connection, counting handlers still running after
     // their stream's credit went back to the peer.
-    let in_flight = Arc::new(Semaphore::new(
-        context.config.streams_per_connection_max() as usize
-    ));
+    let in_flight = Arc::new(Semaphore::new(streams as usize));
     loop {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;

@@ -88,3 +88,53 @@ async fn a_dead_peer_does_not_block_calls_to_live_ones() {
     );
     stuck.abort();
 }
+
+/// Floods `server` from `from` with `count` slow requests of `kind` while its handler is
+/// blocked; returns the most that were in the handler at once, once every one was answered.
+async fn most_in_handler(
+    pki: &Pki,
+    from: &mesh_transport::Principal,
+    kind: MessageKind,
+    count: usize,
+    expect: usize,
+) -> usize {
+    let (server, recorder) = serving_with(pki.identity(&replica(1)), small_config(64, 1 << 20));
+    recorder.block();
+    let peer = client(pki, from);
+    let mut flood = Vec::new();
+    for i in 0..count {
+        let (peer, kind) = (peer.clone(), kind.clone());
+        let addr = server.local_addr();
+        flood.push(tokio::spawn(async move {
+            peer.request(addr, kind, format!("slow{i}").into_bytes(), timeout)
+                .await
+        }));
+    }
+    wait_for("the flood's first streams in the handler", || {
+        recorder.slow_in_handler.load(SeqCst) >= expect
+    })
+    .await;
+    recorder.release();
+    for request in flood {
+        let answer = request.await.expect("join").expect("request");
+        assert!(answer.starts_with(b"echo:slow"));
+    }
+    assert_eq!(peer.counts().dials, 1, "one connection carried the flood");
+    recorder.slow_in_handler_max.load(SeqCst)
+}
+
+#[tokio::test]
+async fn limits_replicas_and_operators_get_the_full_stream_credit_a_host_only_the_unproven_one() {
+    // An accepted connection starts at `streams_unproven` streams (quinn keeps a slot per stream
+    // id the peer may open; decision 0282) and is raised once the peer's certificate says it is an
+    // operator or a replica. A host sends one report at a time and keeps the small credit.
+    let pki = Pki::new();
+    let unproven = mesh_transport::tls::streams_unproven as usize;
+    let operator_max = most_in_handler(&pki, &operator("alice"), MessageKind::Command, 64, 64).await;
+    assert_eq!(operator_max, 64, "an operator's connection is raised to the config's 64 streams");
+    let replica_max = most_in_handler(&pki, &replica(2), MessageKind::Raft, 64, 64).await;
+    assert_eq!(replica_max, 64, "a replica's connection is raised to the config's 64 streams");
+    let host = host("ace");
+    let host_max = most_in_handler(&pki, &host, report("ace"), 32, unproven).await;
+    assert_eq!(host_max, unproven, "a host keeps {unproven} streams in flight at most");
+}
