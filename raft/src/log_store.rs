@@ -15,7 +15,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogId, RaftLogReader, StorageIOError};
@@ -31,6 +33,12 @@ use crate::{Entry, LogId, StorageError, TypeConfig, Vote};
 pub const log_writes_queued_max: usize = 1024;
 /// Appends written in one transaction at most.
 pub const log_appends_per_commit_max: usize = 256;
+/// How often a waiting purge reads the state machine's applied index again.
+const purge_poll_ms: u64 = 5;
+
+/// How long a purge past the state machine waits for the snapshot that covers it, by default
+/// ([`LogStore::purges_wait_for_the_state_machine`]).
+pub const purge_wait_for_install_ms: u64 = 30_000;
 
 /// The log store of one replica; cheap to clone (it shares the database, the tail and the writer).
 #[derive(Clone)]
@@ -39,6 +47,12 @@ pub struct LogStore {
     /// Entries appended and not yet known to be on disk, by index.
     tail: Arc<Mutex<BTreeMap<u64, Entry>>>,
     writes: mpsc::Sender<Write>,
+    /// Set: a purge past the state machine's applied index waits (at most this long) until it
+    /// holds the purged entries (decision 0280), or until a snapshot install ended without them
+    /// (the count of ended installs the state machine keeps, [`StateMachine::counting_install_ends`]).
+    ///
+    /// [`StateMachine::counting_install_ends`]: crate::StateMachine::counting_install_ends
+    purge_wait: Option<(Duration, Arc<AtomicU64>)>,
 }
 
 /// One write for the writer thread, done in queue order.
@@ -75,7 +89,67 @@ impl LogStore {
                 |e| tracing::error!(error = %e, "cannot start the Raft log writer thread; every log write will fail"),
                 |_| (),
             );
-        Self { db, tail, writes }
+        Self {
+            db,
+            tail,
+            writes,
+            purge_wait: None,
+        }
+    }
+
+    /// Purges wait, at most `wait`, until the state machine in the same database has applied
+    /// what they remove; a purge it does not reach in time fails and removes nothing (decision
+    /// 0280). openraft 0.9 purges the log up to a snapshot a follower installs *as soon as* it
+    /// hands the install to the state machine, without waiting for it: a crash in between left
+    /// the log purged and the snapshot not installed, a store no restart could use ("try to get
+    /// log at index 0 but got None" on every snapshot the leader sent again). A replica's store
+    /// has it on; openraft's conformance suite, which purges a log store with no state machine
+    /// behind it, does not.
+    /// `install_ends` is the state machine's count of ended installs: a purge that sees one end
+    /// without its entries applied fails at once instead of waiting out `wait`.
+    pub fn purges_wait_for_the_state_machine(
+        mut self,
+        wait: Duration,
+        install_ends: Arc<AtomicU64>,
+    ) -> Self {
+        self.purge_wait = Some((wait, install_ends));
+        self
+    }
+
+    /// Waits until the state machine's applied index (durable, in this database) is at least
+    /// `index`, within the purge wait; `Err` names both when it is not.
+    async fn wait_applied(
+        &self,
+        index: u64,
+        wait: Duration,
+        install_ends: &AtomicU64,
+    ) -> Result<(), StoreError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let ends_before = install_ends.load(Ordering::SeqCst);
+        loop {
+            let ended = install_ends.load(Ordering::SeqCst) != ends_before;
+            let db = self.db.clone();
+            let applied = blocking(move || {
+                let txn = db.begin_read()?;
+                let table = txn.open_table(tables::SM_STATE)?;
+                Ok(crate::state_machine::read_applied(&table)?.0)
+            })
+            .await?;
+            if applied.is_some_and(|a| a.index >= index) {
+                return Ok(());
+            }
+            if ended || tokio::time::Instant::now() >= deadline {
+                return Err(StoreError::Invalid(format!(
+                    "the log would be purged up to index {index} but the state machine holds only {applied:?} ({}): nothing purged; restart the replica and it takes the leader's snapshot again",
+                    if ended {
+                        "a snapshot install ended without it".to_string()
+                    } else {
+                        format!("waited {} ms for a snapshot install", wait.as_millis())
+                    }
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(purge_poll_ms)).await;
+        }
     }
 
     fn tail(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Entry>> {
@@ -401,6 +475,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        if let Some((wait, ends)) = &self.purge_wait {
+            self.wait_applied(log_id.index, *wait, ends)
+                .await
+                .map_err(write_err)?;
+        }
         self.queue_and_wait(|done| Write::Purge { log_id, done })
             .await
             .map_err(write_err)?;

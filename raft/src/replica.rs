@@ -227,15 +227,15 @@ impl<A: App> Replica<A> {
             }
             (None, None) => spec.config.openraft(),
         };
-        let raft = Raft::new(
-            spec.id,
-            openraft,
-            network,
-            LogStore::new(db.clone()),
-            StateMachine::new(db.clone(), app.clone()),
-        )
-        .await
-        .map_err(|e| StartError::Raft(e.to_string()))?;
+        // A purge past the state machine waits for the snapshot that covers it (decision 0280).
+        let state_machine = StateMachine::new(db.clone(), app.clone());
+        let log_store = LogStore::new(db.clone()).purges_wait_for_the_state_machine(
+            Duration::from_millis(crate::log_store::purge_wait_for_install_ms),
+            state_machine.install_ends(),
+        );
+        let raft = Raft::new(spec.id, openraft, network, log_store, state_machine)
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
         let (proposals, queue) = mpsc::channel(spec.config.settings().proposals_queued_max);
         let batcher = tokio::spawn(run_batcher(raft.clone(), queue, spec.config.clone()));
         Ok(Self {

@@ -126,6 +126,18 @@ pub struct StateMachine<A: App> {
     app: Arc<A>,
     current: Arc<Mutex<Option<CurrentSnapshot>>>,
     builds: Arc<AtomicU64>,
+    /// Counts snapshot installs that ended, written or not (a purge waiting for one reads it,
+    /// decision 0280).
+    install_ends: Arc<AtomicU64>,
+}
+
+/// Counts one ended install when dropped: returned, failed or unwound.
+struct InstallEnds(Arc<AtomicU64>);
+
+impl Drop for InstallEnds {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl<A: App> StateMachine<A> {
@@ -136,7 +148,14 @@ impl<A: App> StateMachine<A> {
             app,
             current: Arc::new(Mutex::new(None)),
             builds: Arc::new(AtomicU64::new(0)),
+            install_ends: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// The count of ended snapshot installs, for the log store's purges to wait on
+    /// ([`crate::LogStore::purges_wait_for_the_state_machine`], decision 0280).
+    pub fn install_ends(&self) -> Arc<AtomicU64> {
+        self.install_ends.clone()
     }
 
     fn set_current(&self, snapshot: CurrentSnapshot) -> Result<(), StoreError> {
@@ -347,6 +366,8 @@ impl<A: App> RaftStateMachine<TypeConfig> for StateMachine<A> {
         meta: &SnapshotMeta<NodeId, BasicNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
+        // Counted as ended however the install ends: written, refused or unwound.
+        let _ended = InstallEnds(self.install_ends.clone());
         let data = snapshot.into_inner();
         let signature = Some(meta.signature());
         let file = SnapshotFile::decode(&data)
@@ -358,6 +379,8 @@ impl<A: App> RaftStateMachine<TypeConfig> for StateMachine<A> {
             ));
             return Err(StorageIOError::read_snapshot(signature, &e).into());
         }
+        // The moment a received snapshot is about to replace the state (the chaos runs crash here).
+        tracing::debug!(snapshot = %meta.snapshot_id, "installing snapshot");
         let db = self.db.clone();
         let app = self.app.clone();
         blocking(move || {
