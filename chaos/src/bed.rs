@@ -485,6 +485,26 @@ impl Cluster {
         }
     }
 
+    /// [`Cluster::crash_replica`] of a replica whose state machine unwound mid-install: its Raft
+    /// core is stopped first, as a process's death stops it. Otherwise the install's request
+    /// waits on the core for good, holding the service, so the replica cannot stop and its port
+    /// stays bound (a real process exits there, decision 0183).
+    pub async fn crash_replica_raft_first(&mut self, id: u64) {
+        self.isolate(id, true, true);
+        self.cut_hosts(id);
+        if let Some(running) = self.replicas.get(&id) {
+            let raft = running.service().replica().raft().clone();
+            let stopped =
+                tokio::time::timeout(Duration::from_millis(stop_wait_ms), raft.shutdown()).await;
+            if stopped.is_err() {
+                self.recorder.record(Event::Note {
+                    what: format!("replica {id}'s Raft did not stop within {stop_wait_ms} ms"),
+                });
+            }
+        }
+        self.crash_replica(id).await;
+    }
+
     /// Starts replica `id` again from its config and files, on its old address and clock.
     pub async fn restart_replica(&mut self, id: u64) -> Result<(), BedError> {
         if self.replicas.contains_key(&id) {

@@ -34,6 +34,11 @@ pub const mid_push_wait_ms: u64 = 3_000;
 pub const snapshot_wait_ms: u64 = 3_000;
 /// Longest wait for another replica's lease while a leader is cut off.
 pub const depose_wait_ms: u64 = 4_000;
+/// Longest wait for a wiped replica's first snapshot install (crash-mid-snapshot): the leader
+/// backs off from a replica it could not reach for up to a few seconds.
+pub const install_wait_ms: u64 = 6_000;
+/// Longest wait for every replica to be level before a disk is lost (decision 0279).
+pub const level_wait_ms: u64 = 5_000;
 
 /// One kind of fault, by the name the schedule and the table show.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -90,10 +95,13 @@ pub enum Fault {
     CrashLeaderMidPush,
     /// Deliver the next envelopes from every replica to the hosts twice.
     DuplicateEnvelopes,
+    /// Lose a follower's disk as `store-lost` does, and crash it in the middle of installing the
+    /// leader's snapshot (the install unwinds before it writes); restart it from its files.
+    CrashMidSnapshot,
 }
 
 impl Fault {
-    pub const all: [Fault; 22] = [
+    pub const all: [Fault; 23] = [
         Fault::IsolateLeader,
         Fault::IsolateLeaderOut,
         Fault::IsolateLeaderIn,
@@ -116,6 +124,7 @@ impl Fault {
         Fault::RestoreOnNewDisks,
         Fault::CrashLeaderMidPush,
         Fault::DuplicateEnvelopes,
+        Fault::CrashMidSnapshot,
     ];
 
     /// The fault's name in schedules and tables.
@@ -143,6 +152,7 @@ impl Fault {
             Fault::RestoreOnNewDisks => "restore-on-new-disks",
             Fault::CrashLeaderMidPush => "crash-leader-mid-push",
             Fault::DuplicateEnvelopes => "duplicate-envelopes",
+            Fault::CrashMidSnapshot => "crash-mid-snapshot",
         }
     }
 
@@ -244,6 +254,7 @@ impl Mix {
                 StoreLost,
                 CrashLeaderMidPush,
                 DuplicateEnvelopes,
+                CrashMidSnapshot,
             ],
             // A deposition first: a restore means something once epochs moved past the backup's.
             Mix::NewDisks => vec![IsolateLeader, RestoreOnNewDisks, CrashReplica],
@@ -426,6 +437,41 @@ async fn purge_to_snapshot(c: &Cluster, id: u64) -> String {
         }
         if tokio::time::Instant::now() >= deadline {
             return format!("replica {id} built no snapshot within {snapshot_wait_ms} ms");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until all three replicas run and have applied the same index, within
+/// [`level_wait_ms`]; `Err` names who is behind or down. A disk is lost only then (decision 0279):
+/// a replica back on an empty store votes at once (decision 0200), so a wipe while another replica
+/// is behind is two failures for Raft. The empty store's vote can elect the one behind, which
+/// lacks entries the wiped replica had helped commit (pass D's processes seed 1021: they were
+/// lost and the up-to-date replica's openraft panicked).
+async fn wait_level(c: &Cluster) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(level_wait_ms);
+    loop {
+        let applied: Vec<(u64, Option<u64>)> = c
+            .replicas
+            .iter()
+            .map(|(id, r)| {
+                let m = r.service().replica().metrics().borrow().clone();
+                (*id, m.last_applied.map(|l| l.index))
+            })
+            .collect();
+        let top = applied.iter().filter_map(|(_, a)| *a).max();
+        let behind: Vec<String> = (1..=replicas_n)
+            .filter_map(|id| match applied.iter().find(|(r, _)| *r == id) {
+                None => Some(format!("replica {id} is down")),
+                Some((_, a)) if *a != top => Some(format!("replica {id} applied {a:?} of {top:?}")),
+                Some(_) => None,
+            })
+            .collect();
+        if behind.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(behind.join(", "));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -719,6 +765,9 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
             let leader = target(&c, step.pick);
             let id = others(leader)[rng.below(2) as usize];
             note(&c, i, step.fault, format!("replica {id}'s disk"));
+            if let Err(behind) = wait_level(&c).await {
+                return format!("not wiped within {level_wait_ms} ms: {behind}");
+            }
             // The leader's log purged up to a fresh snapshot first, as on a cluster that ran
             // long enough: the empty store can only come back through the snapshot.
             let purged = purge_to_snapshot(&c, leader).await;
@@ -735,6 +784,62 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
                         what: format!("RESTART FAILED: {e}"),
                     });
                     format!("replica {id} did not start on an empty store: {e}")
+                }
+            }
+        }
+        Fault::CrashMidSnapshot => {
+            let mut c = cluster.write().await;
+            let leader = target(&c, step.pick);
+            let id = others(leader)[rng.below(2) as usize];
+            note(
+                &c,
+                i,
+                step.fault,
+                format!("replica {id}'s disk, and its snapshot install"),
+            );
+            if let Err(behind) = wait_level(&c).await {
+                return format!("not wiped within {level_wait_ms} ms: {behind}");
+            }
+            let purged = purge_to_snapshot(&c, leader).await;
+            c.crash_replica(id).await;
+            if let Err(e) = c.wipe_store(id, true) {
+                return format!("replica {id}'s store not removed: {e}");
+            }
+            c.recorder.record(Event::StoreWiped { replica: id });
+            let from = c.recorder.now();
+            crate::observe::crash_at_next_install(true);
+            if let Err(e) = c.restart_replica(id).await {
+                crate::observe::crash_at_next_install(false);
+                c.recorder.record(Event::Note {
+                    what: format!("RESTART FAILED: {e}"),
+                });
+                return format!("replica {id} did not start on an empty store: {e}");
+            }
+            let crashed = c
+                .recorder
+                .wait_for(from, Duration::from_millis(install_wait_ms), |e| {
+                    matches!(e, Event::Note { what } if what.starts_with("the snapshot install crashes"))
+                })
+                .await;
+            crate::observe::crash_at_next_install(false);
+            if !crashed {
+                return format!(
+                    "no snapshot installed within {install_wait_ms} ms ({purged}); not crashed"
+                );
+            }
+            // Every other replica was level, so the snapshot went to the wiped one.
+            let stopped = id;
+            // The process dies with its Raft: the core first (the install's request waits on it,
+            // holding the service), then the rest, cut off as any crash.
+            c.crash_replica_raft_first(stopped).await;
+            tokio::time::sleep(time).await;
+            match c.restart_replica(stopped).await {
+                Ok(()) => format!("replica {stopped} crashed installing a snapshot and restarted"),
+                Err(e) => {
+                    c.recorder.record(Event::Note {
+                        what: format!("RESTART FAILED: {e}"),
+                    });
+                    format!("replica {stopped} did not restart: {e}")
                 }
             }
         }

@@ -29,6 +29,16 @@ static crash_next_apply: Mutex<Option<String>> = Mutex::new(None);
 /// The replica whose next envelope write crashes its push (the `crash-leader-mid-push` fault),
 /// if armed.
 static crash_next_write: Mutex<Option<u64>> = Mutex::new(None);
+/// Whether the next snapshot install crashes (the `crash-mid-snapshot` fault).
+static crash_next_install: Mutex<bool> = Mutex::new(false);
+
+/// Arms or disarms the crash of the next snapshot install, on whichever replica: when openraft's
+/// state machine says it is about to install a received snapshot, the install unwinds right
+/// there (openraft's state-machine worker stops and the replica with it). The nemesis then finds
+/// the replica whose Raft stopped and restarts it from its files.
+pub fn crash_at_next_install(armed: bool) {
+    *crash_next_install.lock().unwrap_or_else(|p| p.into_inner()) = armed;
+}
 
 /// Arms (`Some`) or disarms the crash of replica `id`'s push at its next envelope write: when its
 /// write gate says yes, the push unwinds right there, before a byte of the envelope leaves, so
@@ -55,6 +65,7 @@ pub const log_env: &str = "CHAOS_LOG";
 const lease_message: &str = "lease confirmed by a quorum round";
 const write_message: &str = "envelope write allowed";
 const apply_message: &str = "applying declaration";
+const install_message: &str = "installing snapshot";
 
 /// Installs the global subscriber once: the observing layer on exactly the three targets it reads
 /// (so other debug events stay disabled and cost nothing), plus a log printer when `CHAOS_LOG` is
@@ -65,7 +76,8 @@ pub fn install() -> Result<(), String> {
             let targets = Targets::new()
                 .with_target("mesh::controller::service", LevelFilter::DEBUG)
                 .with_target("mesh::controller::push", LevelFilter::DEBUG)
-                .with_target("mesh::host::agent", LevelFilter::INFO);
+                .with_target("mesh::host::agent", LevelFilter::INFO)
+                .with_target("mesh_raft::state_machine", LevelFilter::DEBUG);
             let printer = std::env::var(log_env).ok().map(|directive| {
                 tracing_subscriber::fmt::layer()
                     .with_writer(std::io::stderr)
@@ -151,6 +163,13 @@ impl Fields {
 
     fn event(&self) -> Option<Event> {
         match self.message.as_str() {
+            install_message => Some(Event::Note {
+                what: format!(
+                    "a replica installs snapshot {}",
+                    // allow(empty-on-error): a note for humans; the event without its id is still the install
+                    self.text("snapshot").unwrap_or_default()
+                ),
+            }),
             lease_message => Some(Event::LeaseGranted {
                 replica: self.number("replica")?,
                 term: self.number("term")?,
@@ -185,6 +204,10 @@ impl<S: tracing::Subscriber> Layer<S> for Observer {
                     machine.clone()
                 })
             }
+            Event::Note { what } if what.starts_with("a replica installs snapshot") => {
+                let mut armed = crash_next_install.lock().unwrap_or_else(|p| p.into_inner());
+                std::mem::take(&mut *armed).then(|| "a replica".to_string())
+            }
             Event::WriteAllowed { replica, .. } => {
                 let mut armed = crash_next_write.lock().unwrap_or_else(|p| p.into_inner());
                 (*armed == Some(*replica)).then(|| {
@@ -198,7 +221,9 @@ impl<S: tracing::Subscriber> Layer<S> for Observer {
         if let Some(recorder) = recorder {
             recorder.record(seen);
             if let Some(who) = &crash {
-                let what = if who.starts_with("replica ") {
+                let what = if who == "a replica" {
+                    "the snapshot install crashes before it writes anything".to_string()
+                } else if who.starts_with("replica ") {
                     format!(
                         "{who}'s push crashes between the send record's commit and the envelope's write"
                     )
