@@ -1,6 +1,8 @@
-//! `cargo run --release -p mesh-chaos -- --runs N [--mix NAME] [--seed S] [--chaos-ms MS] [--minutes M]`: seeded
-//! chaos runs over the real controller, a table per mix (runs, faults by kind, checks,
+//! `cargo run --release -p mesh-chaos -- --runs N [--mix NAME] [--seed S] [--chaos-ms MS] [--minutes M] [--jobs J]`:
+//! seeded chaos runs over the real controller, a table per mix (runs, faults by kind, checks,
 //! violations); exits 1 on any violation or stuck run, printing its seed and replay command.
+//! `--jobs J` splits the seeds into J ranges run at once by child processes of this binary (the
+//! tracing layer a run reads is global per process) and adds their tables up.
 //!
 //! `cargo run -p mesh-chaos -- fuzz --seconds N [--seed S]`: fuzzes every decoder a peer can
 //! reach for about N seconds in all (split evenly between the targets), counting each input's
@@ -11,13 +13,16 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use mesh_chaos::fuzz::{Budget, CountingAlloc, fuzz, targets};
-use mesh_chaos::nemesis::{Fault, Mix};
+use mesh_chaos::nemesis::Mix;
 use mesh_chaos::run::{RunSpec, run};
 
 #[global_allocator]
 static allocator: CountingAlloc = CountingAlloc;
 
-const usage: &str = "usage: mesh-chaos --runs N [--mix partitions|stale-leaders|processes|stores|new-disks|everything] [--seed S] [--chaos-ms MS] [--minutes M]\n       mesh-chaos fuzz --seconds N [--seed S]";
+/// Child processes at once at most (`--jobs`).
+const jobs_max: u64 = 8;
+
+const usage: &str = "usage: mesh-chaos --runs N [--mix partitions|stale-leaders|processes|stores|new-disks|everything] [--seed S] [--chaos-ms MS] [--minutes M] [--jobs J]\n       mesh-chaos fuzz --seconds N [--seed S]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -34,6 +39,10 @@ struct RunArgs {
     chaos_ms: u64,
     /// Stop starting runs of a mix after this long (the table says how many ran).
     minutes: Option<u64>,
+    /// Child processes running disjoint seed ranges at once (1: the runs here).
+    jobs: u64,
+    /// Print only the tally line and failures (a `--jobs` child).
+    tally_only: bool,
 }
 
 fn parse_runs(args: &[String]) -> Result<RunArgs, String> {
@@ -43,6 +52,8 @@ fn parse_runs(args: &[String]) -> Result<RunArgs, String> {
         seed: 1,
         chaos_ms: RunSpec::new(0, Mix::Everything).chaos_ms,
         minutes: None,
+        jobs: 1,
+        tally_only: false,
     };
     let mut runs = None;
     let mut rest = args.iter();
@@ -58,6 +69,16 @@ fn parse_runs(args: &[String]) -> Result<RunArgs, String> {
             "--seed" => out.seed = number()?,
             "--chaos-ms" => out.chaos_ms = number()?,
             "--minutes" => out.minutes = Some(number()?),
+            "--jobs" => {
+                out.jobs = number()?;
+                if out.jobs == 0 || out.jobs > jobs_max {
+                    return Err(format!(
+                        "--jobs {} is out of range: give 1 to {jobs_max} (each job is a process with three replicas and three hosts)",
+                        out.jobs
+                    ));
+                }
+            }
+            "--tally" => out.tally_only = number()? == 1,
             "--mix" => {
                 let mix = Mix::named(value).ok_or_else(|| {
                     format!("no mix {value:?}; the mixes are partitions, stale-leaders, processes, stores, new-disks, everything")
@@ -101,13 +122,148 @@ fn runs_main(args: &[String]) -> ExitCode {
     }
 }
 
-/// Runs one mix and prints its table; true when a run failed.
+/// What the runs of one mix did, summed; one table. A child of `--jobs` prints its tally as one
+/// line ([`Tally::line`]) and the parent adds the lines up.
+#[derive(Debug, Default)]
+struct Tally {
+    faults: BTreeMap<String, u64>,
+    done: u64,
+    checks: u64,
+    violations: u64,
+    stuck: u64,
+    requests: u64,
+    acked: u64,
+    writes: u64,
+    applies: u64,
+    failures: Vec<String>,
+}
+
+/// Starts the machine-readable tally line of a `--jobs` child.
+const tally_tag: &str = "TALLY";
+/// Starts a failure line of a `--jobs` child (and of the table).
+const failed_tag: &str = "FAILED";
+
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        for (f, n) in other.faults {
+            *self.faults.entry(f).or_default() += n;
+        }
+        self.done += other.done;
+        self.checks += other.checks;
+        self.violations += other.violations;
+        self.stuck += other.stuck;
+        self.requests += other.requests;
+        self.acked += other.acked;
+        self.writes += other.writes;
+        self.applies += other.applies;
+        self.failures.extend(other.failures);
+    }
+
+    /// The counts as `TALLY key=n ...` (fault kinds as `fault:<name>=n`).
+    fn line(&self) -> String {
+        let mut out = format!(
+            "{tally_tag} done={} checks={} violations={} stuck={} requests={} acked={} writes={} applies={}",
+            self.done,
+            self.checks,
+            self.violations,
+            self.stuck,
+            self.requests,
+            self.acked,
+            self.writes,
+            self.applies
+        );
+        for (f, n) in &self.faults {
+            out.push_str(&format!(" fault:{f}={n}"));
+        }
+        out
+    }
+
+    /// Reads a [`Tally::line`] back; `Err` names the word it could not read.
+    fn parse(line: &str) -> Result<Tally, String> {
+        let mut t = Tally::default();
+        for word in line.split_whitespace().skip(1) {
+            let (key, n) = word
+                .split_once('=')
+                .and_then(|(k, v)| v.parse::<u64>().ok().map(|n| (k, n)))
+                .ok_or_else(|| format!("a tally word {word:?} is not key=number"))?;
+            match key {
+                "done" => t.done = n,
+                "checks" => t.checks = n,
+                "violations" => t.violations = n,
+                "stuck" => t.stuck = n,
+                "requests" => t.requests = n,
+                "acked" => t.acked = n,
+                "writes" => t.writes = n,
+                "applies" => t.applies = n,
+                other => match other.strip_prefix("fault:") {
+                    Some(f) => {
+                        t.faults.insert(f.to_string(), n);
+                    }
+                    None => return Err(format!("unknown tally key {other:?}")),
+                },
+            }
+        }
+        Ok(t)
+    }
+
+    fn print(&self, mix: Mix, seconds: f64, jobs: u64) {
+        println!();
+        println!(
+            "mix {mix}: {} runs checked, {} stuck, in {seconds:.0} s{}",
+            self.done,
+            self.stuck,
+            if jobs > 1 {
+                format!(" ({jobs} processes at once)")
+            } else {
+                String::new()
+            }
+        );
+        println!("{:<22} {:>8}", "fault", "injected");
+        for (f, n) in &self.faults {
+            println!("{f:<22} {n:>8}");
+        }
+        println!("{:<22} {:>8}", "operator requests", self.requests);
+        println!("{:<22} {:>8}", "  acknowledged", self.acked);
+        println!("{:<22} {:>8}", "envelope writes", self.writes);
+        println!("{:<22} {:>8}", "host applies", self.applies);
+        println!("{:<22} {:>8}", "checks", self.checks);
+        println!("{:<22} {:>8}", "violations", self.violations);
+        for f in &self.failures {
+            println!("{failed_tag} {mix} {f}");
+        }
+    }
+}
+
+/// Runs one mix (here, or in `--jobs` child processes) and prints its table; true when a run
+/// failed.
 async fn one_mix(mix: Mix, parsed: &RunArgs) -> bool {
     let started = Instant::now();
-    let mut faults: BTreeMap<Fault, u64> = BTreeMap::new();
-    let (mut done, mut checks, mut violations, mut stuck) = (0u64, 0u64, 0u64, 0u64);
-    let (mut requests, mut acked, mut writes, mut applies) = (0u64, 0u64, 0u64, 0u64);
-    let mut failures = Vec::new();
+    let tally = if parsed.jobs > 1 {
+        match jobs(mix, parsed).await {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("mesh-chaos: {mix}: {e}");
+                return true;
+            }
+        }
+    } else {
+        runs_here(mix, parsed).await
+    };
+    if parsed.tally_only {
+        println!("{}", tally.line());
+        for f in &tally.failures {
+            println!("{failed_tag} {mix} {f}");
+        }
+    } else {
+        tally.print(mix, started.elapsed().as_secs_f64(), parsed.jobs);
+    }
+    !tally.failures.is_empty()
+}
+
+/// The runs of `mix` in this process, one after the other (the tracing layer is global).
+async fn runs_here(mix: Mix, parsed: &RunArgs) -> Tally {
+    let started = Instant::now();
+    let mut t = Tally::default();
     for seed in parsed.seed..parsed.seed.saturating_add(parsed.runs) {
         if let Some(m) = parsed.minutes
             && started.elapsed() >= Duration::from_secs(m * 60)
@@ -126,15 +282,15 @@ async fn one_mix(mix: Mix, parsed: &RunArgs) -> bool {
         let run_started = Instant::now();
         match run(spec.clone()).await {
             Ok(outcome) => {
-                done += 1;
-                checks += outcome.checks as u64;
-                violations += outcome.violations.len() as u64;
-                requests += outcome.stats.ops.requests;
-                acked += outcome.stats.ops.acked;
-                writes += outcome.stats.writes;
-                applies += outcome.stats.applies;
+                t.done += 1;
+                t.checks += outcome.checks as u64;
+                t.violations += outcome.violations.len() as u64;
+                t.requests += outcome.stats.ops.requests;
+                t.acked += outcome.stats.ops.acked;
+                t.writes += outcome.stats.writes;
+                t.applies += outcome.stats.applies;
                 for (f, n) in &outcome.stats.faults {
-                    *faults.entry(*f).or_default() += n;
+                    *t.faults.entry(f.name().to_string()).or_default() += n;
                 }
                 eprintln!(
                     "{mix} seed {seed}: {} violations in {:.1} s; {}",
@@ -144,7 +300,7 @@ async fn one_mix(mix: Mix, parsed: &RunArgs) -> bool {
                 );
                 if !outcome.violations.is_empty() {
                     eprintln!("{}", outcome.report);
-                    failures.push(format!(
+                    t.failures.push(format!(
                         "seed {seed}: {} violations; replay: {}",
                         outcome.violations.len(),
                         spec.replay()
@@ -152,34 +308,88 @@ async fn one_mix(mix: Mix, parsed: &RunArgs) -> bool {
                 }
             }
             Err(e) => {
-                stuck += 1;
+                t.stuck += 1;
                 eprintln!("{mix} seed {seed}: STUCK: {e}");
-                failures.push(format!(
+                t.failures.push(format!(
                     "seed {seed}: stuck ({e}); replay: {}",
                     spec.replay()
                 ));
             }
         }
     }
-    println!();
-    println!(
-        "mix {mix}: {done} runs checked, {stuck} stuck, in {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
-    println!("{:<22} {:>8}", "fault", "injected");
-    for (f, n) in &faults {
-        println!("{:<22} {n:>8}", f.name());
+    t
+}
+
+/// `--jobs N`: the seeds split into N disjoint runs of consecutive seeds, each in a child process
+/// of this binary (`--tally`), all at once; their tallies added up. Each child has its own
+/// tracing layer, and its runs' lines go to the same stderr.
+async fn jobs(mix: Mix, parsed: &RunArgs) -> Result<Tally, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let n = parsed.jobs.min(parsed.runs.max(1));
+    let per = parsed.runs.div_ceil(n);
+    let mut children = Vec::new();
+    for k in 0..n {
+        let first = parsed.seed.saturating_add(k * per);
+        let runs = per.min(parsed.runs.saturating_sub(k * per));
+        if runs == 0 {
+            continue;
+        }
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.arg("--runs")
+            .arg(runs.to_string())
+            .arg("--seed")
+            .arg(first.to_string())
+            .arg("--mix")
+            .arg(mix.name())
+            .arg("--chaos-ms")
+            .arg(parsed.chaos_ms.to_string())
+            .arg("--tally")
+            .arg("1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
+        if let Some(m) = parsed.minutes {
+            cmd.arg("--minutes").arg(m.to_string());
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start child {k} ({}): {e}", exe.display()))?;
+        children.push((k, first, runs, child));
     }
-    println!("{:<22} {requests:>8}", "operator requests");
-    println!("{:<22} {acked:>8}", "  acknowledged");
-    println!("{:<22} {writes:>8}", "envelope writes");
-    println!("{:<22} {applies:>8}", "host applies");
-    println!("{:<22} {checks:>8}", "checks");
-    println!("{:<22} {violations:>8}", "violations");
-    for f in &failures {
-        println!("FAILED {mix} {f}");
+    let mut total = Tally::default();
+    let mut errors = Vec::new();
+    for (k, first, runs, child) in children {
+        // No wait of its own: a child's runs end by their own deadlines (and --minutes).
+        let out = child
+            .wait_with_output()
+            .await
+            .map_err(|e| format!("child {k} (seeds {first}..{}) : {e}", first + runs))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut seen = false;
+        for line in text.lines() {
+            if line.starts_with(tally_tag) {
+                total.add(Tally::parse(line)?);
+                seen = true;
+            } else if let Some(rest) = line
+                .strip_prefix(failed_tag)
+                .and_then(|r| r.trim_start().strip_prefix(mix.name()))
+            {
+                total.failures.push(rest.trim_start().to_string());
+            }
+        }
+        if !seen {
+            errors.push(format!(
+                "child {k} (seeds {first}..{}) printed no tally and exited {:?}",
+                first + runs,
+                out.status.code()
+            ));
+        }
     }
-    !failures.is_empty()
+    if errors.is_empty() {
+        Ok(total)
+    } else {
+        Err(errors.join("; "))
+    }
 }
 
 fn fuzz_main(args: &[String]) -> ExitCode {
@@ -227,5 +437,37 @@ fn fuzz_main(args: &[String]) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tally;
+
+    #[test]
+    fn a_jobs_childs_tally_line_reads_back_as_the_same_counts() {
+        // --jobs adds up what its children print: a count lost or misread there would make a
+        // pass's table wrong.
+        let mut t = Tally {
+            done: 7,
+            checks: 84,
+            violations: 2,
+            stuck: 1,
+            requests: 300,
+            acked: 250,
+            writes: 90,
+            applies: 88,
+            ..Tally::default()
+        };
+        t.faults.insert("isolate-leader".into(), 9);
+        t.faults.insert("crash-mid-snapshot".into(), 3);
+        let back = Tally::parse(&t.line()).expect("reads back");
+        assert_eq!(back.line(), t.line());
+        assert_eq!(back.faults.get("crash-mid-snapshot"), Some(&3));
+        let mut sum = Tally::default();
+        sum.add(back);
+        sum.add(Tally::parse(&t.line()).expect("reads back"));
+        assert_eq!((sum.done, sum.violations, sum.stuck), (14, 4, 2));
+        assert!(Tally::parse("TALLY done=x").is_err());
     }
 }

@@ -32,10 +32,10 @@ static crash_next_write: Mutex<Option<u64>> = Mutex::new(None);
 /// Whether the next snapshot install crashes (the `crash-mid-snapshot` fault).
 static crash_next_install: Mutex<bool> = Mutex::new(false);
 
-/// Arms or disarms the crash of the next snapshot install, on whichever replica: when openraft's
-/// state machine says it is about to install a received snapshot, the install unwinds right
-/// there (openraft's state-machine worker stops and the replica with it). The nemesis then finds
-/// the replica whose Raft stopped and restarts it from its files.
+/// Arms or disarms the crash of the next snapshot install, on whichever replica: when the state
+/// machine says it is about to install a received snapshot, the install unwinds right there,
+/// before it writes. The nemesis arms it only while the wiped replica is the one behind, then stops
+/// that replica's Raft core and the rest, and restarts it from its files.
 pub fn crash_at_next_install(armed: bool) {
     *crash_next_install.lock().unwrap_or_else(|p| p.into_inner()) = armed;
 }
