@@ -90,3 +90,18 @@ async fn g9_a_restore_from_an_older_backup_and_a_lost_disk_break_no_guarantee() 
 async fn every_fault_together_breaks_no_guarantee() {
     check(0x5eed_0004, Mix::Everything).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_a_cluster_restored_on_new_disks_reuses_no_epoch_the_hosts_hold() {
+    // Seed drawn to restore every replica on new disks after the hosts took epoch 3 (the
+    // backup's floor is 1): the restored cluster is elected in term 2. Before decision 0274 this
+    // seed wrote 2.2 to every host before any report came (the replay printed 3 violations).
+    let outcome = check(0x5eed_0005, Mix::NewDisks).await;
+    assert!(
+        outcome
+            .stats
+            .faults
+            .contains_key(&mesh_chaos::nemesis::Fault::RestoreOnNewDisks),
+        "every replica was restored on a new disk"
+    );
+}
