@@ -704,6 +704,33 @@ mod tests {
     }
 
     #[test]
+    fn g9_a_machine_held_by_an_unproven_floor_prints_the_reason_and_exits_3() {
+        // Decision 0274: a hold with no mount (the whole machine held after a restore without
+        // the floor file) still gets its line, with the reason and what to do.
+        let held = PushLine {
+            machine: "ace".into(),
+            outcome: PushOutcome::Held {
+                reason: "floor unproven: not heard yet in term 2: ace".into(),
+                holds: vec![],
+            },
+        };
+        let view = PushView {
+            epoch: 2,
+            lines: vec![held],
+        };
+        assert_eq!(exit_code(&view, None), 3);
+        let via = Via {
+            replica: 1,
+            forwarded_by: None,
+        };
+        let text = render_text(via, &view);
+        assert!(
+            text.contains("ace  held     floor unproven: not heard yet in term 2: ace"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn a_send_not_confirmed_applied_exits_1_unless_wait_sees_its_report() {
         // Issue 9 part 6: `Sent` (host down, no answer, unreadable answer) is not "applied"; a
         // report for that send seen by --wait confirms it. Part 5: a failing module exits 4, a
