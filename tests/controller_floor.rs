@@ -78,21 +78,7 @@ async fn lost_term_after_a_backup(bed: &mut Bed) -> (PathBuf, u64, u64) {
     bed.apply(1, &provider_consumer_mesh()).await;
     let first = bed.ok(1, &push_all("first send")).await;
     assert_eq!(sent_in(&first), Some(backup_term), "{first:?}");
-    let Body::SnapshotChunk { bytes, total, .. } = bed
-        .ok(
-            1,
-            &Request::SnapshotChunk {
-                snapshot: None,
-                offset: 0,
-            },
-        )
-        .await
-    else {
-        panic!("snapshot")
-    };
-    assert_eq!(total, bytes.len() as u64, "a small store is one chunk");
-    let file = bed.dir.path().join("backup.snapshot");
-    std::fs::write(&file, &bytes).expect("write snapshot");
+    let file = save_backup(bed).await;
     for m in hosts {
         let _ = bed.hosts[m].stop.send(true);
     }
@@ -124,6 +110,21 @@ async fn lost_term_after_a_backup(bed: &mut Bed) -> (PathBuf, u64, u64) {
     assert_eq!(applied_epoch(bed, "ace").await, lost);
     assert_eq!(applied_epoch(bed, "g14").await, backup_term, "g14 lags");
     (file, backup_term, lost)
+}
+
+/// A backup of replica 1's store, as `meshctl snapshot save` writes it.
+async fn save_backup(bed: &Bed) -> PathBuf {
+    let first = Request::SnapshotChunk {
+        snapshot: None,
+        offset: 0,
+    };
+    let Body::SnapshotChunk { bytes, total, .. } = bed.ok(1, &first).await else {
+        panic!("snapshot")
+    };
+    assert_eq!(total, bytes.len() as u64, "a small store is one chunk");
+    let file = bed.dir.path().join("backup.snapshot");
+    std::fs::write(&file, &bytes).expect("write snapshot");
+    file
 }
 
 /// Starts replica 1 again on its old address (the port may take a moment to be free).
@@ -234,5 +235,51 @@ async fn g9_a_proven_report_of_the_leaders_own_term_it_never_recorded_moves_it_a
     .await;
     let (_, above) = bed.wait_leader_among(&[1], lost).await;
     assert!(above > lost);
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_meshd_restore_without_a_floor_says_so_and_with_epoch_floor_starts_above_it() {
+    // G9, decision 0274: `meshd restore` on a new disk marks the floor unproven and says so
+    // loudly; `--epoch-floor N` marks nothing and the next term is above N.
+    let mut bed = Bed::start_n(1, &[], &[]).await;
+    bed.wait_leader_among(&[1], 0).await;
+    bed.apply(1, &mount_mesh("/srv/a")).await;
+    let file = save_backup(&bed).await;
+    bed.stop_replica(1).await;
+    let config = bed.dir.path().join("replica-1.toml");
+    let data = bed.configs[&1].data_dir().to_path_buf();
+    let marker = data.join(mesh::controller::floor::unproven_file_name);
+    let restore = |extra: &[&str]| {
+        std::fs::remove_dir_all(&data).expect("lose the disk");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshd"))
+            .arg("restore")
+            .arg("--config")
+            .arg(&config)
+            .arg("--from")
+            .arg(&file)
+            .args(extra)
+            .output()
+            .expect("meshd restore runs");
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{stderr}");
+        assert!(stderr.contains("STORE RESTORED"), "{stderr}");
+        stderr
+    };
+    let stderr = restore(&[]);
+    assert!(stderr.contains("FLOOR UNPROVEN"), "{stderr}");
+    assert!(stderr.contains("--epoch-floor"), "{stderr}");
+    assert!(marker.exists(), "no floor-unproven marker beside the store");
+
+    let stderr = restore(&["--epoch-floor", "7"]);
+    assert!(!stderr.contains("FLOOR UNPROVEN"), "{stderr}");
+    assert!(!marker.exists(), "a restore given a floor left the marker");
+    assert_eq!(
+        mesh::controller::floor::read_floor(&data).expect("floor"),
+        7
+    );
+    restart(&mut bed).await;
+    let (_, term) = bed.wait_leader_among(&[1], 7).await;
+    assert!(term > 7, "term {term}");
     bed.shutdown().await;
 }
