@@ -211,7 +211,7 @@ impl Service {
                     names.push_str(&format!(" and {} more", unheard.len() - unheard_named_max));
                 }
                 Some(format!(
-                    "floor unproven: this store was restored (term floor {restored}) without its epoch-floor file, so nothing is sent until every machine of the model reported to this leader the epoch it holds; not heard yet in term {term}: {names}. Start their hosts (each reports within its reconcile interval) or remove them from the model, then push again; or restore every replica again with `meshd restore --epoch-floor N`, N the highest epoch any host holds"
+                    "floor unproven: this store was restored (term floor {restored}) without its epoch-floor file, so nothing is sent until every machine of the model reported to this leader the epoch it holds; not heard yet in term {term}: {names}. Start their hosts (each reports within its reconcile interval), or remove from the model those that run nothing, then push again. For a host gone for good, restore every replica again with `meshd restore --epoch-floor N`, N at or above the highest epoch any host holds (a higher N only makes the terms jump)"
                 ))
             }
             Verdict::Leave { machine, epoch } => {
