@@ -271,6 +271,27 @@ async fn g9_meshd_restore_without_a_floor_says_so_and_with_epoch_floor_starts_ab
     assert!(stderr.contains("--epoch-floor"), "{stderr}");
     assert!(marker.exists(), "no floor-unproven marker beside the store");
 
+    // A floor terms would overflow above is refused, naming it, and changes nothing.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshd"))
+        .arg("restore")
+        .arg("--config")
+        .arg(&config)
+        .arg("--from")
+        .arg(&file)
+        .args(["--epoch-floor", &u64::MAX.to_string()])
+        .output()
+        .expect("meshd restore runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--epoch-floor 18446744073709551615 is above"),
+        "{stderr}"
+    );
+    assert!(
+        marker.exists(),
+        "a refused restore changed the data directory"
+    );
+
     let stderr = restore(&["--epoch-floor", "7"]);
     assert!(!stderr.contains("FLOOR UNPROVEN"), "{stderr}");
     assert!(!marker.exists(), "a restore given a floor left the marker");

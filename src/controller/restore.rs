@@ -14,6 +14,8 @@ use crate::store::app::{DomainSnapshot, MeshApp};
 
 /// Largest snapshot file read, in bytes.
 pub const snapshot_file_bytes_max: u64 = 1 << 30;
+/// Largest `--epoch-floor` taken: far above any real term, far below where terms would overflow.
+pub const epoch_floor_max: u64 = 1 << 48;
 
 /// Why a restore did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +31,10 @@ pub enum RestoreError {
     TooLarge { file: PathBuf, bytes: u64 },
     #[error("{file} is not a mesh snapshot: {reason}")]
     Malformed { file: PathBuf, reason: String },
+    #[error(
+        "--epoch-floor {given} is above {epoch_floor_max}; give the highest epoch any host holds, or a number a little above it"
+    )]
+    FloorTooHigh { given: u64 },
     #[error(transparent)]
     Floor(#[from] FloorError),
     #[error(transparent)]
@@ -63,6 +69,11 @@ pub async fn restore_with(
     from: &Path,
     epoch_floor: Option<u64>,
 ) -> Result<Restored, RestoreError> {
+    if let Some(given) = epoch_floor
+        && given > epoch_floor_max
+    {
+        return Err(RestoreError::FloorTooHigh { given });
+    }
     let bytes = read_snapshot(from)?;
     let malformed = |reason: String| RestoreError::Malformed {
         file: from.to_path_buf(),
