@@ -112,6 +112,26 @@ impl World {
         self.provisions.get(id)
     }
 
+    /// Every module's name, in no order.
+    pub fn module_names(&self) -> impl Iterator<Item = &String> {
+        self.modules.keys()
+    }
+
+    /// Every provision's id, in no order.
+    pub fn provision_ids(&self) -> impl Iterator<Item = &String> {
+        self.provisions.keys()
+    }
+
+    /// The deny list every declaration carries.
+    pub fn revoked(&self) -> &BTreeMap<String, String> {
+        &self.revoked
+    }
+
+    /// The added replicas' envelope keys every declaration carries.
+    pub fn signers(&self) -> &BTreeMap<u64, [u8; 32]> {
+        &self.signers
+    }
+
     /// Every provision, sorted by id.
     pub fn provisions_sorted(&self) -> Vec<&Provision> {
         let mut all: Vec<&Provision> = self.provisions.values().collect();
