@@ -143,7 +143,7 @@ impl Unproven {
 impl Service {
     /// Notes the epoch a report shows, as leader in `term`, while the floor is unproven. An
     /// epoch at or above the term counts only with a proof signed by a trusted replica (G9: an
-    /// unproven claim is refused and counted); an older one cannot mislead anyone but its host.
+    /// unproven claim does not count); an older one cannot mislead anyone but its host.
     pub(crate) fn note_mark(&self, term: u64, report: &Report) {
         if self.unproven.restored().is_none() {
             return;
@@ -166,7 +166,8 @@ impl Service {
                     .map_err(|e| e.to_string()),
             };
             if let Err(why) = proven {
-                self.metrics.report("unproven");
+                // The report itself is filed as any other (its epoch is not above the floor);
+                // only its claim does not count here.
                 tracing::warn!(machine = %report.machine, epoch = report.epoch, term, %why,
                     "a report claims an epoch at or above this leader's term while the floor is unproven, but {why}; it does not count, the machine stays unheard");
                 return;
