@@ -1,6 +1,7 @@
 //! Cluster benchmark (plain `Instant`, prints figures): three replicas over real QUIC on loopback with
-//! in-process hosts. Commit throughput (1, 64, 500 clients), failover, `push --behind` to N hosts and
-//! controller memory with 10,000 machines; and failover of the real binaries (`kill`: SIGKILL, then
+//! in-process hosts. Commit throughput (1, 64, 500 clients), failover, `push --behind` to N hosts;
+//! the memory of a real `meshd` process with 10,000 machines applied, composed and sent to 10,000
+//! simulated hosts; and failover of the real binaries (`kill`: SIGKILL, then
 //! SIGTERM, of the leader → new leader → host applies its envelope, and → `meshctl push` through a
 //! survivor succeeds). Run with `cargo bench --bench cluster [-- <section>...]` (sections: throughput,
 //! failover, kill, push, memory); figures go to docs/benchmarks.md.
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 
-/// The allocator meshd runs with (decision 0184), so the memory figures are meshd's.
+/// The allocator meshd runs with (decision 0184), so the in-process replicas allocate as meshd does.
 #[global_allocator]
 static allocator: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc's settings, read at its start: a background thread returns freed pages after a second
@@ -122,34 +123,6 @@ fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|t| t.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
-}
-
-/// `VmRSS` and `VmHWM` of this process, in KiB.
-fn rss_kib() -> (u64, u64) {
-    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-unsafe extern "C" {
-    /// glibc: returns freed heap memory to the kernel.
-    fn malloc_trim(pad: usize) -> i32;
-}
-
-/// `VmRSS` after handing freed heap pages back, so the figure is the live set, not the
-/// allocator's retained free lists.
-fn trimmed_rss_kib() -> u64 {
-    // SAFETY: malloc_trim only walks glibc's own arenas; it takes no pointers from us.
-    unsafe {
-        malloc_trim(0);
-    }
-    rss_kib().0
 }
 
 fn loopback() -> SocketAddr {
@@ -1288,17 +1261,226 @@ fn big_mesh() -> Mesh {
     mesh
 }
 
+/// A simulated host of the memory section: its own endpoint and `host:<machine>` certificate,
+/// opening every envelope with the host's own check (`core::envelope::open`: signer, signature,
+/// machine, position above its mark) and answering as `host/listener.rs` does, without running
+/// modules. The bench measures the controller; its hosts only need to answer like hosts.
+struct EnvelopeAnswerer {
+    machine: String,
+    trusted: BTreeMap<u64, ed25519_dalek::VerifyingKey>,
+    mark: std::sync::Mutex<Option<mesh::core::envelope::Position>>,
+    applied: std::sync::Mutex<Option<(mesh::core::envelope::Position, mesh::core::declaration::Digest)>>,
+}
+
+impl EnvelopeAnswerer {
+    /// The report a host files after applying: its mark, the digest it runs, every module ready.
+    fn report(&self) -> Option<mesh::core::report::Report> {
+        use mesh::core::report::{ModuleState, ModuleStatus, Report};
+        let (position, digest) = (*self.applied.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let machine = self.machine.trim_start_matches('n');
+        Some(Report {
+            machine: self.machine.clone(),
+            epoch: position.epoch,
+            sequence: position.sequence,
+            report_sequence: 1,
+            applied: Some(digest),
+            modules: (0..memory_modules_per_machine)
+                .map(|slot| ModuleStatus {
+                    name: format!("m{machine}-{slot}"),
+                    state: ModuleState::Ready,
+                    restarts: 0,
+                    pid: Some(10_000 + slot as u32),
+                    last_exit: None,
+                })
+                .collect(),
+            refused_older: 0,
+            last_refusal: None,
+            proof: None,
+        })
+    }
+}
+
+impl mesh_transport::Handler for EnvelopeAnswerer {
+    fn request(
+        &self,
+        _from: Principal,
+        kind: MessageKind,
+        body: Vec<u8>,
+    ) -> futures::future::BoxFuture<'_, Result<Vec<u8>, String>> {
+        Box::pin(async move {
+            use mesh::core::wire::{EnvelopeReply, envelope_reply_what};
+            if kind != MessageKind::Envelope {
+                return Err(format!("a simulated host answers envelopes only, not {kind:?}"));
+            }
+            let mut mark = self.mark.lock().unwrap_or_else(|p| p.into_inner());
+            let reply = match mesh::core::envelope::open(&body, &self.trusted, &self.machine, *mark)
+            {
+                Ok(envelope) => {
+                    let (position, digest) = (
+                        envelope.position(),
+                        mesh::core::compose::digest(&envelope.declaration),
+                    );
+                    *mark = Some(position);
+                    *self.applied.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((position, digest));
+                    EnvelopeReply::Applied { position, digest }
+                }
+                Err(refusal) => EnvelopeReply::Refused {
+                    older: matches!(refusal, mesh::core::envelope::Refusal::Older { .. }),
+                    refusal: refusal.to_string(),
+                },
+            };
+            drop(mark);
+            mesh_codec::encode(envelope_reply_what, &reply).map_err(|e| e.to_string())
+        })
+    }
+
+    /// A host takes no one-way messages from the controller.
+    fn one_way(
+        &self,
+        _from: Principal,
+        _kind: MessageKind,
+        _body: Vec<u8>,
+    ) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// A real `meshd` child, killed (and reaped) when dropped, whatever the bench did.
+struct Meshd(std::process::Child);
+
+impl Drop for Meshd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `VmRSS` and `VmHWM` of process `pid`, in KiB.
+fn rss_of(pid: u32) -> (u64, u64) {
+    status_fields(&format!("/proc/{pid}/status"))
+}
+
+fn status_fields(path: &str) -> (u64, u64) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Each simulated host files one report of what it applied with replica 1, 64 at a time, on the
+/// hosts' runtime; returns how many were filed as accepted.
+async fn file_reports(
+    bed: &Bed,
+    hosts: &[(Endpoint, Arc<EnvelopeAnswerer>)],
+    hosts_on: &tokio::runtime::Handle,
+) -> usize {
+    use futures::StreamExt;
+    use mesh::core::wire::{ReportReply, report_reply_what, report_what};
+    let leader = Peer::expecting(bed.addrs[&1], Principal::Replica(1));
+    let one = |endpoint: Endpoint, answerer: Arc<EnvelopeAnswerer>| {
+        let leader = leader.clone();
+        hosts_on.spawn(async move {
+            let report = answerer.report()?;
+            let body = mesh_codec::encode(report_what, &report).ok()?;
+            let kind = MessageKind::Report {
+                machine: report.machine.clone(),
+            };
+            let answer = endpoint
+                .request(leader, kind, body, Duration::from_millis(request_timeout_ms))
+                .await
+                .ok()?;
+            match mesh_codec::decode(report_reply_what, &answer).ok()? {
+                ReportReply::Filed { accepted: true } => Some(()),
+                _ => None,
+            }
+        })
+    };
+    futures::stream::iter(hosts.iter().map(|(e, a)| one(e.clone(), a.clone())))
+        .buffer_unordered(64)
+        .filter(|r| std::future::ready(matches!(r, Ok(Some(())))))
+        .count()
+        .await
+}
+
+/// Controller memory, measured on a real `meshd` process (one replica: one controller's
+/// memory) holding 10,000 machines x 10 modules: applied as meshctl sends it, composed
+/// (`status`), and sent once (`push --all` to 10,000 simulated hosts over QUIC, each on a
+/// connection the leader keeps), then with every host's report filed (each host dials the
+/// leader once, so the leader holds 10,000 accepted connections as well as the dialled ones).
+/// The figures are the process's `VmRSS` (and `VmHWM`, its peak) from `/proc`, with meshd's
+/// own allocator settings: nothing trims it.
 async fn memory() -> Result<()> {
-    let (rss0, _) = rss_kib();
-    // One replica: one controller's memory. Proposal and frame caps raised to their limits so the
-    // whole model fits one entry and one operator frame.
+    let hosts_runtime = HostsRuntime::new()?;
+    let hosts_on = hosts_runtime
+        .handle()
+        .ok_or_else(|| anyhow!("the hosts' runtime is gone"))?
+        .clone();
+    let mut bed = Bed::start(0, 0, RaftSettings::default(), 1).await?;
+    let port = std::net::UdpSocket::bind(loopback())?.local_addr()?.port();
+    bed.addrs.insert(1, SocketAddr::from(([127, 0, 0, 1], port)));
+    let trusted = BTreeMap::from([(1u64, replica_key(1).verifying_key())]);
+    let t0 = Instant::now();
+    let mut host_addrs = BTreeMap::new();
+    let mut endpoints = Vec::with_capacity(memory_machines);
+    for m in 0..memory_machines {
+        let machine = format!("n{m}");
+        let identity = bed.identity(&Principal::Host(machine.clone()))?;
+        let answerer = Arc::new(EnvelopeAnswerer {
+            machine: machine.clone(),
+            trusted: trusted.clone(),
+            mark: std::sync::Mutex::new(None),
+            applied: std::sync::Mutex::new(None),
+        });
+        let answerer_of = answerer.clone();
+        let endpoint = hosts_on
+            .spawn(async move {
+                let endpoint = Endpoint::bind(loopback(), &identity, transport()?)?;
+                endpoint.serve(answerer);
+                Ok::<_, anyhow::Error>(endpoint)
+            })
+            .await
+            .context("a simulated host's task")??;
+        host_addrs.insert(machine, endpoint.local_addr().to_string());
+        endpoints.push((endpoint, answerer_of));
+    }
+    println!(
+        "memory: {memory_machines} simulated hosts listening after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    // Proposal and frame caps raised to their limits, as before: the whole model in one entry.
     let raft = RaftSettings {
         batch_bytes_max: mesh_raft::config::batch_bytes_max_limit,
         ..RaftSettings::default()
     };
-    let bed = Bed::start(1, 0, raft, 1).await?;
-    bed.wait_leader(&[1], 0).await?;
-    let (rss1, _) = rss_kib();
+    let config = bed.write_config(1, &host_addrs, &raft)?;
+    drop(config);
+    let config_path = bed.dir.path().join("replica-1.toml");
+    let log = std::fs::File::create(bed.dir.path().join("replica-1.log"))?;
+    let meshd = Meshd(
+        std::process::Command::new(mesh_beds::binaries!().meshd)
+            .arg("--config")
+            .arg(&config_path)
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("start meshd")?,
+    );
+    let pid = meshd.0.id();
+    let deadline = Instant::now() + Duration::from_millis(wait_deadline_ms);
+    loop {
+        match bed.ok(1, &Request::Status).await {
+            Ok(Body::Status(view)) if view.replicas.iter().any(|r| r.leader) => break,
+            _ if Instant::now() > deadline => bail!("meshd did not lead within the deadline"),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let (started, _) = rss_of(pid);
     // As meshctl sends it: a model over one request's size goes as an upload (decision 0185).
     let sending = mesh::cli::apply::requests_for(big_mesh(), "bench memory".into(), false)
         .map_err(|e| anyhow!("{e}"))?;
@@ -1318,33 +1500,84 @@ async fn memory() -> Result<()> {
         requests.len()
     );
     for request in requests {
-        if let Err(e) = bed.ok(1, &request).await {
-            println!("memory: the model was not applied: {e}");
-            return bed.shutdown().await;
-        }
+        bed.ok(1, &request)
+            .await
+            .context("the model was not applied")?;
     }
-    let (rss2, _) = rss_kib();
+    let (applied, _) = rss_of(pid);
     // Status composes every machine (the leader's compose cache), as the first push would.
     let status = bed.ok(1, &Request::Status).await?;
     drop(status);
-    let (rss3, hwm) = rss_kib();
-    // What it holds once idle: an allocator hands freed pages back on its own schedule.
+    let (composed, _) = rss_of(pid);
     tokio::time::sleep(Duration::from_secs(settle_s)).await;
-    let (settled, _) = rss_kib();
+    let (composed_idle, _) = rss_of(pid);
+    let t1 = Instant::now();
+    let mut sent = 0;
+    for round in 1..=push_rounds_max {
+        let request = Request::Push {
+            target: if round == 1 {
+                PushTarget::All
+            } else {
+                PushTarget::Behind
+            },
+            why: "bench memory: sent once".into(),
+            moves: vec![],
+            plan: None,
+        };
+        let view = match bed.ok(1, &request).await? {
+            Body::Push(view) => view,
+            _ => bail!("not a push answer"),
+        };
+        let ok = view
+            .lines
+            .iter()
+            .filter(|l| matches!(l.outcome, PushOutcome::Applied { .. }))
+            .count();
+        sent += ok;
+        println!(
+            "memory: push {round}: {ok}/{} lines applied after {:.1} s",
+            view.lines.len(),
+            t1.elapsed().as_secs_f64()
+        );
+        if ok == view.lines.len() {
+            break;
+        }
+        print_outcomes(&view.lines);
+    }
+    let (pushed, _) = rss_of(pid);
+    tokio::time::sleep(Duration::from_secs(settle_s)).await;
+    let (pushed_idle, _) = rss_of(pid);
+    // Every host reports what it applied, as a host does after an apply: over a connection of
+    // its own to the leader, which the leader then serves (10,000 more connections).
+    let t2 = Instant::now();
+    let filed = file_reports(&bed, &endpoints, &hosts_on).await;
     println!(
-        "memory: RSS {settle_s} s after status, idle: {} MiB",
-        settled / 1024
+        "memory: {filed}/{memory_machines} reports filed after {:.1} s",
+        t2.elapsed().as_secs_f64()
     );
-    let rss4 = trimmed_rss_kib();
+    let (reported, _) = rss_of(pid);
+    tokio::time::sleep(Duration::from_secs(settle_s)).await;
+    let (reported_idle, peak) = rss_of(pid);
+    let mib = |kib: u64| kib / 1024;
     println!(
-        "memory: RSS before start {} MiB, replica started {} MiB, model applied {} MiB, status composed {} MiB (peak {} MiB), after malloc_trim {} MiB, load {}",
-        rss0 / 1024,
-        rss1 / 1024,
-        rss2 / 1024,
-        rss3 / 1024,
-        hwm / 1024,
-        rss4 / 1024,
+        "memory: meshd RSS (MiB; idle = {settle_s} s later, nothing sent meanwhile): started {}; model applied {}; status composed {}, idle {}; sent once to {sent} hosts {}, idle {}; with every host's report connection {}, idle {}; peak (VmHWM) {}; load {}",
+        mib(started),
+        mib(applied),
+        mib(composed),
+        mib(composed_idle),
+        mib(pushed),
+        mib(pushed_idle),
+        mib(reported),
+        mib(reported_idle),
+        mib(peak),
         load_average()
     );
-    bed.shutdown().await
+    drop(meshd);
+    for (endpoint, _) in &endpoints {
+        endpoint.close().await;
+    }
+    drop(endpoints);
+    bed.shutdown().await?;
+    drop(hosts_runtime);
+    Ok(())
 }
