@@ -1269,7 +1269,12 @@ struct EnvelopeAnswerer {
     machine: String,
     trusted: BTreeMap<u64, ed25519_dalek::VerifyingKey>,
     mark: std::sync::Mutex<Option<mesh::core::envelope::Position>>,
-    applied: std::sync::Mutex<Option<(mesh::core::envelope::Position, mesh::core::declaration::Digest)>>,
+    applied: std::sync::Mutex<
+        Option<(
+            mesh::core::envelope::Position,
+            mesh::core::declaration::Digest,
+        )>,
+    >,
 }
 
 impl EnvelopeAnswerer {
@@ -1310,7 +1315,9 @@ impl mesh_transport::Handler for EnvelopeAnswerer {
         Box::pin(async move {
             use mesh::core::wire::{EnvelopeReply, envelope_reply_what};
             if kind != MessageKind::Envelope {
-                return Err(format!("a simulated host answers envelopes only, not {kind:?}"));
+                return Err(format!(
+                    "a simulated host answers envelopes only, not {kind:?}"
+                ));
             }
             let mut mark = self.mark.lock().unwrap_or_else(|p| p.into_inner());
             let reply = match mesh::core::envelope::open(&body, &self.trusted, &self.machine, *mark)
@@ -1392,7 +1399,12 @@ async fn file_reports(
                 machine: report.machine.clone(),
             };
             let answer = endpoint
-                .request(leader, kind, body, Duration::from_millis(request_timeout_ms))
+                .request(
+                    leader,
+                    kind,
+                    body,
+                    Duration::from_millis(request_timeout_ms),
+                )
                 .await
                 .ok()?;
             match mesh_codec::decode(report_reply_what, &answer).ok()? {
@@ -1423,7 +1435,8 @@ async fn memory() -> Result<()> {
         .clone();
     let mut bed = Bed::start(0, 0, RaftSettings::default(), 1).await?;
     let port = std::net::UdpSocket::bind(loopback())?.local_addr()?.port();
-    bed.addrs.insert(1, SocketAddr::from(([127, 0, 0, 1], port)));
+    bed.addrs
+        .insert(1, SocketAddr::from(([127, 0, 0, 1], port)));
     let trusted = BTreeMap::from([(1u64, replica_key(1).verifying_key())]);
     let t0 = Instant::now();
     let mut host_addrs = BTreeMap::new();
