@@ -190,7 +190,11 @@ pub async fn start_on(
     let file_floor = read_floor(&dir)?;
     let unproven = super::floor::read_unproven(&dir)?;
     if let Some(restored) = unproven {
-        tracing::warn!(replica = config.id(), restored, "FLOOR UNPROVEN: this store was restored without its epoch-floor file; as leader it sends nothing until every machine of the model reported the epoch it holds (decision 0274)");
+        tracing::warn!(
+            replica = config.id(),
+            restored,
+            "FLOOR UNPROVEN: this store was restored without its epoch-floor file; as leader it sends nothing until every machine of the model reported the epoch it holds (decision 0274)"
+        );
     }
     let store_reset = check_reset(config.id(), store_floor, file_floor);
     let term_floor = store_floor.max(file_floor);

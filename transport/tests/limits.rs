@@ -130,11 +130,21 @@ async fn limits_replicas_and_operators_get_the_full_stream_credit_a_host_only_th
     // operator or a replica. A host sends one report at a time and keeps the small credit.
     let pki = Pki::new();
     let unproven = mesh_transport::tls::streams_unproven as usize;
-    let operator_max = most_in_handler(&pki, &operator("alice"), MessageKind::Command, 64, 64).await;
-    assert_eq!(operator_max, 64, "an operator's connection is raised to the config's 64 streams");
+    let operator_max =
+        most_in_handler(&pki, &operator("alice"), MessageKind::Command, 64, 64).await;
+    assert_eq!(
+        operator_max, 64,
+        "an operator's connection is raised to the config's 64 streams"
+    );
     let replica_max = most_in_handler(&pki, &replica(2), MessageKind::Raft, 64, 64).await;
-    assert_eq!(replica_max, 64, "a replica's connection is raised to the config's 64 streams");
+    assert_eq!(
+        replica_max, 64,
+        "a replica's connection is raised to the config's 64 streams"
+    );
     let host = host("ace");
     let host_max = most_in_handler(&pki, &host, report("ace"), 32, unproven).await;
-    assert_eq!(host_max, unproven, "a host keeps {unproven} streams in flight at most");
+    assert_eq!(
+        host_max, unproven,
+        "a host keeps {unproven} streams in flight at most"
+    );
 }
