@@ -9,9 +9,10 @@ use mesh::core::report::ReportPosition;
 use mesh::store::command::SendRecord;
 
 use crate::history::{Answered, Event, History, Op, OpId, Tick};
+use crate::linear::{self, Kind, RegisterOp, Stuck, Verdict};
 
 /// The checkers, by name, in the order they run.
-pub const checker_names: [&str; 12] = [
+pub const checker_names: [&str; 13] = [
     "history complete",
     "no stale epoch written",
     "no host applies at or below its mark",
@@ -24,6 +25,7 @@ pub const checker_names: [&str; 12] = [
     "converged after heal",
     "no epoch reused after a restore",
     "replicas agree at the end",
+    "the history of operator writes is linearizable",
 ];
 
 /// One broken guarantee, with the tick it was seen at (when there is one).
@@ -69,8 +71,20 @@ pub struct Final {
     pub disagree: Vec<String>,
 }
 
-/// Runs every checker.
+/// Every checker's violations, and the keys the linearizability search could not decide.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Checked {
+    pub violations: Vec<Violation>,
+    pub undecided: Vec<String>,
+}
+
+/// Runs every checker; the violations only (see [`check_run`] for the undecided keys too).
 pub fn check_all(history: &History, last: &Final) -> Vec<Violation> {
+    check_run(history, last).violations
+}
+
+/// Runs every checker.
+pub fn check_run(history: &History, last: &Final) -> Checked {
     let mut out = complete(history);
     out.extend(no_stale_epoch_written(history));
     out.extend(no_apply_at_or_below_mark(history));
@@ -83,7 +97,12 @@ pub fn check_all(history: &History, last: &Final) -> Vec<Violation> {
     out.extend(converged(last));
     out.extend(no_epoch_reused_after_restore(history));
     out.extend(replicas_agree(last));
-    out
+    let linearized = operator_writes_linearizable(history, last);
+    out.extend(linearized.violations);
+    Checked {
+        violations: out,
+        undecided: linearized.undecided,
+    }
 }
 
 /// Every replica holds the same state and sends once all applied the same index (a store
@@ -169,10 +188,8 @@ pub fn no_stale_epoch_written(history: &History) -> Vec<Violation> {
             // Terms after a restore are the restored cluster's: "no epoch reused after a
             // restore" checks them against what came before.
             Event::Restored { .. } => granted = None,
-            Event::LeaseGranted { replica, term } => {
-                if granted.is_none_or(|(t, _, _)| *term > t) {
-                    granted = Some((*term, *replica, tick));
-                }
+            Event::LeaseGranted { replica, term } if granted.is_none_or(|(t, _, _)| *term > t) => {
+                granted = Some((*term, *replica, tick));
             }
             Event::WriteAllowed {
                 replica,
@@ -483,23 +500,30 @@ pub fn each_refusal_counted_once(history: &History, last: &Final) -> Vec<Violati
     out
 }
 
-/// Every acknowledged operator write survives: each settings key and the model end as the last
-/// acknowledged write left them, or as a later write whose outcome is unknown; a refused write
-/// never shows.
+/// Every acknowledged operator write survives: each settings key and the model end as a write
+/// left them that no acknowledged write followed in real time (one invoked after it was
+/// answered), or as a write whose outcome is unknown (it may take effect at any time after it was
+/// invoked); a refused write never shows. With one writer per key this is "the last acknowledged
+/// write, or a later one of unknown outcome"; with several, any acknowledged write that no other
+/// acknowledged write strictly followed may end last.
 pub fn acknowledged_writes_survive(history: &History, last: &Final) -> Vec<Violation> {
-    // Per thing written ("setting <key>" or "model"): (value, op, answer) in invoke order.
-    let mut invoked: BTreeMap<OpId, (String, String)> = BTreeMap::new();
-    let mut writes: BTreeMap<String, Vec<(String, Option<Answered>)>> = BTreeMap::new();
+    struct Write {
+        value: String,
+        invoked: Tick,
+        done: Option<(Tick, Answered)>,
+    }
+    // Per thing written ("setting <key>" or "model"), in invoke order.
+    let mut writes: BTreeMap<String, Vec<Write>> = BTreeMap::new();
     let mut index: BTreeMap<OpId, (String, usize)> = BTreeMap::new();
     // Values any write before the last restore may have left in the backup.
     let mut before_restore: BTreeMap<String, BTreeSet<Option<String>>> = BTreeMap::new();
-    for (_, e) in history.ticked() {
+    for (tick, e) in history.ticked() {
         match e {
             Event::Restored { .. } => {
                 for (thing, list) in std::mem::take(&mut writes) {
                     let kept = before_restore.entry(thing).or_default();
                     kept.insert(None);
-                    kept.extend(list.into_iter().map(|(v, _)| Some(v)));
+                    kept.extend(list.into_iter().map(|w| Some(w.value)));
                 }
                 index.clear();
             }
@@ -507,18 +531,21 @@ pub fn acknowledged_writes_survive(history: &History, last: &Final) -> Vec<Viola
                 let (thing, value) = match what {
                     Op::Set { key, value } => (format!("setting {key}"), value.clone()),
                     Op::Apply { tag } => ("model".to_string(), tag.to_string()),
-                    Op::Push { .. } => continue,
+                    Op::Push { .. } | Op::Read => continue,
                 };
                 let list = writes.entry(thing.clone()).or_default();
-                index.insert(*op, (thing.clone(), list.len()));
-                list.push((value.clone(), None));
-                invoked.insert(*op, (thing, value));
+                index.insert(*op, (thing, list.len()));
+                list.push(Write {
+                    value,
+                    invoked: tick,
+                    done: None,
+                });
             }
             Event::Done { op, answer } => {
                 if let Some((thing, i)) = index.get(op)
                     && let Some(w) = writes.get_mut(thing).and_then(|l| l.get_mut(*i))
                 {
-                    w.1 = Some(answer.clone());
+                    w.done = Some((tick, answer.clone()));
                 }
             }
             _ => {}
@@ -530,27 +557,31 @@ pub fn acknowledged_writes_survive(history: &History, last: &Final) -> Vec<Viola
             Some(key) => last.settings.get(key).cloned(),
             None => last.apply_tag.map(|t| t.to_string()),
         };
-        let acked = list
+        let acked: Vec<&Write> = list
             .iter()
-            .rposition(|(_, a)| matches!(a, Some(Answered::Ok { .. })));
+            .filter(|w| matches!(w.done, Some((_, Answered::Ok { .. }))))
+            .collect();
         let mut allowed: BTreeSet<Option<String>> = BTreeSet::new();
-        match acked {
-            Some(i) => {
-                allowed.insert(Some(list[i].0.clone()));
-            }
-            // Nothing acknowledged since a restore: whatever the backup held.
-            None if before_restore.contains_key(thing) => {
-                allowed.extend(before_restore[thing].iter().cloned());
-            }
-            // Nothing acknowledged: the value before the run, or any write that may have happened.
-            None => {
-                allowed.insert(None);
+        if acked.is_empty() {
+            match before_restore.get(thing) {
+                // Nothing acknowledged since a restore: whatever the backup held.
+                Some(kept) => allowed.extend(kept.iter().cloned()),
+                // Nothing acknowledged: the value before the run.
+                None => {
+                    allowed.insert(None);
+                }
             }
         }
-        let from = acked.map_or(0, |i| i + 1);
-        for (value, answer) in &list[from..] {
-            if !matches!(answer, Some(Answered::Refused(_))) {
-                allowed.insert(Some(value.clone()));
+        for w in list {
+            let answered_at = match &w.done {
+                Some((_, Answered::Refused(_))) => continue,
+                Some((t, Answered::Ok { .. })) => Some(*t),
+                // Unknown (or no answer at all): it may take effect any time after its invocation.
+                _ => None,
+            };
+            let followed = answered_at.is_some_and(|t| acked.iter().any(|a| a.invoked > t));
+            if !followed {
+                allowed.insert(Some(w.value.clone()));
             }
         }
         if !allowed.contains(&now) {
@@ -558,8 +589,10 @@ pub fn acknowledged_writes_survive(history: &History, last: &Final) -> Vec<Viola
                 checker_names[8],
                 None,
                 format!(
-                    "{thing} ends as {now:?}; the last acknowledged write {} leaves only {allowed:?}",
-                    acked.map_or("(none)".to_string(), |i| list[i].0.clone())
+                    "{thing} ends as {now:?}; the acknowledged writes (the last invoked: {}) leave only {allowed:?}",
+                    acked
+                        .last()
+                        .map_or("(none)".to_string(), |w| w.value.clone())
                 ),
             ));
         }
@@ -573,4 +606,227 @@ pub fn converged(last: &Final) -> Vec<Violation> {
         .iter()
         .map(|why| violation(checker_names[9], None, why.clone()))
         .collect()
+}
+
+/// States the linearizability search explores per key at most; a key whose search reaches it is
+/// reported undecided (neither passed nor failed).
+pub const linearizable_states_max: u64 = 1_000_000;
+
+/// What "the history of operator writes is linearizable" found: violations, and the keys whose
+/// search hit [`linearizable_states_max`] (undecided: counted apart, never passed).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Linearized {
+    pub violations: Vec<Violation>,
+    pub undecided: Vec<String>,
+}
+
+/// Each settings key of `module/db`, as a register, is linearizable over the operators' writes
+/// and reads (`settings show module/db`) and the store's value at the end (a read after every
+/// operation ended). An acknowledged write takes effect once between its invocation and its
+/// answer; a write of unknown outcome at any point after its invocation, or never; a refused one
+/// never (the API's promise for the refused and invalid classes); a read that failed constrains
+/// nothing. Keys are checked one at a time (P-compositionality). After a restore from an older
+/// backup only what was invoked after the last restore is checked, from any value written before
+/// it (or none): the backup may hold any of them.
+pub fn operator_writes_linearizable(history: &History, last: &Final) -> Linearized {
+    let from = last_restore(history);
+    let mut invoked: BTreeMap<OpId, (Tick, u64, &Op)> = BTreeMap::new();
+    // Per key: the writes and their answers since the last restore.
+    let mut writes: BTreeMap<&str, Vec<RegisterOp>> = BTreeMap::new();
+    let mut refused: BTreeMap<(&str, &str), OpId> = BTreeMap::new();
+    let mut reads: Vec<(RegisterOp, &BTreeMap<String, String>)> = Vec::new();
+    let mut before: BTreeMap<&str, BTreeSet<Option<String>>> = BTreeMap::new();
+    for (tick, e) in history.ticked() {
+        match e {
+            Event::Invoked { op, via, what } => {
+                invoked.insert(*op, (tick, *via, what));
+            }
+            Event::Done { op, answer } => {
+                let Some((at, via, what)) = invoked.remove(op) else {
+                    continue;
+                };
+                let since = from.is_none_or(|r| at > r);
+                match (what, answer) {
+                    (Op::Set { key, value }, Answered::Refused(_)) => {
+                        refused.insert((key, value), *op);
+                    }
+                    (Op::Set { key, value }, answer) if !since => {
+                        let _ = answer;
+                        before.entry(key).or_default().insert(Some(value.clone()));
+                    }
+                    (Op::Set { key, value }, answer) => {
+                        let acked = matches!(answer, Answered::Ok { .. });
+                        writes.entry(key).or_default().push(RegisterOp {
+                            op: *op,
+                            invoked: at,
+                            done: acked.then_some(tick),
+                            kind: Kind::Write(value.clone()),
+                            about: format!(
+                                "set {key}={value} via replica {via}, {}",
+                                if acked {
+                                    "acknowledged".to_string()
+                                } else {
+                                    format!("outcome unknown ({answer:?})")
+                                }
+                            ),
+                        });
+                    }
+                    (Op::Read, Answered::Read { replica, values }) if since => {
+                        let read = RegisterOp {
+                            op: *op,
+                            invoked: at,
+                            done: Some(tick),
+                            kind: Kind::Read(None),
+                            about: format!("read via replica {via}, answered by replica {replica}"),
+                        };
+                        reads.push((read, values));
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    // Writes never answered (the run ended first): outcome unknown.
+    for (op, (at, via, what)) in invoked {
+        if let Op::Set { key, value } = what
+            && from.is_none_or(|r| at > r)
+        {
+            writes.entry(key).or_default().push(RegisterOp {
+                op,
+                invoked: at,
+                done: None,
+                kind: Kind::Write(value.clone()),
+                about: format!("set {key}={value} via replica {via}, never answered"),
+            });
+        }
+    }
+    let mut keys: BTreeSet<&str> = writes.keys().copied().collect();
+    keys.extend(before.keys().copied());
+    keys.extend(last.settings.keys().map(String::as_str));
+    for (_, values) in &reads {
+        keys.extend(values.keys().map(String::as_str));
+    }
+    let end = history.events.len() as Tick;
+    let mut out = Linearized::default();
+    for key in keys {
+        let mut ops = writes.get(key).cloned().unwrap_or_default();
+        for (read, values) in &reads {
+            let mut read = read.clone();
+            read.kind = Kind::Read(values.get(key).cloned());
+            ops.push(read);
+        }
+        ops.push(RegisterOp {
+            op: 0,
+            invoked: end,
+            done: Some(end + 1),
+            kind: Kind::Read(last.settings.get(key).cloned()),
+            about: "the store's value at the end (read from the leader once all replicas agreed)"
+                .to_string(),
+        });
+        let mut initial: BTreeSet<Option<String>> = BTreeSet::from([None]);
+        if from.is_some() {
+            initial.extend(before.get(key).cloned().unwrap_or_default());
+        }
+        let initial: Vec<Option<String>> = initial.into_iter().collect();
+        if let Some(v) = never_written(key, &ops, &initial, &refused, from) {
+            out.violations.push(v);
+            continue;
+        }
+        match linear::check(&ops, &initial, linearizable_states_max) {
+            Verdict::Linearizable => {}
+            Verdict::Undecided { states } => out.undecided.push(format!(
+                "setting {key}: {} operations, no answer after {states} states",
+                ops.len()
+            )),
+            Verdict::Not(stuck) => out.violations.push(not_linearizable(key, &stuck, from)),
+        }
+    }
+    out
+}
+
+/// A read (or the end) showing a value of `key` that no write which may have taken effect wrote:
+/// never written, written by a refused write, or only before the last restore.
+fn never_written(
+    key: &str,
+    ops: &[RegisterOp],
+    initial: &[Option<String>],
+    refused: &BTreeMap<(&str, &str), OpId>,
+    from: Option<Tick>,
+) -> Option<Violation> {
+    let written: BTreeSet<&str> = ops
+        .iter()
+        .filter_map(|o| match &o.kind {
+            Kind::Write(v) => Some(v.as_str()),
+            Kind::Read(_) => None,
+        })
+        .collect();
+    for o in ops {
+        let Kind::Read(Some(v)) = &o.kind else {
+            continue;
+        };
+        if written.contains(v.as_str()) || initial.contains(&Some(v.clone())) {
+            continue;
+        }
+        let why = match refused.get(&(key, v.as_str())) {
+            Some(w) => format!("only op {w} wrote it, and it was refused (nothing written)"),
+            None if from.is_some() => {
+                "no operator wrote it since the last restore, nor before it".to_string()
+            }
+            None => "no operator wrote it".to_string(),
+        };
+        let at = (o.op != 0).then_some(o.invoked);
+        let who = if o.op == 0 {
+            o.about.clone()
+        } else {
+            format!("op {} ({})", o.op, o.about)
+        };
+        return Some(violation(
+            checker_names[12],
+            at,
+            format!("setting {key}: {who} read {v:?}, but {why}"),
+        ));
+    }
+    None
+}
+
+fn not_linearizable(key: &str, stuck: &Stuck, from: Option<Tick>) -> Violation {
+    let b = &stuck.blocked;
+    let what = match &b.kind {
+        Kind::Read(v) => format!("read {v:?}"),
+        Kind::Write(v) => format!("wrote {v:?}"),
+    };
+    let by = stuck.written_by.map_or(
+        "no write since: the value it started from".to_string(),
+        |w| format!("written by op {w}"),
+    );
+    let since = from.map_or(String::new(), |r| {
+        format!(" (since the restore at #{r:06})")
+    });
+    let who = if b.op == 0 {
+        b.about.clone()
+    } else {
+        format!(
+            "op {} ({}, #{:06}–{})",
+            b.op,
+            b.about,
+            b.invoked,
+            done_at(b.done)
+        )
+    };
+    violation(
+        checker_names[12],
+        (b.op != 0).then_some(b.invoked),
+        format!(
+            "setting {key}: no order of its {} operations{since} fits their real-time order: at best {} take effect, leaving {:?} ({by}), and then {who} {what}, which no order allows",
+            stuck.of, stuck.taken, stuck.value
+        ),
+    )
+}
+
+fn done_at(done: Option<Tick>) -> String {
+    match done {
+        Some(t) => format!("#{t:06}"),
+        None => "unanswered".to_string(),
+    }
 }

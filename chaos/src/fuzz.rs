@@ -218,12 +218,12 @@ fn raft_requests() -> Vec<RaftRequest> {
     vec![
         RaftRequest {
             from: 2,
-            timings: timings.clone(),
+            timings,
             call: RaftCall::Vote(VoteRequest::new(Vote::new(4, 2), Some(log_id(3, 12)))),
         },
         RaftRequest {
             from: 2,
-            timings: timings.clone(),
+            timings,
             call: RaftCall::InstallSnapshot(InstallSnapshotRequest {
                 vote: Vote::new_committed(4, 2),
                 meta: SnapshotMeta {

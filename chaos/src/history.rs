@@ -7,6 +7,7 @@
 //! code emits them (a tracing event, `observe.rs`), so the order of ticks is consistent with real
 //! time across tasks: "after a lease of term 5 was granted, nothing of epoch 4 was written".
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -31,6 +32,8 @@ pub enum Op {
     Apply { tag: u64 },
     /// `settings set module/db key=value`.
     Set { key: String, value: String },
+    /// `settings show module/db`: a read of every key of the layer.
+    Read,
     /// A push whose `why` is `why` (unique in the run).
     Push {
         why: String,
@@ -46,6 +49,12 @@ pub enum Answered {
     /// is `Some((sequence, digest short))` for an applied, sent or refused line.
     Ok {
         lines: Vec<(String, Option<(u64, String)>)>,
+    },
+    /// A read answered by replica `replica` (the leader the request reached): the layer's keys
+    /// and values as it held them (a key not in it was not set).
+    Read {
+        replica: u64,
+        values: BTreeMap<String, String>,
     },
     /// Refused or invalid: nothing was written (the API's promise).
     Refused(String),

@@ -1,6 +1,6 @@
 //! `cargo run --release -p mesh-chaos -- --runs N [--mix NAME] [--seed S] [--chaos-ms MS] [--minutes M] [--jobs J]`:
 //! seeded chaos runs over the real controller, a table per mix (runs, faults by kind, checks,
-//! violations); exits 1 on any violation or stuck run, printing its seed and replay command.
+//! violations, undecided runs); exits 1 on any violation, undecided or stuck run, printing its seed and replay command.
 //! `--jobs J` splits the seeds into J ranges run at once by child processes of this binary (the
 //! tracing layer a run reads is global per process) and adds their tables up.
 //!
@@ -130,9 +130,12 @@ struct Tally {
     done: u64,
     checks: u64,
     violations: u64,
+    /// Runs with a key the linearizability search could not decide (hit its state limit).
+    undecided: u64,
     stuck: u64,
     requests: u64,
     acked: u64,
+    reads: u64,
     writes: u64,
     applies: u64,
     failures: Vec<String>,
@@ -151,9 +154,11 @@ impl Tally {
         self.done += other.done;
         self.checks += other.checks;
         self.violations += other.violations;
+        self.undecided += other.undecided;
         self.stuck += other.stuck;
         self.requests += other.requests;
         self.acked += other.acked;
+        self.reads += other.reads;
         self.writes += other.writes;
         self.applies += other.applies;
         self.failures.extend(other.failures);
@@ -162,13 +167,15 @@ impl Tally {
     /// The counts as `TALLY key=n ...` (fault kinds as `fault:<name>=n`).
     fn line(&self) -> String {
         let mut out = format!(
-            "{tally_tag} done={} checks={} violations={} stuck={} requests={} acked={} writes={} applies={}",
+            "{tally_tag} done={} checks={} violations={} undecided={} stuck={} requests={} acked={} reads={} writes={} applies={}",
             self.done,
             self.checks,
             self.violations,
+            self.undecided,
             self.stuck,
             self.requests,
             self.acked,
+            self.reads,
             self.writes,
             self.applies
         );
@@ -190,6 +197,8 @@ impl Tally {
                 "done" => t.done = n,
                 "checks" => t.checks = n,
                 "violations" => t.violations = n,
+                "undecided" => t.undecided = n,
+                "reads" => t.reads = n,
                 "stuck" => t.stuck = n,
                 "requests" => t.requests = n,
                 "acked" => t.acked = n,
@@ -224,10 +233,12 @@ impl Tally {
         }
         println!("{:<22} {:>8}", "operator requests", self.requests);
         println!("{:<22} {:>8}", "  acknowledged", self.acked);
+        println!("{:<22} {:>8}", "  settings reads", self.reads);
         println!("{:<22} {:>8}", "envelope writes", self.writes);
         println!("{:<22} {:>8}", "host applies", self.applies);
         println!("{:<22} {:>8}", "checks", self.checks);
         println!("{:<22} {:>8}", "violations", self.violations);
+        println!("{:<22} {:>8}", "undecided runs", self.undecided);
         for f in &self.failures {
             println!("{failed_tag} {mix} {f}");
         }
@@ -287,6 +298,7 @@ async fn runs_here(mix: Mix, parsed: &RunArgs) -> Tally {
                 t.violations += outcome.violations.len() as u64;
                 t.requests += outcome.stats.ops.requests;
                 t.acked += outcome.stats.ops.acked;
+                t.reads += outcome.stats.ops.reads;
                 t.writes += outcome.stats.writes;
                 t.applies += outcome.stats.applies;
                 for (f, n) in &outcome.stats.faults {
@@ -298,6 +310,18 @@ async fn runs_here(mix: Mix, parsed: &RunArgs) -> Tally {
                     run_started.elapsed().as_secs_f64(),
                     outcome.stats
                 );
+                if !outcome.undecided.is_empty() {
+                    t.undecided += 1;
+                    eprintln!(
+                        "{mix} seed {seed}: UNDECIDED (linearizability search limit): {}",
+                        outcome.undecided.join("; ")
+                    );
+                    t.failures.push(format!(
+                        "seed {seed}: undecided ({}); replay: {}",
+                        outcome.undecided.join("; "),
+                        spec.replay()
+                    ));
+                }
                 if !outcome.violations.is_empty() {
                     eprintln!("{}", outcome.report);
                     t.failures.push(format!(
@@ -452,6 +476,7 @@ mod tests {
             done: 7,
             checks: 84,
             violations: 2,
+            undecided: 1,
             stuck: 1,
             requests: 300,
             acked: 250,

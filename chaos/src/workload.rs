@@ -1,8 +1,11 @@
 //! The operator workload of a run: real requests through real replicas (any replica; followers
-//! forward). Two operators, each sequential, drawn from the seed: one applies models (the consumer
-//! `app` added on `bex` or `cor`, moved, removed; the mount-holding `cache` moved between machines)
-//! and pushes; the other sets settings of module `db` and pushes. Pushes are named, `--behind`,
-//! `--all`, with or without `--move cache`. Every request is recorded with its answer.
+//! forward). Three operators, each sequential, drawn from the seed: operator 0 applies models (the
+//! consumer `app` added on `bex` or `cor`, moved, removed; the mount-holding `cache` moved between
+//! machines), reads settings and pushes; operator 1 sets the keys of module `db` only it writes
+//! ([`setting_keys`]) and the keys it shares with operator 2 ([`contended_keys`]), reads them and
+//! pushes; operator 2 sets the shared keys and reads. Pushes are named, `--behind`, `--all`, with
+//! or without `--move cache`. A read is `settings show module/db`, the request `meshctl` sends.
+//! Every request is recorded with its answer.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -18,8 +21,12 @@ use crate::bed::{Cluster, machines, replicas_n};
 use crate::history::{Answered, Event, Op};
 use crate::rng::Rng;
 
-/// Keys of `module/db` the settings operator writes.
+/// Keys of `module/db` only operator 1 writes (one writer per key).
 pub const setting_keys: [&str; 3] = ["pool", "mode", "level"];
+/// Keys of `module/db` operators 1 and 2 both write: concurrent writes of one key.
+pub const contended_keys: [&str; 2] = ["shared", "owner"];
+/// Operators in a run.
+pub const operators_n: u64 = 3;
 /// Longest pause between two requests of one operator.
 pub const think_ms_max: u64 = 150;
 
@@ -67,24 +74,67 @@ pub struct Tally {
     pub acked: u64,
     pub unknown: u64,
     pub refused: u64,
+    /// Reads among the requests, and how many of them were answered with values.
+    pub reads: u64,
+    pub reads_answered: u64,
 }
 
-/// Runs the two operators until `stop`; returns what they did.
+/// Runs the operators until `stop`; returns what they did.
 pub async fn operate(
     cluster: Arc<RwLock<Cluster>>,
     seed: u64,
     stop: watch::Receiver<bool>,
 ) -> Tally {
-    let a = tokio::spawn(one_operator(cluster.clone(), seed, 0, stop.clone()));
-    let b = tokio::spawn(one_operator(cluster, seed, 1, stop));
+    let mut running = Vec::new();
+    for who in 0..operators_n {
+        running.push(tokio::spawn(one_operator(
+            cluster.clone(),
+            seed,
+            who,
+            stop.clone(),
+        )));
+    }
     let mut tally = Tally::default();
-    for t in [a.await, b.await].into_iter().flatten() {
+    for t in running {
+        let Ok(t) = t.await else { continue };
         tally.requests += t.requests;
         tally.acked += t.acked;
         tally.unknown += t.unknown;
         tally.refused += t.refused;
+        tally.reads += t.reads;
+        tally.reads_answered += t.reads_answered;
     }
     tally
+}
+
+/// A `settings set module/db key=value` of apply number `tag`.
+fn set(key: &str, tag: u64) -> (Op, Request) {
+    let value = format!("v{tag}");
+    let layer = BTreeMap::from([(key.to_string(), value.clone())]);
+    (
+        Op::Set {
+            key: key.to_string(),
+            value,
+        },
+        Request::SettingsSet {
+            scope: Scope::Module("db".into()),
+            layer,
+            remove: BTreeSet::new(),
+            replace: false,
+            why: format!("chaos set {tag}"),
+        },
+    )
+}
+
+/// `settings show module/db`, as `meshctl settings show module/db` asks it.
+fn read() -> (Op, Request) {
+    (
+        Op::Read,
+        Request::SettingsShow {
+            scope: Some(Scope::Module("db".into())),
+            history: false,
+        },
+    )
 }
 
 async fn one_operator(
@@ -108,21 +158,15 @@ async fn one_operator(
                     drain: false,
                 },
             ),
-            (1, 0..=4) => {
-                let key = setting_keys[rng.below(setting_keys.len() as u64) as usize].to_string();
-                let value = format!("v{tag}");
-                let layer = BTreeMap::from([(key.clone(), value.clone())]);
-                (
-                    Op::Set { key, value },
-                    Request::SettingsSet {
-                        scope: Scope::Module("db".into()),
-                        layer,
-                        remove: BTreeSet::new(),
-                        replace: false,
-                        why: format!("chaos set {tag}"),
-                    },
-                )
-            }
+            (0, 4) | (1, 5..=6) | (2, 6..=9) => read(),
+            (1, 0..=2) => set(
+                setting_keys[rng.below(setting_keys.len() as u64) as usize],
+                tag,
+            ),
+            (1, 3..=4) | (2, 0..=5) => set(
+                contended_keys[rng.below(contended_keys.len() as u64) as usize],
+                tag,
+            ),
             _ => {
                 let target = match rng.below(4) {
                     0 => PushTarget::All,
@@ -157,9 +201,17 @@ async fn one_operator(
         };
         let via = 1 + rng.below(replicas_n);
         let think = rng.below(think_ms_max);
+        let is_read = op == Op::Read;
         let answered = ask_recorded(&cluster, via, op, request).await;
         tally.requests += 1;
+        if is_read {
+            tally.reads += 1;
+        }
         match answered {
+            Answered::Read { .. } => {
+                tally.acked += 1;
+                tally.reads_answered += 1;
+            }
             Answered::Ok { .. } => tally.acked += 1,
             Answered::Refused(_) => tally.refused += 1,
             Answered::Unknown(_) => tally.unknown += 1,
@@ -194,7 +246,7 @@ pub async fn ask_recorded(
                         }
                     }
                 }
-                answered(answer.body)
+                answered(answer.replica, answer.body)
             }
         },
     };
@@ -206,8 +258,17 @@ pub async fn ask_recorded(
     answered
 }
 
-fn answered(body: Result<Body, ApiError>) -> Answered {
+fn answered(replica: u64, body: Result<Body, ApiError>) -> Answered {
     match body {
+        Ok(Body::Settings(view)) => Answered::Read {
+            replica,
+            values: view
+                .layers
+                .into_iter()
+                .find(|(scope, _)| *scope == Scope::Module("db".into()))
+                .map(|(_, layer)| layer.into_iter().collect())
+                .unwrap_or_default(),
+        },
         Ok(Body::Push(view)) => Answered::Ok {
             lines: view
                 .lines

@@ -6,11 +6,12 @@ use mesh::core::report::ReportPosition;
 use mesh::store::command::SendRecord;
 use mesh_chaos::checkers::{
     Final, accounts_never_regress, acknowledged_writes_survive, applied_has_send_record, check_all,
-    complete, converged, each_refusal_counted_once, no_apply_at_or_below_mark,
+    check_run, complete, converged, each_refusal_counted_once, no_apply_at_or_below_mark,
     no_epoch_reused_after_restore, no_push_runs_twice, no_stale_epoch_written,
-    push_names_recorded_machines, replicas_agree,
+    operator_writes_linearizable, push_names_recorded_machines, replicas_agree,
 };
 use mesh_chaos::history::{Answered, Event, History, Op};
+use mesh_chaos::linear::{self, Kind, RegisterOp, Verdict};
 
 fn lease(replica: u64, term: u64) -> Event {
     Event::LeaseGranted { replica, term }
@@ -414,4 +415,307 @@ fn g9_what_an_older_backup_lost_is_not_held_against_the_store() {
     assert!(applied_has_send_record(&lost, &Final::default()).is_empty());
     let after = History::of(vec![restored(), applied("ace", 4, 1, 7)]);
     assert_eq!(applied_has_send_record(&after, &Final::default()).len(), 1);
+}
+
+fn read(op: u64) -> Event {
+    Event::Invoked {
+        op,
+        via: 2,
+        what: Op::Read,
+    }
+}
+
+/// A read's answer: `pairs` are the keys it found set.
+fn read_done(op: u64, pairs: &[(&str, &str)]) -> Event {
+    Event::Done {
+        op,
+        answer: Answered::Read {
+            replica: 1,
+            values: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        },
+    }
+}
+
+fn unknown() -> Answered {
+    Answered::Unknown("no answer within 3998 ms".into())
+}
+
+fn ending(pairs: &[(&str, &str)]) -> Final {
+    Final {
+        settings: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Final::default()
+    }
+}
+
+fn linearizable(history: &History, last: &Final) -> Vec<String> {
+    let found = operator_writes_linearizable(history, last);
+    assert!(found.undecided.is_empty(), "{:?}", found.undecided);
+    found.violations.iter().map(|v| v.to_string()).collect()
+}
+
+#[test]
+fn linearizable_concurrent_writes_and_reads_of_one_key_pass() {
+    // Two writers of `shared` overlap; reads during the overlap may see either, and once a read
+    // saw the second one to take effect, later reads see it too.
+    let history = History::of(vec![
+        set(1, "shared", "a"),
+        set(2, "shared", "b"),
+        read(3),
+        read_done(3, &[("shared", "b")]),
+        done(1, ok()),
+        read(4),
+        read_done(4, &[("shared", "a")]),
+        done(2, ok()),
+        read(5),
+        read_done(5, &[("shared", "a")]),
+    ]);
+    assert_eq!(
+        linearizable(&history, &ending(&[("shared", "a")])),
+        Vec::<String>::new()
+    );
+    assert!(check_all(&history, &ending(&[("shared", "a")])).is_empty());
+}
+
+#[test]
+fn a_stale_read_after_an_acknowledged_write_is_named_with_key_op_and_values() {
+    // v2 was acknowledged before read 3 was invoked: reading v1 then is stale.
+    let history = History::of(vec![
+        set(1, "mode", "v1"),
+        done(1, ok()),
+        set(2, "mode", "v2"),
+        done(2, ok()),
+        read(3),
+        read_done(3, &[("mode", "v1")]),
+    ]);
+    let found = linearizable(&history, &ending(&[("mode", "v2")]));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains("setting mode")
+            && found[0].contains("op 3 (read via replica 2, answered by replica 1")
+            && found[0].contains("read Some(\"v1\")")
+            && found[0].contains("leaving Some(\"v2\") (written by op 2)"),
+        "{}",
+        found[0]
+    );
+    // The same read overlapping the write may see either value.
+    let overlapping = History::of(vec![
+        set(1, "mode", "v1"),
+        done(1, ok()),
+        set(2, "mode", "v2"),
+        read(3),
+        read_done(3, &[("mode", "v1")]),
+        done(2, ok()),
+    ]);
+    assert!(linearizable(&overlapping, &ending(&[("mode", "v2")])).is_empty());
+    // Two reads that disagree with each other in order: v2 seen, then v1 again.
+    let flip = History::of(vec![
+        set(1, "mode", "v1"),
+        done(1, ok()),
+        set(2, "mode", "v2"),
+        read(3),
+        read_done(3, &[("mode", "v2")]),
+        read(4),
+        read_done(4, &[("mode", "v1")]),
+        done(2, ok()),
+    ]);
+    let found = linearizable(&flip, &ending(&[("mode", "v2")]));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("op 4"), "{}", found[0]);
+}
+
+#[test]
+fn a_read_of_a_value_never_written_or_only_refused_is_named() {
+    let history = History::of(vec![
+        set(1, "pool", "v1"),
+        done(
+            1,
+            Answered::Refused("settings module/db: refused at apply".into()),
+        ),
+        read(2),
+        read_done(2, &[("pool", "v1"), ("level", "v9")]),
+    ]);
+    let found = linearizable(&history, &ending(&[]));
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].contains("setting level") && found[0].contains("no operator wrote it"),
+        "{}",
+        found[0]
+    );
+    assert!(
+        found[1].contains("setting pool")
+            && found[1].contains("read \"v1\"")
+            && found[1].contains("only op 1 wrote it, and it was refused"),
+        "{}",
+        found[1]
+    );
+}
+
+#[test]
+fn an_acknowledged_write_lost_at_the_end_is_named() {
+    let history = History::of(vec![
+        set(1, "shared", "a"),
+        done(1, ok()),
+        set(2, "shared", "b"),
+        done(2, ok()),
+    ]);
+    assert!(linearizable(&history, &ending(&[("shared", "b")])).is_empty());
+    for lost in [ending(&[("shared", "a")]), ending(&[])] {
+        let found = linearizable(&history, &lost);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("setting shared")
+                && found[0].contains("the store's value at the end"),
+            "{}",
+            found[0]
+        );
+    }
+}
+
+#[test]
+fn a_write_of_unknown_outcome_may_show_late_or_never_but_not_come_and_go() {
+    // Write 1 got no answer: reads may miss it and later see it, or never see it.
+    let late = History::of(vec![
+        set(1, "owner", "a"),
+        done(1, unknown()),
+        read(2),
+        read_done(2, &[]),
+        read(3),
+        read_done(3, &[("owner", "a")]),
+    ]);
+    assert!(linearizable(&late, &ending(&[("owner", "a")])).is_empty());
+    assert!(linearizable(&late, &ending(&[("owner", "a")])).is_empty());
+    let never = History::of(vec![
+        set(1, "owner", "a"),
+        done(1, unknown()),
+        read(2),
+        read_done(2, &[]),
+    ]);
+    assert!(linearizable(&never, &ending(&[])).is_empty());
+    // Seen, then gone with no other write: no order allows it.
+    let gone = History::of(vec![
+        set(1, "owner", "a"),
+        done(1, unknown()),
+        read(2),
+        read_done(2, &[("owner", "a")]),
+        read(3),
+        read_done(3, &[]),
+    ]);
+    let found = linearizable(&gone, &ending(&[("owner", "a")]));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains("op 3") && found[0].contains("read None"),
+        "{}",
+        found[0]
+    );
+    // Nor before it was invoked.
+    let early = History::of(vec![
+        read(2),
+        read_done(2, &[("owner", "a")]),
+        set(1, "owner", "a"),
+        done(1, unknown()),
+    ]);
+    assert_eq!(linearizable(&early, &ending(&[("owner", "a")])).len(), 1);
+}
+
+#[test]
+fn only_what_follows_the_last_restore_is_checked_from_any_value_before_it() {
+    // Before the restore: v1 acknowledged, then a read of it. The backup may hold any value
+    // written before the restore, or none; after it, the usual rules.
+    let history = History::of(vec![
+        set(1, "pool", "v1"),
+        done(1, ok()),
+        set(2, "pool", "v2"),
+        done(2, ok()),
+        restored(),
+        read(3),
+        read_done(3, &[("pool", "v1")]),
+        read(4),
+        read_done(4, &[("pool", "v1")]),
+    ]);
+    assert!(linearizable(&history, &ending(&[("pool", "v1")])).is_empty());
+    let flip = History::of(vec![
+        set(1, "pool", "v1"),
+        done(1, ok()),
+        set(2, "pool", "v2"),
+        done(2, ok()),
+        restored(),
+        read(3),
+        read_done(3, &[("pool", "v1")]),
+        read(4),
+        read_done(4, &[("pool", "v2")]),
+    ]);
+    let found = linearizable(&flip, &ending(&[("pool", "v2")]));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("since the restore"), "{}", found[0]);
+}
+
+#[test]
+fn a_search_that_reaches_its_state_limit_is_undecided_not_passed() {
+    // Ten overlapping writes and a read: more orders than a limit of 5 states can try.
+    let mut ops: Vec<RegisterOp> = (0..10)
+        .map(|i| RegisterOp {
+            op: i + 1,
+            invoked: i,
+            done: Some(100 + i),
+            kind: Kind::Write(format!("v{i}")),
+            about: format!("write {i}"),
+        })
+        .collect();
+    ops.push(RegisterOp {
+        op: 11,
+        invoked: 200,
+        done: Some(201),
+        kind: Kind::Read(Some("v0".into())),
+        about: "read".into(),
+    });
+    assert!(matches!(
+        linear::check(&ops, &[None], 5),
+        Verdict::Undecided { .. }
+    ));
+    assert_eq!(
+        linear::check(&ops, &[None], 1_000_000),
+        Verdict::Linearizable
+    );
+    // And the run counts it apart from its violations.
+    let checked = check_run(&History::of(vec![]), &Final::default());
+    assert!(checked.undecided.is_empty() && checked.violations.is_empty());
+}
+
+#[test]
+fn a_write_of_unknown_outcome_may_end_last_even_after_a_later_acknowledged_one() {
+    // Pass E's new-disks 0x5eed_000d: write 7 got no answer, write 8 was then acknowledged, the
+    // model ended as 7. A write with no answer may take effect at any time after it was invoked.
+    let history = History::of(vec![
+        set(7, "pool", "v7"),
+        done(7, unknown()),
+        set(8, "pool", "v8"),
+        done(8, ok()),
+    ]);
+    assert!(acknowledged_writes_survive(&history, &ending(&[("pool", "v7")])).is_empty());
+    assert!(linearizable(&history, &ending(&[("pool", "v7")])).is_empty());
+    // Two writers: either acknowledged write may end last when they overlap, not when one
+    // strictly followed the other.
+    let overlapping = History::of(vec![
+        set(1, "shared", "a"),
+        set(2, "shared", "b"),
+        done(1, ok()),
+        done(2, ok()),
+    ]);
+    for end in ["a", "b"] {
+        assert!(acknowledged_writes_survive(&overlapping, &ending(&[("shared", end)])).is_empty());
+    }
+    let followed = History::of(vec![
+        set(1, "shared", "a"),
+        done(1, ok()),
+        set(2, "shared", "b"),
+        done(2, ok()),
+    ]);
+    let found = acknowledged_writes_survive(&followed, &ending(&[("shared", "a")]));
+    assert_eq!(found.len(), 1, "{found:?}");
 }
