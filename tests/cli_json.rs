@@ -478,7 +478,7 @@ fn history_json_items_are_tagged_model_send_and_settings() {
             epoch: 3,
             sequence: 7,
             digest: digest(0xab),
-            summary,
+            summary: std::sync::Arc::new(summary),
             why: "first send".into(),
             actor: "operator:admin".into(),
             time_ms: t0 + 1000,

@@ -108,7 +108,7 @@ fn all_confirmed(world: &World, cache: &DigestCache) -> BTreeMap<String, Known> 
                 last_sent: Some(*d),
                 confirmed: true,
                 running_mounts: BTreeMap::new(),
-                last_summary: Some(summarize(&composed.declaration)),
+                last_summary: Some(std::sync::Arc::new(summarize(&composed.declaration))),
             };
             (m.clone(), k)
         })

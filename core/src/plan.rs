@@ -175,8 +175,9 @@ pub struct Known {
     pub confirmed: bool,
     /// Running modules → mount name → host_dir, from the last send summary and the account.
     pub running_mounts: BTreeMap<String, BTreeMap<String, String>>,
-    /// The summary of the last send, for the cascade's links (G1).
-    pub last_summary: Option<Summary>,
+    /// The summary of the last send, for the cascade's links (G1). Shared with the store's send
+    /// record: a plan over 10,000 machines copies no summary (decision 0287).
+    pub last_summary: Option<std::sync::Arc<Summary>>,
 }
 
 /// Which machines a push starts from.
@@ -366,7 +367,7 @@ fn dependents(
     let mut out: Vec<(String, Reason)> = Vec::new();
     let mut seen: BTreeSet<String> = BTreeSet::new();
     for x in targets {
-        let last = known.get(x).and_then(|k| k.last_summary.as_ref());
+        let last = known.get(x).and_then(|k| k.last_summary.as_deref());
         for (y, module) in moved_between(world, known, x, last) {
             if !is_target.contains(&y) && seen.insert(y.clone()) {
                 let reason = Reason::Moved {

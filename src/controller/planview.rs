@@ -80,7 +80,7 @@ pub(crate) fn plan_view(
     }
     let mut machines = Vec::new();
     for send in planned.sends.iter().chain(&planned.held) {
-        let last = state.last_sends.get(&send.machine).map(|s| &s.summary);
+        let last = state.last_sends.get(&send.machine).map(|s| &*s.summary);
         machines.push(PlannedMachine {
             machine: send.machine.clone(),
             reason: send.reason.to_string(),

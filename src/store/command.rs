@@ -143,7 +143,9 @@ pub struct SendRecord {
     pub epoch: u64,
     pub sequence: u64,
     pub digest: Digest,
-    pub summary: Summary,
+    /// Shared, not copied, with every plan that reads it (decision 0287); serialized as the
+    /// summary itself, so logs, snapshots and JSON are as before.
+    pub summary: std::sync::Arc<Summary>,
     pub why: String,
     pub actor: String,
     pub time_ms: u64,

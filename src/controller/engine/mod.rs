@@ -829,7 +829,7 @@ fn send_records(
             epoch,
             sequence: state.next_sequence(&s.machine),
             digest: s.digest,
-            summary: summarize(&s.declaration),
+            summary: std::sync::Arc::new(summarize(&s.declaration)),
             why: why.to_string(),
             actor: actor.to_string(),
             time_ms,
@@ -894,7 +894,7 @@ pub(crate) fn known_of(state: &DomainState) -> BTreeMap<String, Known> {
                 last_sent: Some(send.digest),
                 confirmed,
                 running_mounts,
-                last_summary: Some(send.summary.clone()),
+                last_summary: Some(std::sync::Arc::clone(&send.summary)),
             },
         );
     }

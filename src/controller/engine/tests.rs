@@ -648,7 +648,7 @@ fn moved_mount(new_dir: &str, two: bool) -> DomainState {
             epoch: 1,
             sequence: 1,
             digest: crate::core::compose::digest(&composed.declaration),
-            summary: summarize(&composed.declaration),
+            summary: std::sync::Arc::new(summarize(&composed.declaration)),
             why: "first".into(),
             actor: "operator:test".into(),
             time_ms: 0,
