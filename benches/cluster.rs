@@ -58,6 +58,8 @@ const wait_deadline_ms: u64 = 120_000;
 const request_timeout_ms: u64 = 120_000;
 /// Most `push --behind` requests the bench repeats until every machine was applied.
 const push_rounds_max: usize = 20;
+/// The most machines the memory bench pushes again one by one after its `push --all`.
+const memory_repush_max: usize = 500;
 /// How long every pushed machine's report may take to be filed (two host report ticks).
 const confirm_deadline_ms: u64 = 25_000;
 const poll_ms: u64 = 5;
@@ -1525,38 +1527,52 @@ async fn memory() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(settle_s)).await;
     let (composed_idle, _) = rss_of(pid);
     let t1 = Instant::now();
-    let mut sent = 0;
+    // One `push --all`; a machine it could not reach is pushed again by name, so each machine
+    // is sent to once more at most per round (`--behind` would send to all 10,000 again: none
+    // has reported yet, so none is confirmed).
+    let mut applied_to: BTreeSet<String> = BTreeSet::new();
+    let mut left: Vec<PushTarget> = vec![PushTarget::All];
     for round in 1..=push_rounds_max {
-        let request = Request::Push {
-            target: if round == 1 {
-                PushTarget::All
-            } else {
-                PushTarget::Behind
-            },
-            why: "bench memory: sent once".into(),
-            moves: vec![],
-            plan: None,
-        };
-        let view = match bed.ok(1, &request).await? {
-            Body::Push(view) => view,
-            _ => bail!("not a push answer"),
-        };
-        let ok = view
-            .lines
+        let mut lines = Vec::new();
+        for target in std::mem::take(&mut left) {
+            let request = Request::Push {
+                target,
+                why: "bench memory: sent once".into(),
+                moves: vec![],
+                plan: None,
+            };
+            match bed.ok(1, &request).await? {
+                Body::Push(view) => lines.extend(view.lines),
+                _ => bail!("not a push answer"),
+            }
+        }
+        for line in &lines {
+            if matches!(line.outcome, PushOutcome::Applied { .. }) {
+                applied_to.insert(line.machine.clone());
+            }
+        }
+        left = lines
             .iter()
-            .filter(|l| matches!(l.outcome, PushOutcome::Applied { .. }))
-            .count();
-        sent += ok;
+            .filter(|l| !applied_to.contains(&l.machine))
+            .map(|l| PushTarget::Machine(l.machine.clone()))
+            .collect();
         println!(
-            "memory: push {round}: {ok}/{} lines applied after {:.1} s",
-            view.lines.len(),
+            "memory: push round {round}: {}/{memory_machines} machines applied after {:.1} s",
+            applied_to.len(),
             t1.elapsed().as_secs_f64()
         );
-        if ok == view.lines.len() {
+        if left.is_empty() {
             break;
         }
-        print_outcomes(&view.lines);
+        print_outcomes(&lines);
+        if left.len() > memory_repush_max {
+            bail!(
+                "{} machines not applied after round {round}; more than {memory_repush_max} to push one by one",
+                left.len()
+            );
+        }
     }
+    let sent = applied_to.len();
     let (pushed, _) = rss_of(pid);
     tokio::time::sleep(Duration::from_secs(settle_s)).await;
     let (pushed_idle, _) = rss_of(pid);
