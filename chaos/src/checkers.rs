@@ -636,10 +636,19 @@ pub fn operator_writes_linearizable(history: &History, last: &Final) -> Lineariz
     let mut refused: BTreeMap<(&str, &str), OpId> = BTreeMap::new();
     let mut reads: Vec<(RegisterOp, &BTreeMap<String, String>)> = Vec::new();
     let mut before: BTreeMap<&str, BTreeSet<Option<String>>> = BTreeMap::new();
+    // The newest lease granted so far (replica, term, tick), and the one when each read began:
+    // a failure message says which replica held it when a read was answered elsewhere.
+    let mut lease: Option<(u64, u64, Tick)> = None;
+    let mut lease_at: BTreeMap<OpId, Option<(u64, u64, Tick)>> = BTreeMap::new();
     for (tick, e) in history.ticked() {
         match e {
+            Event::Restored { .. } => lease = None,
+            Event::LeaseGranted { replica, term } if lease.is_none_or(|(_, t, _)| *term > t) => {
+                lease = Some((*replica, *term, tick));
+            }
             Event::Invoked { op, via, what } => {
                 invoked.insert(*op, (tick, *via, what));
+                lease_at.insert(*op, lease);
             }
             Event::Done { op, answer } => {
                 let Some((at, via, what)) = invoked.remove(op) else {
@@ -677,7 +686,15 @@ pub fn operator_writes_linearizable(history: &History, last: &Final) -> Lineariz
                             invoked: at,
                             done: Some(tick),
                             kind: Kind::Read(None),
-                            about: format!("read via replica {via}, answered by replica {replica}"),
+                            about: format!(
+                                "read via replica {via}, answered by replica {replica}{}",
+                                match lease_at.get(op).copied().flatten() {
+                                    Some((r, t, at)) if r != *replica => format!(
+                                        "; replica {r} was granted the newest lease, term {t}, at #{at:06}"
+                                    ),
+                                    _ => String::new(),
+                                }
+                            ),
                         };
                         reads.push((read, values));
                     }

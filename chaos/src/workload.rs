@@ -290,10 +290,18 @@ fn answered(replica: u64, body: Result<Body, ApiError>) -> Answered {
                 .collect(),
         },
         Ok(_) => Answered::Ok { lines: vec![] },
-        // The API's promise: an invalid or refused request wrote nothing.
-        Err(e) => match e.class() {
-            ErrorClass::Invalid | ErrorClass::Refused => Answered::Refused(e.to_string()),
-            ErrorClass::Unavailable | ErrorClass::Failed => Answered::Unknown(e.to_string()),
+        // The API's promise: an invalid or refused request wrote nothing. Of the unavailable
+        // ones, three are answered before anything is proposed or forwarded: not the leader
+        // (a forward to a replica that stopped leading), no leader found (nothing was forwarded)
+        // and no lease. `NotCommitted` is not among them: it also covers a Raft core that
+        // stopped after the entry was appended, which a later leader may still commit.
+        Err(e) => match (e.class(), &e) {
+            (ErrorClass::Invalid | ErrorClass::Refused, _)
+            | (
+                ErrorClass::Unavailable,
+                ApiError::NotLeader { .. } | ApiError::NoLeader { .. } | ApiError::NoLease { .. },
+            ) => Answered::Refused(e.to_string()),
+            (ErrorClass::Unavailable | ErrorClass::Failed, _) => Answered::Unknown(e.to_string()),
         },
     }
 }
