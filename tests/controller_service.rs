@@ -741,3 +741,64 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
     assert_eq!(floor().await, proven_epoch);
     bed.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_are_linearizable_a_leader_cut_off_answers_no_settings_read_a_newer_leader_outwrote() {
+    // Decision 0288 (chaos's linearizability checker): a leader cut off from the others still
+    // believes it leads for a while. A newer leader commits a setting; the old one must not
+    // answer `settings show` (nor `history`) from its stale store: it cannot confirm it leads.
+    let bed = Bed::start(&[], &[]).await;
+    let old = bed.wait_leader().await;
+    bed.apply(old, &mount_mesh("/srv/a")).await;
+    let set = |value: &str| Request::SettingsSet {
+        scope: Scope::Mesh,
+        layer: BTreeMap::from([("k".to_string(), value.to_string())]),
+        remove: BTreeSet::new(),
+        replace: false,
+        why: "test".into(),
+    };
+    let show = Request::SettingsShow {
+        scope: Some(Scope::Mesh),
+        history: false,
+    };
+    let value_of = |body: &Body| match body {
+        Body::Settings(view) => view
+            .layers
+            .iter()
+            .find(|(scope, _)| *scope == Scope::Mesh)
+            .and_then(|(_, layer)| layer.get("k"))
+            .cloned(),
+        other => panic!("{other:?}"),
+    };
+    bed.ok(old, &set("old")).await;
+    assert_eq!(value_of(&bed.ok(old, &show).await).as_deref(), Some("old"));
+    let old_term = bed.service(old).replica().metrics().borrow().current_term;
+    bed.isolate(old);
+    let rest: Vec<u64> = bed
+        .replicas
+        .keys()
+        .copied()
+        .filter(|id| *id != old)
+        .collect();
+    let (new, _) = bed.wait_leader_among(&rest, old_term).await;
+    bed.ok(new, &set("new")).await;
+    assert_eq!(value_of(&bed.ok(new, &show).await).as_deref(), Some("new"));
+    let history = Request::History {
+        query: mesh::controller::api::HistoryQuery {
+            limit: 1_000,
+            settings_only: true,
+            ..Default::default()
+        },
+    };
+    for request in [&show, &history] {
+        let stale = bed.ask(old, request).await;
+        match &stale.body {
+            Err(e) => assert!(
+                e.class() == ErrorClass::Unavailable,
+                "the cut-off leader refuses the read as unavailable: {e:?}"
+            ),
+            Ok(body) => panic!("the cut-off leader answered a read from its stale store: {body:?}"),
+        }
+    }
+    bed.shutdown().await;
+}

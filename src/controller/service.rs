@@ -517,6 +517,41 @@ impl Service {
         })
     }
 
+    /// Before a read of the store is answered here: this replica still leads, confirmed by a
+    /// quorum round, and its state machine has applied every entry committed before the read
+    /// was asked (a read index: openraft's `ensure_linearizable`). A leader cut off from the
+    /// others, which a newer leader may already have outwritten, answers no read from its stale
+    /// store: it cannot confirm and says so (decision 0288). Takes no vote fence: a read acts on
+    /// nothing outside the cluster.
+    pub(crate) async fn read_index(&self) -> Result<(), ApiError> {
+        let window = self.replica.config().lease_window();
+        let round = tokio::time::timeout(window, self.replica.raft().ensure_linearizable()).await;
+        match round {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(openraft::error::RaftError::APIError(
+                openraft::error::CheckIsLeaderError::ForwardToLeader(to),
+            ))) => Err(ApiError::NotLeader {
+                replica: self.id,
+                leader: to.leader_id,
+            }),
+            Ok(Err(e)) => Err(ApiError::NoLease {
+                replica: self.id,
+                reason: format!(
+                    "replica {} could not confirm it still leads before answering a read ({e}); nothing stale is answered, ask again",
+                    self.id
+                ),
+            }),
+            Err(_) => Err(ApiError::NoLease {
+                replica: self.id,
+                reason: format!(
+                    "replica {} could not confirm it still leads within {} ms before answering a read; nothing stale is answered, ask again",
+                    self.id,
+                    window.as_millis()
+                ),
+            }),
+        }
+    }
+
     /// A lease from the gate (G3): leadership confirmed by a quorum round.
     pub(crate) async fn lease(&self) -> Result<Lease, ApiError> {
         self.lease_round().await.map_err(|e| match e {
@@ -661,7 +696,10 @@ impl Service {
                 moves,
                 plan,
             } => self.push(actor, id, target, why, moves, plan, lines).await,
-            Request::SettingsShow { scope, history } => self.settings_show(scope, history),
+            Request::SettingsShow { scope, history } => {
+                self.read_index().await?;
+                self.settings_show(scope, history)
+            }
             Request::SettingsSet {
                 scope,
                 layer,
@@ -675,7 +713,10 @@ impl Service {
             Request::SettingsClear { scope, why } => {
                 self.settings_clear(actor, id, scope, why).await
             }
-            Request::History { query } => self.history(&query),
+            Request::History { query } => {
+                self.read_index().await?;
+                self.history(&query)
+            }
             Request::SnapshotChunk { snapshot, offset } => self.snapshot(snapshot, offset).await,
             Request::Genesis { machine, why } => self.genesis(actor, id, machine, why).await,
             Request::CertsReload => self.reload_certs().map(Body::CertsReloaded),
