@@ -31,11 +31,11 @@ fn module(machine: usize, slot: usize) -> Module {
         machine: format!("n{machine}"),
         command: "sh".into(),
         args: vec!["-c".into(), "exec sleep infinity".into()],
-        env: BTreeMap::from([
+        env: From::from([
             ("SLOT".into(), slot.to_string()),
             ("LOG".into(), "1".into()),
         ]),
-        files: BTreeMap::from([(
+        files: From::from([(
             "conf/app.conf".into(),
             format!("name {name}\nport {slot}\n"),
         )]),

@@ -743,7 +743,8 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reads_are_linearizable_a_leader_cut_off_answers_no_settings_read_a_newer_leader_outwrote() {
+async fn reads_are_linearizable_a_leader_cut_off_answers_no_settings_read_a_newer_leader_outwrote()
+{
     // Decision 0288 (chaos's linearizability checker): a leader cut off from the others still
     // believes it leads for a while. A newer leader commits a setting; the old one must not
     // answer `settings show` (nor `history`) from its stale store: it cannot confirm it leads.

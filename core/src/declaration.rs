@@ -1,6 +1,7 @@
 //! A declaration: everything one machine should be. Canonically encoded; its digest never covers the
 //! epoch, so the same declaration sent by two leaders has one digest.
 
+use super::flat::FlatMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -55,11 +56,11 @@ pub struct DeclaredModule {
     pub name: String,
     pub command: String,
     pub args: Vec<String>,
-    pub env: BTreeMap<String, String>,
+    pub env: FlatMap<String, String>,
     /// Effective settings for this placement (mesh < machine < module < module@machine).
     pub settings: BTreeMap<String, String>,
     /// Relative path → content.
-    pub files: BTreeMap<String, String>,
+    pub files: FlatMap<String, String>,
     pub mounts: Vec<Mount>,
     pub ready: Option<Probe>,
     pub after: Vec<String>,

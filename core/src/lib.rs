@@ -4,6 +4,7 @@
 pub mod compose;
 pub mod declaration;
 pub mod envelope;
+pub mod flat;
 pub mod meshfile;
 pub mod model;
 pub mod plan;

@@ -36,6 +36,7 @@ use std::ops::Range;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
+use super::flat::FlatMap;
 use super::model::{Machine, Mesh, Module, Mount, Need, Probe, Provide};
 use super::settings::{Layer, Scope, is_valid_name, printable};
 use super::validate::{Subject, validate};
@@ -479,8 +480,8 @@ impl Reader<'_> {
             // allow(empty-on-error): reported above; the parse fails
             command: command.unwrap_or_default(),
             args: Vec::new(),
-            env: BTreeMap::new(),
-            files: BTreeMap::new(),
+            env: FlatMap::new(),
+            files: FlatMap::new(),
             mounts: Vec::new(),
             ready: None,
             after: Vec::new(),
@@ -501,10 +502,13 @@ impl Reader<'_> {
                 .collect();
         }
         if let Some(v) = t.get("env") {
-            m.env = self.string_map(v, &f("env"), is_env_name, "use [A-Za-z_][A-Za-z0-9_]*");
+            m.env = self
+                .string_map(v, &f("env"), is_env_name, "use [A-Za-z_][A-Za-z0-9_]*")
+                .into_iter()
+                .collect();
         }
         if let Some(v) = t.get("files") {
-            m.files = self.files(v, &f("files"));
+            m.files = self.files(v, &f("files")).into_iter().collect();
         }
         if let Some(v) = t.get("mounts") {
             m.mounts = self.mounts(v, &f("mounts"));

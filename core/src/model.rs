@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+use super::flat::FlatMap;
 use super::settings::Settings;
 
 /// Everything an operator declared, at one model revision.
@@ -29,9 +30,9 @@ pub struct Module {
     pub machine: String,
     pub command: String,
     pub args: Vec<String>,
-    pub env: BTreeMap<String, String>,
+    pub env: FlatMap<String, String>,
     /// Relative path under the module's directory → content.
-    pub files: BTreeMap<String, String>,
+    pub files: FlatMap<String, String>,
     pub mounts: Vec<Mount>,
     pub ready: Option<Probe>,
     /// Modules on the same machine that must be ready before this one starts (G12).

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::declaration::{Declaration, DeclaredModule, Grant, ProvisionRef};
+use super::flat::FlatMap;
 use super::model::{Mount, Placement, Probe};
 
 /// Hex characters kept of a value's blake3: enough to see a change, too few to be a copy.
@@ -30,19 +31,19 @@ pub struct ModuleSummary {
     pub command: String,
     pub args: Vec<String>,
     /// mount name → (host_dir, target)
-    pub mounts: BTreeMap<String, (String, String)>,
+    pub mounts: FlatMap<String, (String, String)>,
     /// key → digest of the value
-    pub settings: BTreeMap<String, String>,
+    pub settings: FlatMap<String, String>,
     /// key → digest of the value
-    pub env: BTreeMap<String, String>,
+    pub env: FlatMap<String, String>,
     /// path → digest of the content
-    pub files: BTreeMap<String, String>,
+    pub files: FlatMap<String, String>,
     pub ready: Option<Probe>,
     pub after: Vec<String>,
     /// Provisions this module consumes, by id: everything but the secret, which is a digest.
-    pub provisions: BTreeMap<String, ProvisionSummary>,
+    pub provisions: FlatMap<String, ProvisionSummary>,
     /// Provisions granted from this module, by id.
-    pub grants: BTreeMap<String, GrantSummary>,
+    pub grants: FlatMap<String, GrantSummary>,
 }
 
 /// What a summary keeps of a consumed provision.
@@ -106,8 +107,8 @@ fn key_hex(key: &[u8; 32]) -> String {
     })
 }
 
-fn digests(map: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-    map.iter()
+fn digests<'a>(map: impl IntoIterator<Item = (&'a String, &'a String)>) -> FlatMap<String, String> {
+    map.into_iter()
         .map(|(k, v)| (k.clone(), value_digest(v)))
         .collect()
 }
@@ -374,7 +375,7 @@ fn diff_module(name: &str, a: &ModuleSummary, b: &ModuleSummary, out: &mut Vec<I
         probe_text(b.ready.as_ref()),
     );
     scalar("after", a.after.join(" "), b.after.join(" "));
-    let mounts = |m: &BTreeMap<String, (String, String)>| -> BTreeMap<String, String> {
+    let mounts = |m: &FlatMap<String, (String, String)>| -> FlatMap<String, String> {
         m.iter()
             .map(|(k, (dir, target))| (k.clone(), format!("{dir} -> {target}")))
             .collect()
@@ -383,10 +384,10 @@ fn diff_module(name: &str, a: &ModuleSummary, b: &ModuleSummary, out: &mut Vec<I
     diff_map(name, "setting", &a.settings, &b.settings, out);
     diff_map(name, "env", &a.env, &b.env, out);
     diff_map(name, "file", &a.files, &b.files, out);
-    let provisions = |m: &BTreeMap<String, ProvisionSummary>| -> BTreeMap<String, String> {
+    let provisions = |m: &FlatMap<String, ProvisionSummary>| -> FlatMap<String, String> {
         m.iter().map(|(id, p)| (id.clone(), p.line())).collect()
     };
-    let grants = |m: &BTreeMap<String, GrantSummary>| -> BTreeMap<String, String> {
+    let grants = |m: &FlatMap<String, GrantSummary>| -> FlatMap<String, String> {
         m.iter().map(|(id, g)| (id.clone(), g.line())).collect()
     };
     diff_map(
@@ -402,8 +403,8 @@ fn diff_module(name: &str, a: &ModuleSummary, b: &ModuleSummary, out: &mut Vec<I
 fn diff_map(
     module: &str,
     kind: &str,
-    a: &BTreeMap<String, String>,
-    b: &BTreeMap<String, String>,
+    a: &FlatMap<String, String>,
+    b: &FlatMap<String, String>,
     out: &mut Vec<ItemChange>,
 ) {
     for (k, was) in a {
@@ -490,9 +491,9 @@ mod tests {
             name: name.into(),
             command: "perl".into(),
             args: vec!["-e".into(), "1".into()],
-            env: BTreeMap::from([("TOKEN".into(), "env-secret-value".into())]),
+            env: FlatMap::from([("TOKEN".into(), "env-secret-value".into())]),
             settings: BTreeMap::from([("password".into(), "setting-secret-value".into())]),
-            files: BTreeMap::from([("conf/x".into(), "file-secret-content".into())]),
+            files: FlatMap::from([("conf/x".into(), "file-secret-content".into())]),
             mounts: vec![Mount {
                 name: "data".into(),
                 host_dir: "/srv/a".into(),

@@ -258,8 +258,8 @@ mod tests {
             machine: machine.into(),
             command: "sh".into(),
             args: vec![],
-            env: BTreeMap::new(),
-            files: BTreeMap::new(),
+            env: crate::flat::FlatMap::new(),
+            files: crate::flat::FlatMap::new(),
             mounts: vec![],
             ready: probe.map(|addr| Probe::Tcp {
                 addr: addr.into(),

@@ -120,7 +120,7 @@ mod tests {
                 timeout_ms,
             },
             dir: std::env::temp_dir(),
-            env: BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]),
+            env: From::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]),
         }
     }
 

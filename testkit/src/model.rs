@@ -1,7 +1,5 @@
 //! Model fixtures: machines and modules as an operator's mesh file declares them.
 
-use std::collections::BTreeMap;
-
 use mesh_core::model::{Machine, Mesh, Module, Mount, Need, Provide};
 
 /// Machine `name` at 127.0.0.1.
@@ -19,8 +17,8 @@ pub fn sleeper(name: &str, machine: &str) -> Module {
         machine: machine.into(),
         command: "sh".into(),
         args: vec!["-c".into(), "exec sleep 600".into()],
-        env: BTreeMap::new(),
-        files: BTreeMap::new(),
+        env: Default::default(),
+        files: Default::default(),
         mounts: vec![],
         ready: None,
         after: vec![],
