@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::BuildHasherDefault;
+use std::sync::Arc;
 
 use super::declaration::{Declaration, DeclaredModule, Digest, Grant, ProvisionRef};
 use super::model::{Machine, Mesh, Module, Placement, Provision};
@@ -22,7 +23,8 @@ type Map<V> = HashMap<String, V, BuildHasherDefault<DefaultHasher>>;
 pub struct World {
     machines: Map<Machine>,
     machine_names: BTreeSet<String>,
-    modules: Map<Module>,
+    /// Shared with the state the world was built from (decision 0290).
+    modules: Map<Arc<Module>>,
     settings: Settings,
     provisions: Map<Provision>,
     /// machine → its modules, sorted.
@@ -60,7 +62,7 @@ impl World {
             world.machine_names.insert(name.clone());
             world.machines.insert(name, machine);
         }
-        for (name, module) in mesh.modules {
+        for (name, module) in mesh.modules.into_shared() {
             index_module(&mut world.modules_on, &mut world.consumers_of, &module);
             world.modules.insert(name, module);
         }
@@ -101,7 +103,23 @@ impl World {
     }
 
     pub fn module(&self, name: &str) -> Option<&Module> {
+        self.modules.get(name).map(|m| &**m)
+    }
+
+    /// The module as shared, to compare by pointer with a state's copy.
+    pub fn module_shared(&self, name: &str) -> Option<&Arc<Module>> {
         self.modules.get(name)
+    }
+
+    /// Holds `module` in place of an equal copy: nothing about any declaration changes, so no
+    /// machine is touched; only the memory is shared with whoever else holds it. A module that
+    /// is not equal to the held one goes through [`World::put_module_shared`] instead.
+    pub fn share_module(&mut self, module: Arc<Module>) {
+        if let Some(held) = self.modules.get_mut(&module.name)
+            && **held == *module
+        {
+            *held = module;
+        }
     }
 
     pub fn settings(&self) -> &Settings {
@@ -145,7 +163,7 @@ impl World {
             .get(machine)
             .into_iter()
             .flatten()
-            .filter_map(|name| self.modules.get(name))
+            .filter_map(|name| self.modules.get(name).map(|m| &**m))
     }
 
     /// Provisions whose consumer runs on `machine`, sorted by id.
@@ -210,6 +228,11 @@ impl World {
     /// from before and consumes from now (a provision kept while it was gone, or while it did not
     /// need that kind, is live again and granted once more on the provider's side).
     pub fn put_module(&mut self, module: Module) -> BTreeSet<String> {
+        self.put_module_shared(Arc::new(module))
+    }
+
+    /// [`World::put_module`] of a module held elsewhere too (no copy).
+    pub fn put_module_shared(&mut self, module: Arc<Module>) -> BTreeSet<String> {
         let mut touched = self.remove_module(&module.name);
         touched.insert(module.machine.clone());
         touched.extend(self.consumer_machines(&module.name));

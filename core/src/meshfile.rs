@@ -405,7 +405,7 @@ impl Reader<'_> {
             mesh.machines = self.machines(v);
         }
         if let Some(v) = t.get("modules") {
-            mesh.modules = self.modules(v);
+            mesh.modules = self.modules(v).into_iter().collect();
         }
         if let Some(v) = t.get("settings") {
             mesh.settings.layers = self.settings(v);

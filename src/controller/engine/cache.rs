@@ -114,9 +114,13 @@ impl Work {
         for name in gone {
             touched.extend(self.world.remove_module(&name));
         }
-        for (name, module) in &new.mesh.modules {
-            if self.world.module(name) != Some(module) {
-                touched.extend(self.world.put_module(module.clone()));
+        for (name, module) in new.mesh.modules.iter_shared() {
+            match self.world.module_shared(name) {
+                Some(held) if Arc::ptr_eq(held, module) => {}
+                // The state decoded its own copy (a model apply): hold that one, so the two
+                // share it again; nothing about the module changed (decision 0290).
+                Some(held) if **held == **module => self.world.share_module(module.clone()),
+                _ => touched.extend(self.world.put_module_shared(module.clone())),
             }
         }
         let new_layers = &new.mesh.settings.layers;
@@ -301,6 +305,35 @@ mod tests {
         assert_eq!(work.cache, rebuilt(&new));
         assert_ne!(work.cache, before);
         assert_eq!(work.revision(), Some(2));
+    }
+
+    #[test]
+    fn the_cache_holds_no_second_copy_of_a_module_the_state_holds() {
+        // Decision 0290: the world shares each module with the state it was brought to, also
+        // after a model apply decoded fresh copies of unchanged modules, so the model is held
+        // once. A changed module is the state's copy too.
+        let first = Arc::new(state(1, mesh()));
+        let mut work = Work::default();
+        work.refresh(&first).expect("composes");
+        let shared = |work: &Work, state: &DomainState| {
+            state.mesh.modules.iter_shared().all(|(name, module)| {
+                work.world()
+                    .module_shared(name)
+                    .is_some_and(|held| Arc::ptr_eq(held, module))
+            })
+        };
+        assert!(shared(&work, &first), "built from the state: shared");
+        // As the state machine holds a model it applied: decoded, every module a new copy.
+        let bytes = mesh_codec::encode("mesh", &first.mesh).expect("encode");
+        let mut decoded: Mesh = mesh_codec::decode("mesh", &bytes).expect("decode");
+        if let Some(cron) = decoded.modules.get_mut("cron") {
+            cron.args = vec!["700".into()];
+        }
+        let applied = Arc::new(state(2, decoded));
+        assert!(!shared(&work, &applied), "fresh copies before the refresh");
+        work.refresh(&applied).expect("advances");
+        assert!(shared(&work, &applied), "after it, one copy of each module");
+        assert_eq!(work.cache, rebuilt(&applied));
     }
 
     #[test]
