@@ -1436,9 +1436,6 @@ async fn memory() -> Result<()> {
         .ok_or_else(|| anyhow!("the hosts' runtime is gone"))?
         .clone();
     let mut bed = Bed::start(0, 0, RaftSettings::default(), 1).await?;
-    let port = std::net::UdpSocket::bind(loopback())?.local_addr()?.port();
-    bed.addrs
-        .insert(1, SocketAddr::from(([127, 0, 0, 1], port)));
     let trusted = BTreeMap::from([(1u64, replica_key(1).verifying_key())]);
     let t0 = Instant::now();
     let mut host_addrs = BTreeMap::new();
@@ -1468,6 +1465,11 @@ async fn memory() -> Result<()> {
         "memory: {memory_machines} simulated hosts listening after {:.1} s",
         t0.elapsed().as_secs_f64()
     );
+    // meshd's port, picked once the 10,000 hosts hold theirs (picked before, one of their
+    // ephemeral ports could be it by the time meshd binds).
+    let port = std::net::UdpSocket::bind(loopback())?.local_addr()?.port();
+    bed.addrs
+        .insert(1, SocketAddr::from(([127, 0, 0, 1], port)));
     // Proposal and frame caps raised to their limits, as before: the whole model in one entry.
     let raft = RaftSettings {
         batch_bytes_max: mesh_raft::config::batch_bytes_max_limit,
@@ -1491,7 +1493,16 @@ async fn memory() -> Result<()> {
     loop {
         match bed.ok(1, &Request::Status).await {
             Ok(Body::Status(view)) if view.replicas.iter().any(|r| r.leader) => break,
-            _ if Instant::now() > deadline => bail!("meshd did not lead within the deadline"),
+            _ if Instant::now() > deadline => {
+                let log = std::fs::read_to_string(bed.dir.path().join("replica-1.log"))
+                    .unwrap_or_else(|e| format!("(its log cannot be read: {e})"));
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                bail!(
+                    "meshd did not lead within {wait_deadline_ms} ms; the end of its log:\n{}",
+                    tail.join("\n")
+                )
+            }
             _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
