@@ -78,7 +78,9 @@ pub enum ApiError {
     /// Leadership was not confirmed by a quorum round (G3); nothing was sent.
     #[error("{reason}")]
     NoLease { replica: u64, reason: String },
-    /// Raft did not take the proposal (not leading, stopping); nothing was written.
+    /// Raft did not confirm the proposal (not leading, or stopping): it may never have been
+    /// appended, or been appended before the leadership ended and be committed by the next
+    /// leader. The outcome is unknown; the same request id asked again runs it at most once.
     #[error("{reason}")]
     NotCommitted { reason: String },
     /// The store refused the change; nothing was written.
