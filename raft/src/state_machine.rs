@@ -370,13 +370,18 @@ impl<A: App> RaftStateMachine<TypeConfig> for StateMachine<A> {
         let _ended = InstallEnds(self.install_ends.clone());
         let data = snapshot.into_inner();
         let signature = Some(meta.signature());
-        let file = SnapshotFile::decode(&data)
-            .map_err(|e| StorageIOError::read_snapshot(signature.clone(), &e))?;
+        // A refusal is logged here as well as returned: openraft may stop on another error of
+        // the same moment first (a purge waiting for this install) and never show this one.
+        let file = SnapshotFile::decode(&data).map_err(|e| {
+            tracing::warn!(snapshot = %meta.snapshot_id, bytes = data.len(), error = %e, "a received snapshot is refused: its bytes do not decode");
+            StorageIOError::read_snapshot(signature.clone(), &e)
+        })?;
         if file.last_applied != meta.last_log_id || file.last_membership != meta.last_membership {
             let e = StoreError::Invalid(format!(
                 "snapshot {} says it ends at {:?} but its bytes end at {:?}; the sender's snapshot is inconsistent",
                 meta.snapshot_id, meta.last_log_id, file.last_applied
             ));
+            tracing::warn!(error = %e, "a received snapshot is refused");
             return Err(StorageIOError::read_snapshot(signature, &e).into());
         }
         // The moment a received snapshot is about to replace the state (the chaos runs crash here).
