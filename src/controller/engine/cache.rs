@@ -108,7 +108,7 @@ impl Work {
         let gone: Vec<String> = self
             .world
             .module_names()
-            .filter(|name| !new.mesh.modules.contains_key(*name))
+            .filter(|name| !new.mesh.modules.contains_key(name))
             .cloned()
             .collect();
         for name in gone {
