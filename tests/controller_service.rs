@@ -322,15 +322,7 @@ async fn g3_isolated_leader_sends_nothing_and_hosts_keep_the_newer_epoch() {
     let bed = Bed::start(&["ace"], &[]).await;
     let old = bed.wait_leader().await;
     bed.apply(old, &mount_mesh("/srv/a")).await;
-    let old_term = bed.service(old).replica().metrics().borrow().current_term;
-    bed.isolate(old);
-    let rest: Vec<u64> = bed
-        .replicas
-        .keys()
-        .copied()
-        .filter(|id| *id != old)
-        .collect();
-    let (new, new_term) = bed.wait_leader_among(&rest, old_term).await;
+    let (new, new_term) = bed.isolate_and_elect(old).await;
     let pushed = bed.push(new, "ace", &[]).await.expect("new leader pushes");
     assert!(matches!(
         lines(&pushed).get("ace"),
@@ -773,15 +765,7 @@ async fn reads_are_linearizable_a_leader_cut_off_answers_no_settings_read_a_newe
     };
     bed.ok(old, &set("old")).await;
     assert_eq!(value_of(&bed.ok(old, &show).await).as_deref(), Some("old"));
-    let old_term = bed.service(old).replica().metrics().borrow().current_term;
-    bed.isolate(old);
-    let rest: Vec<u64> = bed
-        .replicas
-        .keys()
-        .copied()
-        .filter(|id| *id != old)
-        .collect();
-    let (new, _) = bed.wait_leader_among(&rest, old_term).await;
+    let (new, _) = bed.isolate_and_elect(old).await;
     bed.ok(new, &set("new")).await;
     assert_eq!(value_of(&bed.ok(new, &show).await).as_deref(), Some("new"));
     let history = Request::History {

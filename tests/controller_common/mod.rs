@@ -174,6 +174,20 @@ impl Bed {
             .0
     }
 
+    /// Cuts the leader `old` off from the other replicas (both ways) and waits until one of them
+    /// leads in a term above `old`'s; returns that leader and its term.
+    pub async fn isolate_and_elect(&self, old: u64) -> (u64, u64) {
+        let old_term = self.service(old).replica().metrics().borrow().current_term;
+        self.isolate(old);
+        let rest: Vec<u64> = self
+            .replicas
+            .keys()
+            .copied()
+            .filter(|id| *id != old)
+            .collect();
+        self.wait_leader_among(&rest, old_term).await
+    }
+
     /// Waits until one of `among` leads in a term above `above`; returns it and its term.
     pub async fn wait_leader_among(&self, among: &[u64], above: u64) -> (u64, u64) {
         let what = format!("a leader above term {above} among {among:?}");
