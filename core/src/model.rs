@@ -180,7 +180,9 @@ impl ModuleMap {
     }
 
     /// Every module to change, each copied first if another holder shares it.
-    pub fn values_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut Module> + ExactSizeIterator {
+    pub fn values_mut(
+        &mut self,
+    ) -> impl DoubleEndedIterator<Item = &mut Module> + ExactSizeIterator {
         self.0.values_mut().map(Arc::make_mut)
     }
 
