@@ -250,9 +250,8 @@ async fn g9_meshd_restore_without_a_floor_says_so_and_with_epoch_floor_starts_ab
     let config = bed.dir.path().join("replica-1.toml");
     let data = bed.configs[&1].data_dir().to_path_buf();
     let marker = data.join(mesh::controller::floor::unproven_file_name);
-    let restore = |extra: &[&str]| {
-        std::fs::remove_dir_all(&data).expect("lose the disk");
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshd"))
+    let run_restore = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_meshd"))
             .arg("restore")
             .arg("--config")
             .arg(&config)
@@ -260,7 +259,11 @@ async fn g9_meshd_restore_without_a_floor_says_so_and_with_epoch_floor_starts_ab
             .arg(&file)
             .args(extra)
             .output()
-            .expect("meshd restore runs");
+            .expect("meshd restore runs")
+    };
+    let restore = |extra: &[&str]| {
+        std::fs::remove_dir_all(&data).expect("lose the disk");
+        let out = run_restore(extra);
         let stderr = String::from_utf8_lossy(&out.stderr).to_string();
         assert!(out.status.success(), "{stderr}");
         assert!(stderr.contains("STORE RESTORED"), "{stderr}");
@@ -272,15 +275,7 @@ async fn g9_meshd_restore_without_a_floor_says_so_and_with_epoch_floor_starts_ab
     assert!(marker.exists(), "no floor-unproven marker beside the store");
 
     // A floor terms would overflow above is refused, naming it, and changes nothing.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshd"))
-        .arg("restore")
-        .arg("--config")
-        .arg(&config)
-        .arg("--from")
-        .arg(&file)
-        .args(["--epoch-floor", &u64::MAX.to_string()])
-        .output()
-        .expect("meshd restore runs");
+    let out = run_restore(&["--epoch-floor", &u64::MAX.to_string()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
