@@ -412,6 +412,22 @@ async fn wait_deposed(c: &Cluster, deposed: u64, from: u64) -> bool {
 }
 
 /// Has replica `id` build a snapshot now and purge its log up to it; says what it did.
+/// A follower's disk lost (`store-lost`, `crash-mid-snapshot`): once all three are level
+/// (decision 0279), the leader's log purged up to a fresh snapshot, as on a cluster that ran long
+/// enough, so the empty store can only come back through the snapshot; then the follower crashed
+/// and its store and floor removed. `Ok`: what the purge did; `Err`: why nothing was wiped.
+async fn lose_disk(c: &mut Cluster, leader: u64, id: u64) -> Result<String, String> {
+    wait_level(c)
+        .await
+        .map_err(|behind| format!("not wiped within {level_wait_ms} ms: {behind}"))?;
+    let purged = purge_to_snapshot(c, leader).await;
+    c.crash_replica(id).await;
+    c.wipe_store(id, true)
+        .map_err(|e| format!("replica {id}'s store not removed: {e}"))?;
+    c.recorder.record(Event::StoreWiped { replica: id });
+    Ok(purged)
+}
+
 async fn purge_to_snapshot(c: &Cluster, id: u64) -> String {
     let Some(r) = c.replicas.get(&id) else {
         return format!("replica {id} is down; nothing purged");
@@ -765,17 +781,10 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
             let leader = target(&c, step.pick);
             let id = others(leader)[rng.below(2) as usize];
             note(&c, i, step.fault, format!("replica {id}'s disk"));
-            if let Err(behind) = wait_level(&c).await {
-                return format!("not wiped within {level_wait_ms} ms: {behind}");
-            }
-            // The leader's log purged up to a fresh snapshot first, as on a cluster that ran
-            // long enough: the empty store can only come back through the snapshot.
-            let purged = purge_to_snapshot(&c, leader).await;
-            c.crash_replica(id).await;
-            if let Err(e) = c.wipe_store(id, true) {
-                return format!("replica {id}'s store not removed: {e}");
-            }
-            c.recorder.record(Event::StoreWiped { replica: id });
+            let purged = match lose_disk(&mut c, leader, id).await {
+                Ok(purged) => purged,
+                Err(why) => return why,
+            };
             tokio::time::sleep(time).await;
             match c.restart_replica(id).await {
                 Ok(()) => format!("replica {id} started on an empty store ({purged})"),
@@ -797,15 +806,10 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
                 step.fault,
                 format!("replica {id}'s disk, and its snapshot install"),
             );
-            if let Err(behind) = wait_level(&c).await {
-                return format!("not wiped within {level_wait_ms} ms: {behind}");
-            }
-            let purged = purge_to_snapshot(&c, leader).await;
-            c.crash_replica(id).await;
-            if let Err(e) = c.wipe_store(id, true) {
-                return format!("replica {id}'s store not removed: {e}");
-            }
-            c.recorder.record(Event::StoreWiped { replica: id });
+            let purged = match lose_disk(&mut c, leader, id).await {
+                Ok(purged) => purged,
+                Err(why) => return why,
+            };
             let from = c.recorder.now();
             crate::observe::crash_at_next_install(true);
             if let Err(e) = c.restart_replica(id).await {
