@@ -112,13 +112,16 @@ impl World {
     }
 
     /// Holds `module` in place of an equal copy: nothing about any declaration changes, so no
-    /// machine is touched; only the memory is shared with whoever else holds it. A module that
-    /// is not equal to the held one goes through [`World::put_module_shared`] instead.
-    pub fn share_module(&mut self, module: Arc<Module>) {
-        if let Some(held) = self.modules.get_mut(&module.name)
-            && **held == *module
-        {
-            *held = module;
+    /// machine is touched; only the memory is shared with whoever else holds it. `false` (and
+    /// nothing held) when the world has no equal module: that one goes through
+    /// [`World::put_module_shared`] instead.
+    pub fn share_module(&mut self, module: &Arc<Module>) -> bool {
+        match self.modules.get_mut(&module.name) {
+            Some(held) if **held == **module => {
+                *held = module.clone();
+                true
+            }
+            _ => false,
         }
     }
 

@@ -115,12 +115,17 @@ impl Work {
             touched.extend(self.world.remove_module(&name));
         }
         for (name, module) in new.mesh.modules.iter_shared() {
-            match self.world.module_shared(name) {
-                Some(held) if Arc::ptr_eq(held, module) => {}
-                // The state decoded its own copy (a model apply): hold that one, so the two
-                // share it again; nothing about the module changed (decision 0290).
-                Some(held) if **held == **module => self.world.share_module(module.clone()),
-                _ => touched.extend(self.world.put_module_shared(module.clone())),
+            if self
+                .world
+                .module_shared(name)
+                .is_some_and(|held| Arc::ptr_eq(held, module))
+            {
+                continue;
+            }
+            // The state decoded its own copy of an unchanged module (a model apply): hold that
+            // one, so the two share it again (decision 0290). A changed module is put.
+            if !self.world.share_module(module) {
+                touched.extend(self.world.put_module_shared(module.clone()));
             }
         }
         let new_layers = &new.mesh.settings.layers;
