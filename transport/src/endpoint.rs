@@ -498,8 +498,20 @@ impl Endpoint {
     ) -> Result<Vec<u8>, TransportError> {
         // Held until here so release can tell when this message has finished.
         let _done;
-        match self.inner.faults.outgoing(peer.addr) {
+        let verdict = match what {
+            Outgoing::Request => self.inner.faults.request_verdict(peer.addr).await,
+            Outgoing::OneWay => self.inner.faults.outgoing(peer.addr),
+        };
+        match verdict {
             Verdict::Pass => {}
+            Verdict::Cut => match what {
+                // Only a one-way message meets a cut link here: it is lost.
+                Outgoing::OneWay => {
+                    self.inner.faults.count_cut_loss();
+                    return Ok(Vec::new());
+                }
+                Outgoing::Request => std::future::pending::<()>().await,
+            },
             Verdict::Drop => match what {
                 // A lost request looks like a silent peer: the caller's deadline fires.
                 Outgoing::Request => std::future::pending::<()>().await,

@@ -302,9 +302,10 @@ impl Endpoint {
         };
         let open = async {
             let _done;
-            match self.faults().outgoing(addr) {
+            match self.faults().request_verdict(addr).await {
                 Verdict::Pass => {}
-                Verdict::Drop => std::future::pending::<()>().await,
+                // A lost request looks like a silent peer: the caller's deadline fires.
+                Verdict::Drop | Verdict::Cut => std::future::pending::<()>().await,
                 Verdict::Delay(delay) => tokio::time::sleep(delay).await,
                 Verdict::Hold { go, done } => {
                     _done = done;
