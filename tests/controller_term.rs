@@ -1,7 +1,9 @@
 //! G9 at run time (decision 0151): a host that proves an epoch above the cluster's term (it
 //! applied an envelope from a leader this cluster's store does not remember) makes the cluster
-//! move its term above that epoch at once, so the next push reaches the host — no restart. And a
-//! leader that stops hands its leadership to an up-to-date follower first (decision 0152).
+//! move its term above that epoch at once, so the next push reaches the host — no restart. A
+//! proven position in the leader's own term that its store never recorded makes it leave the term
+//! (decision 0272). And a leader that stops hands its leadership to an up-to-date follower first
+//! (decision 0152).
 
 mod controller_common;
 
@@ -159,5 +161,127 @@ async fn a_stopping_leader_hands_over_and_says_to_whom() {
             .contains(&format!("handed over to {now}")),
         "{handed}"
     );
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_a_term_another_leadership_signed_is_left_at_the_first_report_that_proves_it() {
+    // G9, decision 0272: a cluster restored without its floor files can be elected again in a
+    // term the hosts already saw. Two leaderships then sign the same epoch and the hosts cannot
+    // tell them apart. The leader of term T that hears a proven position (T, s) its store never
+    // recorded must leave T; a claim without a proof must move nothing.
+    use mesh::core::report::Report;
+    use mesh::core::wire::{ReportReply, report_reply_what, report_what};
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &one_module()).await;
+    let first = bed.push(leader, "ace", &[]).await.expect("first push");
+    assert!(
+        matches!(outcome(&first, "ace"), Some(PushOutcome::Applied { .. })),
+        "{first:?}"
+    );
+    let term = bed
+        .service(leader)
+        .replica()
+        .metrics()
+        .borrow()
+        .current_term;
+    let floor = || async {
+        let Body::Status(status) = bed.ok(leader, &Request::Status).await else {
+            panic!("status")
+        };
+        status.epoch_floor
+    };
+    let before = floor().await;
+
+    // A host certificate alone claims T.5000: filed, and the term stays.
+    let claimant = Endpoint::bind(
+        "127.0.0.1:0".parse().expect("addr"),
+        &bed.pki.identity(&Principal::Host("ace".into())),
+        transport().check().expect("transport"),
+    )
+    .expect("bind");
+    let claim = Report {
+        machine: "ace".into(),
+        epoch: term,
+        sequence: 5_000,
+        report_sequence: 1_000_000,
+        applied: None,
+        modules: vec![],
+        refused_older: 0,
+        last_refusal: None,
+        proof: None,
+    };
+    let body = mesh_codec::encode(report_what, &claim).expect("encode");
+    let kind = MessageKind::Report {
+        machine: "ace".into(),
+    };
+    let answer = claimant
+        .request(bed.addrs[&leader], kind, body, Duration::from_secs(5))
+        .await
+        .expect("answer");
+    let reply: ReportReply = mesh_codec::decode(report_reply_what, &answer).expect("reply");
+    assert!(matches!(reply, ReportReply::Filed { .. }), "{reply:?}");
+    // The raise, had there been one, is committed before the reply.
+    assert_eq!(floor().await, before, "an unproven position moves nothing");
+    let now_term = bed
+        .service(leader)
+        .replica()
+        .metrics()
+        .borrow()
+        .current_term;
+    assert_eq!(now_term, term, "an unproven position moves nothing");
+
+    // Another leadership (replica 2's key) signed T.1000 and ace applied it; ace's own report
+    // carries the signed header as its proof.
+    let envelope = Envelope {
+        machine: "ace".into(),
+        epoch: term,
+        sequence: 1_000,
+        signer: 2,
+        moves: vec![],
+        declaration: Declaration {
+            machine: "ace".into(),
+            modules: vec![],
+            revoked: Default::default(),
+            signers: Default::default(),
+        },
+    };
+    let sealed = seal(&envelope, &replica_key(2)).expect("seal");
+    let other = Endpoint::bind(
+        "127.0.0.1:0".parse().expect("addr"),
+        &bed.pki.identity(&Principal::Replica(2)),
+        transport().check().expect("transport"),
+    )
+    .expect("bind");
+    let host = Peer::expecting(
+        bed.hosts["ace"].endpoint.local_addr(),
+        Principal::Host("ace".into()),
+    );
+    let reply = other
+        .request(host, MessageKind::Envelope, sealed, Duration::from_secs(5))
+        .await
+        .expect("ace answers");
+    let reply: EnvelopeReply = mesh_codec::decode(envelope_reply_what, &reply).expect("reply");
+    assert!(matches!(reply, EnvelopeReply::Applied { .. }), "{reply:?}");
+
+    // The cluster leaves T: a leader above it, the floor above it, every replica following.
+    let (now, _) = bed.wait_leader_among(&[1, 2, 3], term).await;
+    let Body::Status(status) = bed.ok(now, &Request::Status).await else {
+        panic!("status")
+    };
+    assert!(status.epoch_floor > term, "floor {}", status.epoch_floor);
+    wait_until(
+        "a push applied on ace in a term above the reused one",
+        || async {
+            let (via, _) = bed.wait_leader_among(&[1, 2, 3], term).await;
+            let pushed = bed.push(via, "ace", &[]).await;
+            matches!(
+                pushed.as_ref().map(|b| outcome(b, "ace")),
+                Ok(Some(PushOutcome::Applied { .. }))
+            )
+        },
+    )
+    .await;
     bed.shutdown().await;
 }
