@@ -1365,21 +1365,23 @@ impl Drop for Meshd {
     }
 }
 
-/// `VmRSS` and `VmHWM` of process `pid`, in KiB.
+/// `VmRSS` and `VmHWM` of process `pid`, in KiB. A status file that cannot be read, or that
+/// lacks either field, stops the bench: a 0 would read as a figure.
 fn rss_of(pid: u32) -> (u64, u64) {
-    status_fields(&format!("/proc/{pid}/status"))
+    let path = format!("/proc/{pid}/status");
+    status_fields(&path).unwrap_or_else(|e| panic!("memory bench: {path}: {e}"))
 }
 
-fn status_fields(path: &str) -> (u64, u64) {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+fn status_fields(path: &str) -> Result<(u64, u64), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
     let field = |name: &str| {
         text.lines()
             .find(|l| l.starts_with(name))
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+            .ok_or_else(|| format!("no {name} line with a number of KiB"))
     };
-    (field("VmRSS:"), field("VmHWM:"))
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 /// Each simulated host files one report of what it applied with replica 1, 64 at a time, on the
