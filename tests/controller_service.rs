@@ -735,11 +735,11 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reads_are_linearizable_a_leader_cut_off_answers_no_settings_read_a_newer_leader_outwrote()
-{
+async fn reads_are_linearizable_a_leader_cut_off_answers_no_read_a_newer_leader_outwrote() {
     // Decision 0288 (chaos's linearizability checker): a leader cut off from the others still
     // believes it leads for a while. A newer leader commits a setting; the old one must not
-    // answer `settings show` (nor `history`) from its stale store: it cannot confirm it leads.
+    // answer `settings show` (nor `history`, nor a `plan` of a model it no longer holds) from its
+    // stale store: it cannot confirm it leads.
     let bed = Bed::start(&[], &[]).await;
     let old = bed.wait_leader().await;
     bed.apply(old, &mount_mesh("/srv/a")).await;
@@ -768,6 +768,11 @@ async fn reads_are_linearizable_a_leader_cut_off_answers_no_settings_read_a_newe
     let (new, _) = bed.isolate_and_elect(old).await;
     bed.ok(new, &set("new")).await;
     assert_eq!(value_of(&bed.ok(new, &show).await).as_deref(), Some("new"));
+    bed.apply(new, &mount_mesh("/srv/b")).await;
+    let plan = Request::Plan {
+        target: PushTarget::All,
+        moves: vec![],
+    };
     let history = Request::History {
         query: mesh::controller::api::HistoryQuery {
             limit: 1_000,
@@ -775,7 +780,7 @@ async fn reads_are_linearizable_a_leader_cut_off_answers_no_settings_read_a_newe
             ..Default::default()
         },
     };
-    for request in [&show, &history] {
+    for request in [&show, &history, &plan] {
         let stale = bed.ask(old, request).await;
         match &stale.body {
             Err(e) => assert!(

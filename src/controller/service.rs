@@ -689,7 +689,12 @@ impl Service {
         match request {
             Request::Status => self.status().await,
             Request::Apply { mesh, why, drain } => self.apply(actor, id, mesh, why, drain).await,
-            Request::Plan { target, moves } => self.plan(target, moves).await,
+            Request::Plan { target, moves } => {
+                // A plan is a read of the model, settings and sends: a deposed leader must not
+                // show what it would send from a model a newer leader replaced (decision 0288).
+                self.read_index().await?;
+                self.plan(target, moves).await
+            }
             Request::Push {
                 target,
                 why,
