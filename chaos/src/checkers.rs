@@ -63,6 +63,12 @@ pub struct Final {
     pub settings: BTreeMap<String, String>,
     /// `CHAOS_APPLY` of module `worker` in the model.
     pub apply_tag: Option<u64>,
+    /// The revision of every model apply in the store's history, with the apply's `why`. The
+    /// revision also counts settings changes, mints and revocations: the model at revision r is
+    /// the one of the last apply at or below r.
+    pub model_whys: BTreeMap<u64, String>,
+    /// The store's revision.
+    pub revision: u64,
     /// Per machine: the account's last position and its refusal count.
     pub accounts: BTreeMap<String, (Option<ReportPosition>, u64)>,
     /// Machines that did not apply their should-be within the deadline after the heal, and why.
@@ -531,7 +537,7 @@ pub fn acknowledged_writes_survive(history: &History, last: &Final) -> Vec<Viola
                 let (thing, value) = match what {
                     Op::Set { key, value } => (format!("setting {key}"), value.clone()),
                     Op::Apply { tag } => ("model".to_string(), tag.to_string()),
-                    Op::Push { .. } | Op::Read => continue,
+                    Op::Push { .. } | Op::Read | Op::ReadModel => continue,
                 };
                 let list = writes.entry(thing.clone()).or_default();
                 index.insert(*op, (thing, list.len()));
@@ -620,26 +626,39 @@ pub struct Linearized {
     pub undecided: Vec<String>,
 }
 
-/// Each settings key of `module/db`, as a register, is linearizable over the operators' writes
-/// and reads (`settings show module/db`) and the store's value at the end (a read after every
-/// operation ended). An acknowledged write takes effect once between its invocation and its
-/// answer; a write of unknown outcome at any point after its invocation, or never; a refused one
-/// never (the API's promise for the refused and invalid classes); a read that failed constrains
-/// nothing. Keys are checked one at a time (P-compositionality). After a restore from an older
-/// backup only what was invoked after the last restore is checked, from any value written before
-/// it (or none): the backup may hold any of them.
+/// Each settings key of `module/db`, and the model, as registers, are linearizable over the
+/// operators' writes and reads and the store's value at the end (a read after every operation
+/// ended). A settings key is read by `settings show module/db`; the model by `plan cor`, whose
+/// revision names the apply through the store's model history (its `why` carries the apply's
+/// tag). An acknowledged write takes effect once between its invocation and its answer; a write of
+/// unknown outcome at any point after its invocation, or never; a refused one never (the API's
+/// promise for the refused and invalid classes); a read that failed constrains nothing. Registers
+/// are checked one at a time (P-compositionality). After a restore from an older backup only what
+/// was invoked after the last restore is checked, from any value written before it (or none): the
+/// backup may hold any of them.
 pub fn operator_writes_linearizable(history: &History, last: &Final) -> Linearized {
     let from = last_restore(history);
     let mut invoked: BTreeMap<OpId, (Tick, u64, &Op)> = BTreeMap::new();
-    // Per key: the writes and their answers since the last restore.
-    let mut writes: BTreeMap<&str, Vec<RegisterOp>> = BTreeMap::new();
-    let mut refused: BTreeMap<(&str, &str), OpId> = BTreeMap::new();
+    // Per register ("setting <key>", "model"): the writes and their answers since the last restore.
+    let mut writes: BTreeMap<String, Vec<RegisterOp>> = BTreeMap::new();
+    let mut refused: BTreeMap<(String, String), OpId> = BTreeMap::new();
     let mut reads: Vec<(RegisterOp, &BTreeMap<String, String>)> = Vec::new();
-    let mut before: BTreeMap<&str, BTreeSet<Option<String>>> = BTreeMap::new();
+    let mut model_reads: Vec<RegisterOp> = Vec::new();
+    let mut before: BTreeMap<String, BTreeSet<Option<String>>> = BTreeMap::new();
     // The newest lease granted so far (replica, term, tick), and the one when each read began:
     // a failure message says which replica held it when a read was answered elsewhere.
     let mut lease: Option<(u64, u64, Tick)> = None;
     let mut lease_at: BTreeMap<OpId, Option<(u64, u64, Tick)>> = BTreeMap::new();
+    let read_about = |op: &OpId, via: u64, replica: u64, lease_at: &BTreeMap<_, _>| {
+        format!(
+            "read via replica {via}, answered by replica {replica}{}",
+            match lease_at.get(op).copied().flatten() {
+                Some((r, t, at)) if r != replica =>
+                    format!("; replica {r} was granted the newest lease, term {t}, at #{at:06}"),
+                _ => String::new(),
+            }
+        )
+    };
     for (tick, e) in history.ticked() {
         match e {
             Event::Restored { .. } => lease = None,
@@ -655,48 +674,56 @@ pub fn operator_writes_linearizable(history: &History, last: &Final) -> Lineariz
                     continue;
                 };
                 let since = from.is_none_or(|r| at > r);
+                if let Some((register, value, what)) = written(what) {
+                    match answer {
+                        Answered::Refused(_) => {
+                            refused.insert((register, value), *op);
+                        }
+                        _ if !since => {
+                            before.entry(register).or_default().insert(Some(value));
+                        }
+                        answer => {
+                            let acked = matches!(answer, Answered::Ok { .. });
+                            writes.entry(register).or_default().push(RegisterOp {
+                                op: *op,
+                                invoked: at,
+                                done: acked.then_some(tick),
+                                kind: Kind::Write(value),
+                                about: format!(
+                                    "{what} via replica {via}, {}",
+                                    if acked {
+                                        "acknowledged".to_string()
+                                    } else {
+                                        format!("outcome unknown ({answer:?})")
+                                    }
+                                ),
+                            });
+                        }
+                    }
+                    continue;
+                }
                 match (what, answer) {
-                    (Op::Set { key, value }, Answered::Refused(_)) => {
-                        refused.insert((key, value), *op);
-                    }
-                    (Op::Set { key, value }, answer) if !since => {
-                        let _ = answer;
-                        before.entry(key).or_default().insert(Some(value.clone()));
-                    }
-                    (Op::Set { key, value }, answer) => {
-                        let acked = matches!(answer, Answered::Ok { .. });
-                        writes.entry(key).or_default().push(RegisterOp {
-                            op: *op,
-                            invoked: at,
-                            done: acked.then_some(tick),
-                            kind: Kind::Write(value.clone()),
-                            about: format!(
-                                "set {key}={value} via replica {via}, {}",
-                                if acked {
-                                    "acknowledged".to_string()
-                                } else {
-                                    format!("outcome unknown ({answer:?})")
-                                }
-                            ),
-                        });
-                    }
                     (Op::Read, Answered::Read { replica, values }) if since => {
                         let read = RegisterOp {
                             op: *op,
                             invoked: at,
                             done: Some(tick),
                             kind: Kind::Read(None),
-                            about: format!(
-                                "read via replica {via}, answered by replica {replica}{}",
-                                match lease_at.get(op).copied().flatten() {
-                                    Some((r, t, at)) if r != *replica => format!(
-                                        "; replica {r} was granted the newest lease, term {t}, at #{at:06}"
-                                    ),
-                                    _ => String::new(),
-                                }
-                            ),
+                            about: read_about(op, via, *replica, &lease_at),
                         };
                         reads.push((read, values));
+                    }
+                    (Op::ReadModel, Answered::Model { replica, revision }) if since => {
+                        model_reads.push(RegisterOp {
+                            op: *op,
+                            invoked: at,
+                            done: Some(tick),
+                            kind: Kind::Read(model_value(*revision, last)),
+                            about: format!(
+                                "plan of revision {revision} {}",
+                                read_about(op, via, *replica, &lease_at)
+                            ),
+                        });
                     }
                     _ => {}
                 }
@@ -706,69 +733,118 @@ pub fn operator_writes_linearizable(history: &History, last: &Final) -> Lineariz
     }
     // Writes never answered (the run ended first): outcome unknown.
     for (op, (at, via, what)) in invoked {
-        if let Op::Set { key, value } = what
+        if let Some((register, value, what)) = written(what)
             && from.is_none_or(|r| at > r)
         {
-            writes.entry(key).or_default().push(RegisterOp {
+            writes.entry(register).or_default().push(RegisterOp {
                 op,
                 invoked: at,
                 done: None,
-                kind: Kind::Write(value.clone()),
-                about: format!("set {key}={value} via replica {via}, never answered"),
+                kind: Kind::Write(value),
+                about: format!("{what} via replica {via}, never answered"),
             });
         }
     }
-    let mut keys: BTreeSet<&str> = writes.keys().copied().collect();
-    keys.extend(before.keys().copied());
-    keys.extend(last.settings.keys().map(String::as_str));
+    let mut keys: BTreeSet<String> = writes
+        .keys()
+        .filter_map(|r| r.strip_prefix("setting ").map(String::from))
+        .collect();
+    keys.extend(
+        before
+            .keys()
+            .filter_map(|r| r.strip_prefix("setting ").map(String::from)),
+    );
+    keys.extend(last.settings.keys().cloned());
     for (_, values) in &reads {
-        keys.extend(values.keys().map(String::as_str));
+        keys.extend(values.keys().cloned());
     }
     let end = history.events.len() as Tick;
-    let mut out = Linearized::default();
+    let at_end = |value: Option<String>| RegisterOp {
+        op: 0,
+        invoked: end,
+        done: Some(end + 1),
+        kind: Kind::Read(value),
+        about: "the store's value at the end (read from the leader once all replicas agreed)"
+            .to_string(),
+    };
+    let mut registers: Vec<(String, Vec<RegisterOp>)> = Vec::new();
     for key in keys {
-        let mut ops = writes.get(key).cloned().unwrap_or_default();
+        let register = format!("setting {key}");
+        let mut ops = writes.get(&register).cloned().unwrap_or_default();
         for (read, values) in &reads {
             let mut read = read.clone();
-            read.kind = Kind::Read(values.get(key).cloned());
+            read.kind = Kind::Read(values.get(&key).cloned());
             ops.push(read);
         }
-        ops.push(RegisterOp {
-            op: 0,
-            invoked: end,
-            done: Some(end + 1),
-            kind: Kind::Read(last.settings.get(key).cloned()),
-            about: "the store's value at the end (read from the leader once all replicas agreed)"
-                .to_string(),
-        });
+        ops.push(at_end(last.settings.get(&key).cloned()));
+        registers.push((register, ops));
+    }
+    let mut model = writes.get("model").cloned().unwrap_or_default();
+    model.extend(model_reads);
+    model.push(at_end(last.apply_tag.map(|t| t.to_string())));
+    registers.push(("model".to_string(), model));
+    let mut out = Linearized::default();
+    for (register, ops) in registers {
         let mut initial: BTreeSet<Option<String>> = BTreeSet::from([None]);
         if from.is_some() {
-            initial.extend(before.get(key).cloned().unwrap_or_default());
+            initial.extend(before.get(&register).cloned().unwrap_or_default());
         }
         let initial: Vec<Option<String>> = initial.into_iter().collect();
-        if let Some(v) = never_written(key, &ops, &initial, &refused, from) {
+        if let Some(v) = never_written(&register, &ops, &initial, &refused, from) {
             out.violations.push(v);
             continue;
         }
         match linear::check(&ops, &initial, linearizable_states_max) {
             Verdict::Linearizable => {}
             Verdict::Undecided { states } => out.undecided.push(format!(
-                "setting {key}: {} operations, no answer after {states} states",
+                "{register}: {} operations, no answer after {states} states",
                 ops.len()
             )),
-            Verdict::Not(stuck) => out.violations.push(not_linearizable(key, &stuck, from)),
+            Verdict::Not(stuck) => out
+                .violations
+                .push(not_linearizable(&register, &stuck, from)),
         }
     }
     out
 }
 
-/// A read (or the end) showing a value of `key` that no write which may have taken effect wrote:
-/// never written, written by a refused write, or only before the last restore.
+/// The register an operator write writes, the value, and how a message names the write.
+fn written(what: &Op) -> Option<(String, String, String)> {
+    match what {
+        Op::Set { key, value } => Some((
+            format!("setting {key}"),
+            value.clone(),
+            format!("set {key}={value}"),
+        )),
+        Op::Apply { tag } => Some(("model".to_string(), tag.to_string(), format!("apply {tag}"))),
+        Op::Read | Op::ReadModel | Op::Push { .. } => None,
+    }
+}
+
+/// The model register's value at `revision`: the tag of the last apply at or below it, from the
+/// store's model history (`None` before the first). A revision above the store's reads as a value
+/// nobody wrote, so a plan of a model the store lost is flagged.
+fn model_value(revision: u64, last: &Final) -> Option<String> {
+    if revision > last.revision {
+        return Some(format!(
+            "revision {revision}, above the store's last revision {}",
+            last.revision
+        ));
+    }
+    let (at, why) = last.model_whys.range(..=revision).next_back()?;
+    Some(match why.strip_prefix("chaos apply ") {
+        Some(tag) => tag.to_string(),
+        None => format!("revision {at} ({why:?}, not an operator's apply)"),
+    })
+}
+
+/// A read (or the end) showing a value of `register` that no write which may have taken effect
+/// wrote: never written, written by a refused write, or only before the last restore.
 fn never_written(
-    key: &str,
+    register: &str,
     ops: &[RegisterOp],
     initial: &[Option<String>],
-    refused: &BTreeMap<(&str, &str), OpId>,
+    refused: &BTreeMap<(String, String), OpId>,
     from: Option<Tick>,
 ) -> Option<Violation> {
     let written: BTreeSet<&str> = ops
@@ -785,7 +861,7 @@ fn never_written(
         if written.contains(v.as_str()) || initial.contains(&Some(v.clone())) {
             continue;
         }
-        let why = match refused.get(&(key, v.as_str())) {
+        let why = match refused.get(&(register.to_string(), v.clone())) {
             Some(w) => format!("only op {w} wrote it, and it was refused (nothing written)"),
             None if from.is_some() => {
                 "no operator wrote it since the last restore, nor before it".to_string()
@@ -801,13 +877,13 @@ fn never_written(
         return Some(violation(
             checker_names[12],
             at,
-            format!("setting {key}: {who} read {v:?}, but {why}"),
+            format!("{register}: {who} read {v:?}, but {why}"),
         ));
     }
     None
 }
 
-fn not_linearizable(key: &str, stuck: &Stuck, from: Option<Tick>) -> Violation {
+fn not_linearizable(register: &str, stuck: &Stuck, from: Option<Tick>) -> Violation {
     let b = &stuck.blocked;
     let what = match &b.kind {
         Kind::Read(v) => format!("read {v:?}"),
@@ -835,7 +911,7 @@ fn not_linearizable(key: &str, stuck: &Stuck, from: Option<Tick>) -> Violation {
         checker_names[12],
         (b.op != 0).then_some(b.invoked),
         format!(
-            "setting {key}: no order of its {} operations{since} fits their real-time order: at best {} take effect, leaving {:?} ({by}), and then {who} {what}, which no order allows",
+            "{register}: no order of its {} operations{since} fits their real-time order: at best {} take effect, leaving {:?} ({by}), and then {who} {what}, which no order allows",
             stuck.of, stuck.taken, stuck.value
         ),
     )

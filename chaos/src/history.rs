@@ -34,6 +34,8 @@ pub enum Op {
     Set { key: String, value: String },
     /// `settings show module/db`: a read of every key of the layer.
     Read,
+    /// `plan cor`: a read of the model (the revision the leader plans from).
+    ReadModel,
     /// A push whose `why` is `why` (unique in the run).
     Push {
         why: String,
@@ -56,6 +58,8 @@ pub enum Answered {
         replica: u64,
         values: BTreeMap<String, String>,
     },
+    /// A plan answered by replica `replica`: the model revision it planned from.
+    Model { replica: u64, revision: u64 },
     /// Refused or invalid: nothing was written (the API's promise).
     Refused(String),
     /// Unavailable, failed, or no answer: it may or may not have happened.

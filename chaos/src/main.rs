@@ -233,7 +233,7 @@ impl Tally {
         }
         println!("{:<22} {:>8}", "operator requests", self.requests);
         println!("{:<22} {:>8}", "  acknowledged", self.acked);
-        println!("{:<22} {:>8}", "  settings reads", self.reads);
+        println!("{:<22} {:>8}", "  reads (settings, plan)", self.reads);
         println!("{:<22} {:>8}", "envelope writes", self.writes);
         println!("{:<22} {:>8}", "host applies", self.applies);
         println!("{:<22} {:>8}", "checks", self.checks);

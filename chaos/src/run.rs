@@ -542,6 +542,11 @@ async fn read_final(
         .get("worker")
         .and_then(|w| w.env.get("CHAOS_APPLY"))
         .and_then(|t| t.parse().ok());
+    let model_whys = MeshApp::model_history(service.replica().database())
+        .map_err(|e| RunError::Stuck(format!("cannot read the model history: {e}")))?
+        .into_iter()
+        .map(|m| (m.revision, m.why))
+        .collect();
     let accounts = state
         .accounts
         .iter()
@@ -551,6 +556,8 @@ async fn read_final(
         sends,
         settings,
         apply_tag,
+        model_whys,
+        revision: state.revision,
         accounts,
         not_converged,
         disagree,

@@ -4,7 +4,8 @@
 //! machines), reads settings and pushes; operator 1 sets the keys of module `db` only it writes
 //! ([`setting_keys`]) and the keys it shares with operator 2 ([`contended_keys`]), reads them and
 //! pushes; operator 2 sets the shared keys and reads. Pushes are named, `--behind`, `--all`, with
-//! or without `--move cache`. A read is `settings show module/db`, the request `meshctl` sends.
+//! or without `--move cache`. A read is `settings show module/db`, the request `meshctl` sends;
+//! operators 0 and 2 also read the model back with `plan cor` (the revision it plans from).
 //! Every request is recorded with its answer.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -126,6 +127,17 @@ fn set(key: &str, tag: u64) -> (Op, Request) {
     )
 }
 
+/// `plan cor`, as `meshctl plan cor` asks it: a read of the model the leader plans from.
+fn read_model() -> (Op, Request) {
+    (
+        Op::ReadModel,
+        Request::Plan {
+            target: PushTarget::Machine("cor".into()),
+            moves: vec![],
+        },
+    )
+}
+
 /// `settings show module/db`, as `meshctl settings show module/db` asks it.
 fn read() -> (Op, Request) {
     (
@@ -158,7 +170,8 @@ async fn one_operator(
                     drain: false,
                 },
             ),
-            (0, 4) | (1, 5..=6) | (2, 6..=9) => read(),
+            (0, 4) | (2, 9) => read_model(),
+            (1, 5..=6) | (2, 6..=8) => read(),
             (1, 0..=2) => set(
                 setting_keys[rng.below(setting_keys.len() as u64) as usize],
                 tag,
@@ -201,14 +214,14 @@ async fn one_operator(
         };
         let via = 1 + rng.below(replicas_n);
         let think = rng.below(think_ms_max);
-        let is_read = op == Op::Read;
+        let is_read = matches!(op, Op::Read | Op::ReadModel);
         let answered = ask_recorded(&cluster, via, op, request).await;
         tally.requests += 1;
         if is_read {
             tally.reads += 1;
         }
         match answered {
-            Answered::Read { .. } => {
+            Answered::Read { .. } | Answered::Model { .. } => {
                 tally.acked += 1;
                 tally.reads_answered += 1;
             }
@@ -268,6 +281,10 @@ fn answered(replica: u64, body: Result<Body, ApiError>) -> Answered {
                 .find(|(scope, _)| *scope == Scope::Module("db".into()))
                 .map(|(_, layer)| layer.into_iter().collect())
                 .unwrap_or_default(),
+        },
+        Ok(Body::Plan(view)) => Answered::Model {
+            replica,
+            revision: view.revision,
         },
         Ok(Body::Push(view)) => Answered::Ok {
             lines: view

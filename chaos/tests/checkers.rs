@@ -719,3 +719,85 @@ fn a_write_of_unknown_outcome_may_end_last_even_after_a_later_acknowledged_one()
     let found = acknowledged_writes_survive(&followed, &ending(&[("shared", "a")]));
     assert_eq!(found.len(), 1, "{found:?}");
 }
+
+fn apply(op: u64, tag: u64) -> Event {
+    Event::Invoked {
+        op,
+        via: 1,
+        what: Op::Apply { tag },
+    }
+}
+
+fn plan(op: u64) -> Event {
+    Event::Invoked {
+        op,
+        via: 3,
+        what: Op::ReadModel,
+    }
+}
+
+fn planned(op: u64, revision: u64) -> Event {
+    Event::Done {
+        op,
+        answer: Answered::Model {
+            replica: 1,
+            revision,
+        },
+    }
+}
+
+/// The store at the end: applies "chaos apply 1" at revision 1 and "chaos apply 2" at 3 (a
+/// settings change took revision 2), model tag 2.
+fn two_applies() -> Final {
+    Final {
+        model_whys: std::collections::BTreeMap::from([
+            (1, "chaos apply 1".to_string()),
+            (3, "chaos apply 2".to_string()),
+        ]),
+        revision: 3,
+        apply_tag: Some(2),
+        ..Final::default()
+    }
+}
+
+#[test]
+fn model_reads_through_plan_are_linearizable_a_stale_or_lost_revision_is_named() {
+    // A plan names the revision it planned from; the model there is the last apply at or below
+    // it. Revision 2 (a settings change after apply 1) still holds apply 1's model.
+    let good = History::of(vec![
+        apply(1, 1),
+        done(1, ok()),
+        plan(2),
+        planned(2, 2),
+        apply(3, 2),
+        done(3, ok()),
+        plan(4),
+        planned(4, 3),
+    ]);
+    assert!(linearizable(&good, &two_applies()).is_empty());
+    // A plan asked after apply 2 was acknowledged, answered from the model before it.
+    let stale = History::of(vec![
+        apply(1, 1),
+        done(1, ok()),
+        apply(3, 2),
+        done(3, ok()),
+        plan(4),
+        planned(4, 2),
+    ]);
+    let found = linearizable(&stale, &two_applies());
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains("model: no order") && found[0].contains("plan of revision 2"),
+        "{}",
+        found[0]
+    );
+    // A plan of a revision the store does not have: a model it lost.
+    let lost = History::of(vec![apply(1, 1), done(1, ok()), plan(2), planned(2, 9)]);
+    let found = linearizable(&lost, &two_applies());
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains("above the store's last revision 3"),
+        "{}",
+        found[0]
+    );
+}
