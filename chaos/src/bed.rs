@@ -109,15 +109,22 @@ struct ChaosSink {
     machine: String,
     faults: Arc<SinkFaults>,
     recorder: Recorder,
+    /// Replica ids by the address the host's config names them with.
+    replicas: BTreeMap<String, u64>,
 }
 
 impl ChaosSink {
     async fn deliver_recorded(&self, report: &Report) -> Result<(), mesh::host::SinkError> {
         let result = self.inner.deliver(report).await;
+        let by = self
+            .inner
+            .last_filed_by()
+            .and_then(|addr| self.replicas.get(&addr).copied());
         self.recorder.record(Event::ReportDelivered {
             machine: self.machine.clone(),
             position: report.position(),
             ok: result.is_ok(),
+            by,
         });
         result
     }
@@ -390,6 +397,11 @@ impl Cluster {
             machine: name.to_string(),
             faults: faults.clone(),
             recorder: self.recorder.clone(),
+            replicas: self
+                .addrs
+                .iter()
+                .map(|(id, addr)| (addr.to_string(), *id))
+                .collect(),
         };
         let agent = Arc::new(Agent::open(config, Arc::new(sink)).map_err(bed("agent opens"))?);
         agent.start().await.map_err(bed("agent starts"))?;

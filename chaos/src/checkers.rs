@@ -433,33 +433,53 @@ pub fn accounts_never_regress(history: &History) -> Vec<Violation> {
     out
 }
 
-/// G5: every report the leader refused as not newer is counted once. A report delivered after
-/// one at or past it was delivered must have been refused (the lower bound); the count may exceed
-/// those only by deliveries whose outcome is unknown (failed ones, and ones after a failed
-/// delivery at or past them).
+/// G5: every report the leader refused as not newer is counted once. The lower bound is the
+/// deliveries a replica must have refused: one at or below a report the same replica took earlier
+/// while no lease of a newer term was granted since (its heard positions are still its own), or
+/// below what that replica's store had already filed (strictly: the delivery's own filing may be
+/// seen before the delivery is recorded, which is when its answer came). The count may exceed those only by
+/// deliveries that may have been refused: after another delivery at or past them (taken by
+/// another replica, or by one whose leadership may have changed since: decision 0216 keeps heard
+/// positions in the leader's memory for its term only), and deliveries whose outcome is unknown.
 pub fn each_refusal_counted_once(history: &History, last: &Final) -> Vec<Violation> {
+    // Per machine, the best position any replica took.
     let mut best: BTreeMap<&str, ReportPosition> = BTreeMap::new();
+    // Per (machine, replica that took it, newest lease term when it did): the best position.
+    let mut taken: BTreeMap<(&str, u64, u64), ReportPosition> = BTreeMap::new();
+    // Per (machine, replica): the best position that replica's store filed.
+    let mut filed: BTreeMap<(&str, u64), ReportPosition> = BTreeMap::new();
     let mut failed_best: BTreeMap<&str, ReportPosition> = BTreeMap::new();
     let mut low: BTreeMap<&str, u64> = BTreeMap::new();
     let mut high: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut term = 0;
     // The most refusals any replica's account showed: after a restore the account counts on
     // from the backup's count, which is at most that.
     let mut seen_refused: BTreeMap<&str, u64> = BTreeMap::new();
     for (_, e) in history.ticked() {
         match e {
             Event::AccountSeen {
+                replica,
                 machine,
+                last,
                 refused_older,
-                ..
             } => {
                 let r = seen_refused.entry(machine.as_str()).or_default();
                 *r = (*r).max(*refused_older);
+                if let Some(last) = last {
+                    let f = filed.entry((machine.as_str(), *replica)).or_insert(*last);
+                    *f = (*f).max(*last);
+                }
             }
+            Event::LeaseGranted { term: t, .. } => term = term.max(*t),
+            Event::StoreWiped { replica } => filed.retain(|(_, r), _| r != replica),
             Event::Restored { .. } => {
                 best.clear();
+                taken.clear();
+                filed.clear();
                 failed_best.clear();
                 low.clear();
                 high = seen_refused.clone();
+                term = 0;
             }
             _ => {}
         }
@@ -467,6 +487,7 @@ pub fn each_refusal_counted_once(history: &History, last: &Final) -> Vec<Violati
             machine,
             position,
             ok,
+            by,
         } = e
         else {
             continue;
@@ -478,14 +499,24 @@ pub fn each_refusal_counted_once(history: &History, last: &Final) -> Vec<Violati
             *f = (*f).max(*position);
             continue;
         }
-        if best.get(m).is_some_and(|b| *position <= *b) {
+        let must = by.is_some_and(|r| {
+            taken.get(&(m, r, term)).is_some_and(|t| *position <= *t)
+                || filed.get(&(m, r)).is_some_and(|f| *position < *f)
+        });
+        if must {
             *low.entry(m).or_default() += 1;
             *high.entry(m).or_default() += 1;
-        } else if failed_best.get(m).is_some_and(|f| *position <= *f) {
+        } else if best.get(m).is_some_and(|b| *position <= *b)
+            || failed_best.get(m).is_some_and(|f| *position <= *f)
+        {
             *high.entry(m).or_default() += 1;
         }
         let b = best.entry(m).or_insert(*position);
         *b = (*b).max(*position);
+        if let Some(r) = by {
+            let t = taken.entry((m, *r, term)).or_insert(*position);
+            *t = (*t).max(*position);
+        }
     }
     let mut out = Vec::new();
     for (m, (_, counted)) in &last.accounts {

@@ -92,11 +92,13 @@ pub enum Event {
         sequence: u64,
         digest: String,
     },
-    /// `machine`'s sink handed a report to a controller (`ok`) or failed to.
+    /// `machine`'s sink handed a report to a controller (`ok`) or failed to; `by` is the replica
+    /// that took it (the address the sink says filed it), when known.
     ReportDelivered {
         machine: String,
         position: ReportPosition,
         ok: bool,
+        by: Option<u64>,
     },
     /// Replica `replica`'s applied state held this account for `machine`.
     AccountSeen {
@@ -161,8 +163,13 @@ impl fmt::Display for Event {
                 machine,
                 position,
                 ok,
+                by,
             } => {
-                write!(f, "{machine} report {position} delivered: {ok}")
+                write!(f, "{machine} report {position} delivered: {ok}")?;
+                match by {
+                    Some(r) if *ok => write!(f, " (taken by replica {r})"),
+                    _ => Ok(()),
+                }
             }
             Event::AccountSeen {
                 replica,

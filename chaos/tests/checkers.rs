@@ -62,10 +62,16 @@ fn pos(epoch: u64, sequence: u64, report_sequence: u64) -> ReportPosition {
 }
 
 fn delivered(position: ReportPosition, ok: bool) -> Event {
+    taken_by(position, ok, 1)
+}
+
+/// A delivery of `ace`'s report that replica `by` took.
+fn taken_by(position: ReportPosition, ok: bool, by: u64) -> Event {
     Event::ReportDelivered {
         machine: "ace".into(),
         position,
         ok,
+        by: Some(by),
     }
 }
 
@@ -268,6 +274,61 @@ fn g5_a_refusal_counted_twice_or_not_at_all_is_named() {
     assert!(each_refusal_counted_once(&failed, &with(1)).is_empty());
     assert!(each_refusal_counted_once(&failed, &with(0)).is_empty());
     assert_eq!(each_refusal_counted_once(&failed, &with(3)).len(), 1);
+}
+
+#[test]
+fn g5_a_refusal_is_owed_by_the_replica_that_heard_the_newer_report_in_its_leadership() {
+    let with = |counted: u64| Final {
+        accounts: [("ace".to_string(), (Some(pos(2, 1, 7)), counted))].into(),
+        ..Final::default()
+    };
+    let lease = |replica, term| Event::LeaseGranted { replica, term };
+    // 6 taken by replica 2 (heard, not filed: decision 0216), a newer leader's lease, then the
+    // overtaken 5 taken by replica 1, which never heard 6: it may accept 5 or refuse it.
+    let handed_over = History::of(vec![
+        lease(2, 2),
+        taken_by(pos(2, 1, 6), true, 2),
+        lease(1, 3),
+        taken_by(pos(2, 1, 5), true, 1),
+    ]);
+    assert!(each_refusal_counted_once(&handed_over, &with(0)).is_empty());
+    assert!(each_refusal_counted_once(&handed_over, &with(1)).is_empty());
+    assert_eq!(each_refusal_counted_once(&handed_over, &with(2)).len(), 1);
+    // The same replica in the same leadership owes the refusal, with leases of its own renewed.
+    let kept = History::of(vec![
+        lease(2, 2),
+        taken_by(pos(2, 1, 6), true, 2),
+        lease(2, 2),
+        taken_by(pos(2, 1, 5), true, 2),
+    ]);
+    assert_eq!(each_refusal_counted_once(&kept, &with(0)).len(), 1);
+    assert!(each_refusal_counted_once(&kept, &with(1)).is_empty());
+    // So does a replica whose store had filed 6 by then, whoever took 6.
+    let filed = History::of(vec![
+        lease(2, 2),
+        taken_by(pos(2, 1, 6), true, 2),
+        Event::AccountSeen {
+            replica: 1,
+            machine: "ace".into(),
+            last: Some(pos(2, 1, 6)),
+            refused_older: 0,
+        },
+        lease(1, 3),
+        taken_by(pos(2, 1, 5), true, 1),
+    ]);
+    assert_eq!(each_refusal_counted_once(&filed, &with(0)).len(), 1);
+    assert!(each_refusal_counted_once(&filed, &with(1)).is_empty()); // A delivery's own filing, seen before its answer came, owes nothing.
+    let own = History::of(vec![
+        lease(1, 3),
+        Event::AccountSeen {
+            replica: 1,
+            machine: "ace".into(),
+            last: Some(pos(2, 1, 7)),
+            refused_older: 0,
+        },
+        taken_by(pos(2, 1, 7), true, 1),
+    ]);
+    assert!(each_refusal_counted_once(&own, &with(0)).is_empty());
 }
 
 #[test]
