@@ -92,7 +92,7 @@ fn raft_requests() -> Vec<RaftRequest> {
     vec![
         RaftRequest {
             from: 1,
-            timings: timings.clone(),
+            timings,
             call: RaftCall::AppendEntries(AppendEntriesRequest {
                 vote: Vote::new_committed(4, 1),
                 prev_log_id: Some(log_id(3, 10)),
@@ -102,12 +102,12 @@ fn raft_requests() -> Vec<RaftRequest> {
         },
         RaftRequest {
             from: 2,
-            timings: timings.clone(),
+            timings,
             call: RaftCall::Vote(VoteRequest::new(Vote::new(5, 2), Some(log_id(4, 12)))),
         },
         RaftRequest {
             from: 1,
-            timings: timings.clone(),
+            timings,
             call: RaftCall::InstallSnapshot(InstallSnapshotRequest {
                 vote: Vote::new_committed(4, 1),
                 meta: SnapshotMeta {
@@ -122,7 +122,7 @@ fn raft_requests() -> Vec<RaftRequest> {
         },
         RaftRequest {
             from: 3,
-            timings: timings.clone(),
+            timings,
             call: RaftCall::Probe,
         },
         RaftRequest {

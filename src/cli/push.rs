@@ -352,7 +352,7 @@ fn not_settled(m: &MachineView, sequence: u64) -> String {
 
 fn seconds(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 == 0 {
+    if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")

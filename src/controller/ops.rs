@@ -202,6 +202,7 @@ impl Service {
     /// removal refused without `replace` come from the state the write lands on. No lease round
     /// and no revision check: the write only changes the replicated state, so its commit in this
     /// leader's term is the check, and concurrent writes go into one proposal batch.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn settings_set(
         &self,
         actor: &str,

@@ -34,7 +34,6 @@ pub const upload_chunk_bytes_max: usize = 2 * 1024 * 1024;
 /// and again in the debug-build test bed on a loaded 2-core machine, 64 KiB ones did not.
 pub const upload_chunk_bytes: usize = 64 * 1024;
 /// Most chunks of one upload.
-
 pub const upload_chunks_max: u32 = 4_096;
 /// An upload no chunk reached for this long is dropped (at the next staging command) and can no
 /// longer be applied.
