@@ -5,14 +5,12 @@
 
 mod controller_common;
 
-use std::time::Duration;
-
-use controller_common::{Bed, machine, transport};
+use controller_common::{Bed, machine};
 use mesh::controller::api::{Body, MachineView, Request};
 use mesh::core::model::Mesh;
 use mesh::core::report::{ModuleState, ModuleStatus, Report};
-use mesh::core::wire::{ReportReply, report_reply_what, report_what};
-use mesh_transport::{Endpoint, MessageKind, Principal};
+use mesh::core::wire::ReportReply;
+use mesh_transport::Principal;
 
 fn report(report_sequence: u64, restarts: u32) -> Report {
     Report {
@@ -34,18 +32,6 @@ fn report(report_sequence: u64, restarts: u32) -> Report {
     }
 }
 
-async fn send(host: &Endpoint, bed: &Bed, leader: u64, r: &Report) -> ReportReply {
-    let body = mesh_codec::encode(report_what, r).expect("encode");
-    let kind = MessageKind::Report {
-        machine: "ace".into(),
-    };
-    let answer = host
-        .request(bed.addrs[&leader], kind, body, Duration::from_secs(5))
-        .await
-        .expect("answer");
-    mesh_codec::decode(report_reply_what, &answer).expect("reply")
-}
-
 async fn ace(bed: &Bed, id: u64) -> MachineView {
     let Body::Status(status) = bed.ok(id, &Request::Status).await else {
         panic!("status")
@@ -65,18 +51,13 @@ async fn g5_an_unchanged_report_is_heard_not_proposed_and_a_new_leader_has_heard
     let mut mesh = Mesh::default();
     mesh.machines.insert("ace".into(), machine("ace"));
     bed.apply(leader, &mesh).await;
-    let host = Endpoint::bind(
-        "127.0.0.1:0".parse().expect("addr"),
-        &bed.pki.identity(&Principal::Host("ace".into())),
-        transport().check().expect("transport"),
-    )
-    .expect("bind");
+    let host = bed.endpoint_as(&Principal::Host("ace".into()));
     let proposals = || bed.service(leader).replica().proposals_total();
     let filed = ReportReply::Filed { accepted: true };
 
     // The first report is new: filed through Raft.
     let before = proposals();
-    assert_eq!(send(&host, &bed, leader, &report(10, 0)).await, filed);
+    assert_eq!(bed.file_report(&host, leader, &report(10, 0)).await, filed);
     assert_eq!(proposals(), before + 1, "a new report is one proposal");
     let first = ace(&bed, leader).await;
     assert_eq!(first.last_report.map(|r| r.2), Some(10));
@@ -85,7 +66,7 @@ async fn g5_an_unchanged_report_is_heard_not_proposed_and_a_new_leader_has_heard
 
     // The same again, later: answered filed, not proposed; only "heard" moves.
     let before = proposals();
-    assert_eq!(send(&host, &bed, leader, &report(12, 0)).await, filed);
+    assert_eq!(bed.file_report(&host, leader, &report(12, 0)).await, filed);
     assert_eq!(proposals(), before, "an unchanged report is not proposed");
     let heard = ace(&bed, leader).await;
     assert_eq!(
@@ -100,7 +81,7 @@ async fn g5_an_unchanged_report_is_heard_not_proposed_and_a_new_leader_has_heard
     // Report 11 comes late: below what the leader heard (12), so refused and counted once,
     // though it is newer than the account's last (10).
     let before = proposals();
-    let late = send(&host, &bed, leader, &report(11, 1)).await;
+    let late = bed.file_report(&host, leader, &report(11, 1)).await;
     assert_eq!(late, ReportReply::Filed { accepted: false });
     assert_eq!(proposals(), before + 1, "a refusal is counted through Raft");
     let refused = ace(&bed, leader).await;
@@ -108,7 +89,7 @@ async fn g5_an_unchanged_report_is_heard_not_proposed_and_a_new_leader_has_heard
     assert_eq!(refused.last_report.map(|r| r.2), Some(10));
 
     // A changed report (a restart): filed.
-    assert_eq!(send(&host, &bed, leader, &report(13, 1)).await, filed);
+    assert_eq!(bed.file_report(&host, leader, &report(13, 1)).await, filed);
     let changed = ace(&bed, leader).await;
     assert_eq!(changed.last_report.map(|r| r.2), Some(13));
     assert_eq!(changed.modules[0].restarts, 1);
@@ -126,7 +107,7 @@ async fn g5_an_unchanged_report_is_heard_not_proposed_and_a_new_leader_has_heard
     let after = ace(&bed, next).await;
     assert_eq!(after.last_report.map(|r| r.2), Some(13));
     assert_eq!(after.heard_ago_ms, None, "{after:?}");
-    assert_eq!(send(&host, &bed, next, &report(14, 1)).await, filed);
+    assert_eq!(bed.file_report(&host, next, &report(14, 1)).await, filed);
     assert!(ace(&bed, next).await.heard_ago_ms.is_some());
     host.close().await;
     bed.shutdown().await;

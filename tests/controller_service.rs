@@ -651,38 +651,15 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
     use mesh::core::declaration::Declaration;
     use mesh::core::envelope::{open_with_proof, seal};
     use mesh::core::report::Report;
-    use mesh::core::wire::{ReportReply, report_reply_what, report_what};
+    use mesh::core::wire::ReportReply;
     let bed = Bed::start(&["ace"], &[]).await;
     let leader = bed.wait_leader().await;
     bed.apply(leader, &mount_mesh("/srv/a")).await;
-    let floor = || async {
-        let Body::Status(status) = bed.ok(leader, &Request::Status).await else {
-            panic!("status")
-        };
-        status.epoch_floor
-    };
-    let before = floor().await;
-    let host = Endpoint::bind(
-        "127.0.0.1:0".parse().expect("addr"),
-        &bed.pki.identity(&Principal::Host("ace".into())),
-        transport().check().expect("transport"),
-    )
-    .expect("bind");
+    let before = bed.epoch_floor(leader).await;
+    let host = bed.endpoint_as(&Principal::Host("ace".into()));
     let send = |report: Report| {
-        let host = &host;
-        let addr = bed.addrs[&leader];
-        async move {
-            let body = mesh_codec::encode(report_what, &report).expect("encode");
-            let kind = MessageKind::Report {
-                machine: "ace".into(),
-            };
-            let timeout = std::time::Duration::from_secs(5);
-            let answer = host
-                .request(addr, kind, body, timeout)
-                .await
-                .expect("answer");
-            mesh_codec::decode::<ReportReply>(report_reply_what, &answer).expect("reply")
-        }
+        let (bed, host) = (&bed, &host);
+        async move { bed.file_report(host, leader, &report).await }
     };
     let claim = |epoch: u64, report_sequence: u64| Report {
         machine: "ace".into(),
@@ -700,7 +677,11 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
         matches!(refused, ReportReply::Refused { .. }),
         "{refused:?}"
     );
-    assert_eq!(floor().await, before, "an unproven claim moves nothing");
+    assert_eq!(
+        bed.epoch_floor(leader).await,
+        before,
+        "an unproven claim moves nothing"
+    );
     let pushed = bed
         .push(leader, "ace", &[])
         .await
@@ -730,7 +711,7 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
     proven.proof = Some(proof);
     let filed = send(proven).await;
     assert!(matches!(filed, ReportReply::Filed { .. }), "{filed:?}");
-    assert_eq!(floor().await, proven_epoch);
+    assert_eq!(bed.epoch_floor(leader).await, proven_epoch);
     bed.shutdown().await;
 }
 

@@ -14,6 +14,8 @@ use mesh::controller::api::{Answer, ApiError, Body, PushTarget, Request};
 use mesh::controller::config::{ReplicaConfig, ReplicaConfigFile, TlsFile, write_signing_key};
 use mesh::controller::{Running, Service};
 use mesh::core::model::Mesh;
+use mesh::core::report::Report;
+use mesh::core::wire::{ReportReply, report_reply_what, report_what};
 use mesh::host::config::encode_hex;
 use mesh::host::{Agent, HostConfig, QuicSink, listener};
 use mesh_raft::{Clock, MonotonicClock};
@@ -200,6 +202,44 @@ impl Bed {
             std::future::ready(led)
         })
         .await
+    }
+
+    /// Replica `id`'s current Raft term.
+    pub fn term(&self, id: u64) -> u64 {
+        self.service(id).replica().metrics().borrow().current_term
+    }
+
+    /// The epoch floor replica `id`'s status shows.
+    pub async fn epoch_floor(&self, id: u64) -> u64 {
+        let Body::Status(status) = self.ok(id, &Request::Status).await else {
+            panic!("status")
+        };
+        status.epoch_floor
+    }
+
+    /// An endpoint on a free loopback port presenting `principal`'s certificate (a host, or a
+    /// replica's key, sending by hand).
+    pub fn endpoint_as(&self, principal: &Principal) -> Endpoint {
+        Endpoint::bind(
+            "127.0.0.1:0".parse().expect("addr"),
+            &self.pki.identity(principal),
+            transport().check().expect("transport"),
+        )
+        .expect("bind")
+    }
+
+    /// Sends `report` from `from` (an endpoint presenting its machine's certificate) to replica
+    /// `to`, as a host's sink does, and decodes the reply.
+    pub async fn file_report(&self, from: &Endpoint, to: u64, report: &Report) -> ReportReply {
+        let body = mesh_codec::encode(report_what, report).expect("encode");
+        let kind = MessageKind::Report {
+            machine: report.machine.clone(),
+        };
+        let answer = from
+            .request(self.addrs[&to], kind, body, Duration::from_secs(5))
+            .await
+            .expect("answer");
+        mesh_codec::decode(report_reply_what, &answer).expect("reply")
     }
 
     pub fn follower(&self, leader: u64) -> u64 {
