@@ -30,8 +30,9 @@ pub use handover::{HandedOver, HandoverError};
 pub use log_store::LogStore;
 pub use membership::{Member, MembershipError, QuorumLost, check_quorum, majority, members_of};
 pub use network::{
-    PeerTimings, Probed, QuicNetwork, Role, TimingsDiffer, answer as answer_raft_rpc,
-    check_peer_timings, elect_now, hand_over_over_quic, probe as probe_replica,
+    Impostor, PeerTimings, Probed, QuicNetwork, Role, TimingsDiffer, Unanswered,
+    answer as answer_raft_rpc, bind_to_sender, check_peer_timings, elect_now, hand_over_over_quic,
+    probe as probe_replica, term_max,
 };
 pub use recover::{
     Inspected, RecoverError, Recovered, force_new_cluster, inspect, outside_membership,

@@ -178,6 +178,11 @@ fn log_loudly(differ: &TimingsDiffer, refusing: bool) {
     }
 }
 
+/// The id of the replica `raft` runs.
+fn own_id_of(raft: &Raft) -> NodeId {
+    raft.metrics().borrow().id
+}
+
 /// This endpoint's replica id (0 when it carries another identity, which only tests do).
 fn own_id(endpoint: &Endpoint) -> NodeId {
     match endpoint.principal() {
@@ -202,19 +207,164 @@ pub enum NetworkFault {
     TimingsDiffer(TimingsDiffer),
 }
 
-/// Answers one `MessageKind::Raft` body on the receiving replica: decodes the request, hands it to
-/// `raft`, encodes the reply. `Err` is a refusal the caller sees (an undecodable body).
+/// The highest Raft term a replica takes from a peer or moves to (2^48: an election a second for
+/// eight million years). A term above it in a request is refused before Raft sees it, so no
+/// certificate can push the cluster's term, and with it every host's epoch, to where `+ 1`
+/// overflows. The domain's `epoch_max` is the same number (a test in the root crate checks it).
+pub const term_max: u64 = 1 << 48;
+
+/// Why a Raft request was refused before Raft saw it: the ids it carries are not those of the
+/// certificate it came with, or its term is beyond [`term_max`]. A pure verdict on (certificate,
+/// request); [`bind_to_sender`] decides it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Impostor {
+    #[error(
+        "replica {cert}'s certificate sent a Raft request claiming to come from replica {claimed}"
+    )]
+    From { cert: NodeId, claimed: NodeId },
+    #[error("replica {cert}'s certificate asked for a vote for replica {candidate}")]
+    Candidate { cert: NodeId, candidate: NodeId },
+    #[error(
+        "replica {cert}'s certificate sent {what} as the leader {}",
+        leader.map_or("no one".to_string(), |l| format!("replica {l}"))
+    )]
+    Leader {
+        cert: NodeId,
+        what: &'static str,
+        leader: Option<NodeId>,
+    },
+    #[error(
+        "replica {cert}'s certificate sent {what} at term {term}, above the highest term a replica takes ({term_max})"
+    )]
+    TermBeyond {
+        cert: NodeId,
+        what: &'static str,
+        term: u64,
+    },
+}
+
+impl Impostor {
+    /// The replica whose certificate sent the request.
+    pub fn cert(&self) -> NodeId {
+        match self {
+            Impostor::From { cert, .. }
+            | Impostor::Candidate { cert, .. }
+            | Impostor::Leader { cert, .. }
+            | Impostor::TermBeyond { cert, .. } => *cert,
+        }
+    }
+}
+
+/// Binds a Raft request to the certificate it came with (issue 27): its `from`, a vote's
+/// candidate, an append's or a snapshot's leader must be the replica `cert` names, and no term it
+/// carries may be above [`term_max`]. A vote that names no one (a leader stepping down in a
+/// handover, decision 0278) is allowed from its sender.
+pub fn bind_to_sender(cert: NodeId, request: &RaftRequest) -> Result<(), Impostor> {
+    if request.from != cert {
+        return Err(Impostor::From {
+            cert,
+            claimed: request.from,
+        });
+    }
+    let beyond = |what: &'static str, term: u64| {
+        (term > term_max).then_some(Impostor::TermBeyond { cert, what, term })
+    };
+    let leads = |what: &'static str, leader: Option<NodeId>| {
+        (leader != Some(cert)).then_some(Impostor::Leader { cert, what, leader })
+    };
+    let refusal = match &request.call {
+        RaftCall::Vote(rpc) => {
+            let id = rpc.vote.leader_id();
+            beyond("a vote request", id.term)
+                .or_else(|| {
+                    rpc.last_log_id
+                        .and_then(|l| beyond("a vote request's last log id", l.leader_id.term))
+                })
+                .or_else(|| match id.voted_for {
+                    Some(candidate) if candidate != cert => {
+                        Some(Impostor::Candidate { cert, candidate })
+                    }
+                    _ => None,
+                })
+        }
+        RaftCall::AppendEntries(rpc) => {
+            let id = rpc.vote.leader_id();
+            let log_ids = rpc
+                .prev_log_id
+                .iter()
+                .chain(rpc.leader_commit.iter())
+                .copied()
+                .chain(rpc.entries.iter().map(|e| e.log_id));
+            beyond("append entries", id.term)
+                .or_else(|| {
+                    log_ids
+                        .map(|l| l.leader_id.term)
+                        .find(|t| *t > term_max)
+                        .and_then(|t| beyond("an appended log id", t))
+                })
+                .or_else(|| leads("append entries", id.voted_for))
+        }
+        RaftCall::InstallSnapshot(rpc) => {
+            let id = rpc.vote.leader_id();
+            beyond("a snapshot", id.term)
+                .or_else(|| {
+                    rpc.meta
+                        .last_log_id
+                        .and_then(|l| beyond("a snapshot's last log id", l.leader_id.term))
+                })
+                .or_else(|| leads("a snapshot", id.voted_for))
+        }
+        RaftCall::Probe | RaftCall::ElectNow => None,
+    };
+    match refusal {
+        Some(impostor) => Err(impostor),
+        None => Ok(()),
+    }
+}
+
+/// Why [`answer`] handed a request to no Raft node.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unanswered {
+    #[error("raft request could not be decoded: {0}")]
+    Undecodable(String),
+    /// Its ids are not its certificate's (or its term is beyond the bound).
+    #[error("refused: {0}")]
+    Impostor(#[from] Impostor),
+    /// The sender is not a member of this replica's cluster (decision 0235).
+    #[error("{0}")]
+    Outside(String),
+    #[error("raft reply could not be encoded: {0}")]
+    Encode(String),
+}
+
+/// Answers one `MessageKind::Raft` body on the receiving replica: decodes the request, binds it to
+/// `cert` (the replica id of the certificate it came with, [`bind_to_sender`]), hands it to
+/// `raft`, encodes the reply. `Err` is a refusal the caller sees.
 /// A request whose timings differ from `timings` (this replica's) is not handed to Raft: the
 /// answer is [`RaftReply::TimingsDiffer`] and the refusal is logged (decision 0150).
 /// Votes go through `fence` when given: a replica whose lease is open grants none (decision 0071).
 pub async fn answer(
     raft: &Raft,
     timings: &Timings,
+    cert: NodeId,
     body: &[u8],
     fence: Option<&crate::gate::VoteFence>,
-) -> Result<Vec<u8>, String> {
-    let request: RaftRequest =
-        mesh_codec::decode("raft request", body).map_err(|e| e.to_string())?;
+) -> Result<Vec<u8>, Unanswered> {
+    let request: RaftRequest = mesh_codec::decode("raft request", body)
+        .map_err(|e| Unanswered::Undecodable(e.to_string()))?;
+    if let Err(impostor) = bind_to_sender(cert, &request) {
+        static logged: Mutex<BTreeMap<(NodeId, NodeId), Instant>> = Mutex::new(BTreeMap::new());
+        let own = own_id_of(raft);
+        if crate::recover::refusal_due(&logged, (own, cert)) {
+            tracing::warn!(
+                replica = own,
+                cert,
+                claimed = request.from,
+                "IMPOSTOR: {impostor}"
+            );
+        }
+        return Err(impostor.into());
+    }
     let reply = if request.timings != *timings {
         let own = raft.metrics().borrow().id;
         log_loudly(
@@ -236,7 +386,7 @@ pub async fn answer(
         if !matches!(request.call, RaftCall::Probe)
             && let Some(refusal) = crate::recover::outside_membership(raft, request.from)
         {
-            return Err(refusal);
+            return Err(Unanswered::Outside(refusal));
         }
         match request.call {
             RaftCall::AppendEntries(rpc) => {
@@ -253,7 +403,7 @@ pub async fn answer(
             RaftCall::ElectNow => RaftReply::ElectNow(elect_now_for(raft, request.from).await),
         }
     };
-    mesh_codec::encode("raft reply", &reply).map_err(|e| e.to_string())
+    mesh_codec::encode("raft reply", &reply).map_err(|e| Unanswered::Encode(e.to_string()))
 }
 
 /// Asks replica `target` at `addr` what it is ([`RaftCall::Probe`]), within `timeout` (dial and
@@ -668,5 +818,151 @@ impl RaftNetwork<TypeConfig> for QuicConnection {
             Ok(_) => Err(self.wrong_reply("vote").into_rpc()),
             Err(f) => Err(f.into_rpc()),
         }
+    }
+}
+
+#[cfg(test)]
+mod binding_tests {
+    //! G2/G3 (issue 27): a Raft request is bound to the certificate it came with, and no term
+    //! beyond the bound reaches Raft. Pure verdicts on (certificate, request), no socket.
+
+    use openraft::{CommittedLeaderId, LogId, SnapshotMeta, StoredMembership, Vote};
+
+    use super::*;
+    use crate::RaftConfig;
+
+    fn request(from: NodeId, call: RaftCall) -> RaftRequest {
+        RaftRequest {
+            from,
+            timings: RaftConfig::default().timings(),
+            call,
+        }
+    }
+
+    fn append(term: u64, leader: NodeId) -> RaftCall {
+        RaftCall::AppendEntries(AppendEntriesRequest {
+            vote: Vote::new_committed(term, leader),
+            prev_log_id: None,
+            entries: vec![],
+            leader_commit: None,
+        })
+    }
+
+    fn vote(term: u64, candidate: Option<NodeId>) -> RaftCall {
+        let vote = Vote {
+            leader_id: openraft::LeaderId {
+                term,
+                voted_for: candidate,
+            },
+            committed: false,
+        };
+        RaftCall::Vote(VoteRequest::new(vote, None))
+    }
+
+    fn snapshot(term: u64, leader: NodeId) -> RaftCall {
+        RaftCall::InstallSnapshot(InstallSnapshotRequest {
+            vote: Vote::new_committed(term, leader),
+            meta: SnapshotMeta {
+                last_log_id: Some(LogId::new(CommittedLeaderId::new(term, leader), 9)),
+                last_membership: StoredMembership::default(),
+                snapshot_id: "s".into(),
+            },
+            offset: 0,
+            data: vec![],
+            done: true,
+        })
+    }
+
+    #[test]
+    fn g2_a_raft_request_that_carries_its_own_certificates_ids_is_bound() {
+        for call in [
+            append(5, 3),
+            vote(5, Some(3)),
+            vote(5, None),
+            snapshot(5, 3),
+            RaftCall::Probe,
+            RaftCall::ElectNow,
+        ] {
+            assert_eq!(bind_to_sender(3, &request(3, call)), Ok(()));
+        }
+        assert_eq!(
+            bind_to_sender(3, &request(3, append(term_max, 3))),
+            Ok(()),
+            "the bound itself is a term a replica takes"
+        );
+    }
+
+    #[test]
+    fn g2_a_second_replica_certificate_claiming_another_id_is_refused_for_every_call() {
+        // Replica 3's certificate poses as replica 1: as the sender of any call, as the
+        // candidate of a vote, as the leader of an append or a snapshot.
+        for call in [
+            append(2001, 1),
+            vote(2001, Some(1)),
+            RaftCall::ElectNow,
+            RaftCall::Probe,
+        ] {
+            assert_eq!(
+                bind_to_sender(3, &request(1, call)),
+                Err(Impostor::From {
+                    cert: 3,
+                    claimed: 1
+                })
+            );
+        }
+        assert_eq!(
+            bind_to_sender(3, &request(3, vote(2001, Some(1)))),
+            Err(Impostor::Candidate {
+                cert: 3,
+                candidate: 1
+            })
+        );
+        assert_eq!(
+            bind_to_sender(3, &request(3, append(2001, 1))),
+            Err(Impostor::Leader {
+                cert: 3,
+                what: "append entries",
+                leader: Some(1)
+            })
+        );
+        assert_eq!(
+            bind_to_sender(3, &request(3, snapshot(2001, 1))),
+            Err(Impostor::Leader {
+                cert: 3,
+                what: "a snapshot",
+                leader: Some(1)
+            })
+        );
+        let refusal = bind_to_sender(3, &request(3, append(2001, 1)))
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            refusal.contains("replica 3's certificate") && refusal.contains("replica 1"),
+            "the refusal names both: {refusal}"
+        );
+    }
+
+    #[test]
+    fn g9_a_term_beyond_the_bound_is_refused_before_raft_sees_it() {
+        // Issue 27 part 3: no certificate moves the cluster's term to where `+ 1` overflows.
+        for (what, call) in [
+            ("append entries", append(term_max + 1, 3)),
+            ("a vote request", vote(u64::MAX, Some(3))),
+            ("a snapshot", snapshot(term_max + 1, 3)),
+        ] {
+            let refused = bind_to_sender(3, &request(3, call));
+            assert!(
+                matches!(refused, Err(Impostor::TermBeyond { cert: 3, what: w, .. }) if w == what),
+                "{what}: {refused:?}"
+            );
+        }
+        let RaftCall::AppendEntries(mut rpc) = append(5, 3) else {
+            unreachable!("append builds an append")
+        };
+        rpc.leader_commit = Some(LogId::new(CommittedLeaderId::new(u64::MAX, 3), 1));
+        assert!(matches!(
+            bind_to_sender(3, &request(3, RaftCall::AppendEntries(rpc))),
+            Err(Impostor::TermBeyond { .. })
+        ));
     }
 }

@@ -211,6 +211,30 @@ const refusal_logged_every: Duration = Duration::from_secs(10);
 /// Senders whose last logged refusal is remembered at most; beyond, the memory starts again.
 const refusals_remembered_max: usize = 1024;
 
+/// Whether a refusal of `key` (this replica, the sender) is due to be logged: the first always,
+/// then at most every [`refusal_logged_every`]. A poisoned memory logs every time.
+pub(crate) fn refusal_due(
+    logged: &Mutex<BTreeMap<(NodeId, NodeId), Instant>>,
+    key: (NodeId, NodeId),
+) -> bool {
+    let now = Instant::now();
+    match logged.lock() {
+        Ok(mut last) => {
+            let due = last
+                .get(&key)
+                .is_none_or(|at| now.duration_since(*at) >= refusal_logged_every);
+            if due {
+                if last.len() >= refusals_remembered_max {
+                    last.clear();
+                }
+                last.insert(key, now);
+            }
+            due
+        }
+        Err(_) => true,
+    }
+}
+
 /// When replica `from` is outside the membership this replica's Raft has in force, the refusal to
 /// answer instead of handling its Raft message (decision 0235): a replica of the cluster a
 /// recovered replica left, or one removed, gets no vote, no log and no term from it — a higher
@@ -236,22 +260,7 @@ pub fn outside_membership(raft: &Raft, from: NodeId) -> Option<String> {
         "replica {own} refuses Raft from replica {from}: {from} is not a member of its cluster (members {members:?}); its store is from before a recovery or a removal — move it aside and add the replica back"
     );
     static logged: Mutex<BTreeMap<(NodeId, NodeId), Instant>> = Mutex::new(BTreeMap::new());
-    let now = Instant::now();
-    let due = match logged.lock() {
-        Ok(mut last) => {
-            let due = last
-                .get(&(own, from))
-                .is_none_or(|at| now.duration_since(*at) >= refusal_logged_every);
-            if due {
-                if last.len() >= refusals_remembered_max {
-                    last.clear();
-                }
-                last.insert((own, from), now);
-            }
-            due
-        }
-        Err(_) => true,
-    };
+    let due = refusal_due(&logged, (own, from));
     if due {
         tracing::warn!(replica = own, from, ?members, "{refusal}");
     }

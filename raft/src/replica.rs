@@ -163,6 +163,10 @@ pub enum RaiseTermError {
     #[error("the replica is stopping; its term was not raised")]
     Stopped,
     #[error(
+        "epoch {epoch} is above the highest term a replica moves to ({max}); the term was not raised: whatever claims it is corrupt or forged"
+    )]
+    Beyond { epoch: u64, max: u64 },
+    #[error(
         "replica {id} could not leave term {term} for one above {epoch} within {waited_ms} ms: it follows a leader whose lease it keeps, or its log moved under every try; raise it on the leader"
     )]
     Refused {
@@ -333,6 +337,13 @@ impl<A: App> Replica<A> {
     /// tried again every heartbeat until twice `election_timeout_max`. So a leader calls it; a
     /// follower is refused while its leader is alive.
     pub async fn raise_term_above(&self, epoch: u64) -> Result<TermRaised, RaiseTermError> {
+        // The campaign goes to `epoch + 2` at most: both stay far from overflow below the bound.
+        if epoch >= crate::network::term_max {
+            return Err(RaiseTermError::Beyond {
+                epoch,
+                max: crate::network::term_max,
+            });
+        }
         let _one = self.raising.lock().await;
         let settings = self.config.settings();
         let wait = Duration::from_millis(settings.election_timeout_max_ms.saturating_mul(2));

@@ -38,6 +38,7 @@ pub struct Metrics {
     pushes: Family<Label, Counter>,
     sends: Family<Label, Counter>,
     reports: Family<Label, Counter>,
+    impostors: Family<Label, Counter>,
     lease_rounds: Family<Label, Counter>,
     lease_losses: Counter,
     leadership: Family<Label, Counter>,
@@ -64,6 +65,7 @@ impl Metrics {
             pushes: Family::default(),
             sends: Family::default(),
             reports: Family::default(),
+            impostors: Family::default(),
             lease_rounds: Family::default(),
             lease_losses: Counter::default(),
             leadership: Family::default(),
@@ -90,11 +92,15 @@ impl Metrics {
             "heard",
             "refused",
             "unproven",
+            "beyond",
             "busy",
             "not_leader",
             "error",
         ] {
             let _ = m.reports.get_or_create(&[("outcome", word)]);
+        }
+        for word in ["raft", "forward", "report"] {
+            let _ = m.impostors.get_or_create(&[("kind", word)]);
         }
         for word in ["granted", "refused"] {
             let _ = m.lease_rounds.get_or_create(&[("outcome", word)]);
@@ -120,8 +126,13 @@ impl Metrics {
         );
         r.register(
             "mesh_reports",
-            "Host reports received, by outcome: accepted (filed into the account), heard (said what the account says: not proposed, decision 0216), refused (not newer than the account or than what was heard), unproven, busy (report queue full), not_leader, error",
+            "Host reports received, by outcome: accepted (filed into the account), heard (said what the account says: not proposed, decision 0216), refused (not newer than the account or than what was heard), unproven, beyond (an epoch, sequence or counter above the bound), busy (report queue full), not_leader, error",
             m.reports.clone(),
+        );
+        r.register(
+            "mesh_impostor_messages",
+            "Messages refused because an id they carry is not the one their certificate names (a Raft sender, candidate or leader, a forward's replica, a report's machine) or their term is beyond the bound, by kind",
+            m.impostors.clone(),
         );
         r.register(
             "mesh_lease_rounds",
@@ -190,6 +201,12 @@ impl Metrics {
     /// One host report: `accepted`, `refused`, `not_leader` or `error`.
     pub(crate) fn report(&self, outcome: &'static str) {
         self.reports.get_or_create(&[("outcome", outcome)]).inc();
+    }
+
+    /// One message refused because the ids it carries are not its certificate's: `raft`,
+    /// `forward` or `report`.
+    pub(crate) fn impostor(&self, kind: &'static str) {
+        self.impostors.get_or_create(&[("kind", kind)]).inc();
     }
 
     pub(crate) fn lease_round(&self, granted: bool) {

@@ -942,6 +942,7 @@ impl Service {
             }
         };
         if forwarded.via != from {
+            self.metrics.impostor("forward");
             return self.answer(Err(ApiError::BadRequest {
                 reason: format!(
                     "replica {from} forwarded a request claiming to come via {}",
@@ -977,8 +978,20 @@ impl Service {
         })?;
         check_report_machine(frame_machine, &report).map_err(|e| {
             self.metrics.report("error");
+            self.metrics.impostor("report");
             e.to_string()
         })?;
+        if report.beyond_bound() {
+            self.metrics.report("beyond");
+            let reason = format!(
+                "the report claims epoch {} sequence {} report {}, beyond the highest a host reaches ({}); it is corrupt or forged and is not filed",
+                report.epoch,
+                report.sequence,
+                report.report_sequence,
+                crate::core::envelope::epoch_max
+            );
+            return Ok(ReportReply::Refused { reason });
+        }
         if !self.is_leader() {
             self.metrics.report("not_leader");
             return Ok(self.not_leader());
@@ -1057,33 +1070,17 @@ impl Service {
         if report.epoch != term || report.sequence == 0 {
             return None;
         }
+        let proof = report.proof.as_ref()?;
         let state = self.app.state().ok()?;
-        let recorded = state
-            .last_sends
-            .get(&report.machine)
-            .filter(|s| s.epoch == term);
-        let why = match recorded {
-            None => format!("no send of term {term} to {} is recorded", report.machine),
-            Some(s) if report.sequence > s.sequence => format!(
-                "the last send of term {term} to {} recorded is {term}.{}",
-                report.machine, s.sequence
-            ),
-            Some(s)
-                if report.sequence == s.sequence
-                    && report.applied.is_some_and(|d| d != s.digest) =>
-            {
-                format!("{term}.{} was recorded with another digest", s.sequence)
-            }
-            Some(_) => return None,
-        };
         let trusted = self.proof_keys(&state);
         let position = Position {
             epoch: report.epoch,
             sequence: report.sequence,
         };
-        let proof = report.proof.as_ref()?;
         proof.verify(&trusted, &report.machine, position).ok()?;
-        Some(why)
+        // Only what the signature covers counts: the digest the host asserts beside the proof
+        // (`report.applied`) is its word alone, and one host certificate must not move the term.
+        reused_by_another(term, &proof.header, state.last_sends.get(&report.machine))
     }
 
     /// A host that reports an epoch above the floor has seen a leader this store does not remember
@@ -1121,6 +1118,34 @@ impl Service {
     }
 }
 
+/// Why the signed `header` (already verified) proves that another leadership signed envelopes of
+/// `term`, given the machine's last recorded send, or `None` (decision 0272). Every envelope this
+/// leadership signs has its send record applied before it is written, so a signed position of
+/// `term` past the last recorded send of `term`, or the same sequence with another digest, is one
+/// this store never made. Positions below the last record are not looked up.
+pub(crate) fn reused_by_another(
+    term: u64,
+    header: &crate::core::envelope::EnvelopeHeader,
+    recorded: Option<&crate::store::command::SendRecord>,
+) -> Option<String> {
+    if header.epoch != term || header.sequence == 0 {
+        return None;
+    }
+    let machine = &header.machine;
+    match recorded.filter(|s| s.epoch == term) {
+        None => Some(format!("no send of term {term} to {machine} is recorded")),
+        Some(s) if header.sequence > s.sequence => Some(format!(
+            "the last send of term {term} to {machine} recorded is {term}.{}",
+            s.sequence
+        )),
+        Some(s) if header.sequence == s.sequence && header.digest != s.digest => Some(format!(
+            "{term}.{} was recorded with another digest",
+            s.sequence
+        )),
+        Some(_) => None,
+    }
+}
+
 /// Wall-clock milliseconds since the Unix epoch (history only; never used to decide anything).
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
@@ -1155,10 +1180,21 @@ impl Handler for Serving {
                 return Err("the replica is stopping".to_string());
             };
             match (kind, from) {
-                (MessageKind::Raft, _) => {
+                (MessageKind::Raft, Principal::Replica(cert)) => {
                     let timings = service.replica.config().timings();
                     let raft = service.replica.raft();
-                    mesh_raft::answer_raft_rpc(raft, &timings, &body, Some(&service.fence)).await
+                    let answered = mesh_raft::answer_raft_rpc(
+                        raft,
+                        &timings,
+                        cert,
+                        &body,
+                        Some(&service.fence),
+                    )
+                    .await;
+                    if let Err(mesh_raft::Unanswered::Impostor(_)) = &answered {
+                        service.metrics.impostor("raft");
+                    }
+                    answered.map_err(|e| e.to_string())
                 }
                 (MessageKind::Command, Principal::Operator(name)) => {
                     encode_answer(&service.command(&name, &body, &lines).await)

@@ -29,17 +29,24 @@ pub struct RaftHandler {
 impl Handler for RaftHandler {
     fn request(
         &self,
-        _from: Principal,
+        from: Principal,
         kind: MessageKind,
         body: Vec<u8>,
     ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
         Box::pin(async move {
-            match kind {
-                MessageKind::Raft => {
-                    mesh_raft::answer_raft_rpc(&self.raft, &self.timings, &body, Some(&self.fence))
-                        .await
-                }
-                other => Err(format!("this test replica serves raft only, not {other}")),
+            match (kind, from) {
+                (MessageKind::Raft, Principal::Replica(cert)) => mesh_raft::answer_raft_rpc(
+                    &self.raft,
+                    &self.timings,
+                    cert,
+                    &body,
+                    Some(&self.fence),
+                )
+                .await
+                .map_err(|e| e.to_string()),
+                (other, _) => Err(format!(
+                    "this test replica serves raft from replicas only, not {other}"
+                )),
             }
         })
     }
