@@ -8,6 +8,19 @@ use std::collections::BTreeMap;
 use super::compose::digest;
 use super::declaration::{Declaration, Digest};
 
+/// The highest epoch, and the highest sequence within one, a host applies or a controller files
+/// (2^48; the same number as the replicas' `term_max`). Anything above it is refused before it can
+/// move a mark or a floor: nothing signed by a real leader gets there (an election a second for
+/// eight million years), and `+ 1` on a value at or below it never overflows.
+pub const epoch_max: u64 = 1 << 48;
+
+impl Position {
+    /// Whether the epoch or the sequence is above [`epoch_max`]: corrupt or forged.
+    pub fn beyond_bound(&self) -> bool {
+        self.epoch > epoch_max || self.sequence > epoch_max
+    }
+}
+
 /// What a replica sends to a machine. The epoch is the Raft term of the leader that sent it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Envelope {
@@ -86,6 +99,10 @@ pub enum ProofError {
     BadSignature(u64),
     #[error("the proof is for {got}, not for what the report claims ({claimed})")]
     Mismatch { claimed: String, got: String },
+    #[error(
+        "the proof is for {got}, beyond the highest epoch or sequence anything signs ({epoch_max})"
+    )]
+    Beyond { got: Position },
 }
 
 /// The bytes a header signature covers: a label, so no other signed message can pass for one.
@@ -116,6 +133,13 @@ impl EpochProof {
         position: Position,
     ) -> Result<(), ProofError> {
         let h = &self.header;
+        let signed = Position {
+            epoch: h.epoch,
+            sequence: h.sequence,
+        };
+        if signed.beyond_bound() {
+            return Err(ProofError::Beyond { got: signed });
+        }
         if h.machine != machine || h.epoch != position.epoch || h.sequence != position.sequence {
             return Err(ProofError::Mismatch {
                 claimed: format!("{machine} at {position}"),
@@ -149,6 +173,27 @@ pub enum Refusal {
     WrongMachine { expected: String, got: String },
     #[error("envelope at {got} is not newer than {accepted}, already accepted")]
     Older { got: Position, accepted: Position },
+    #[error(
+        "envelope at {got} is beyond the highest epoch or sequence a host applies ({epoch_max}); it is corrupt or forged"
+    )]
+    Beyond { got: Position },
+    #[error(
+        "envelope signed by replica {signer} came with replica {sender}'s certificate; a replica sends only what it signed itself"
+    )]
+    NotSender { signer: u64, sender: u64 },
+}
+
+/// Binds an opened envelope to the certificate it came with (issue 27): only the leader that
+/// signed an envelope sends it, so an envelope signed by replica `signer` arriving with replica
+/// `sender`'s certificate is a replay or a forgery by another replica's certificate.
+pub fn check_sender(envelope: &Envelope, sender: u64) -> Result<(), Refusal> {
+    if envelope.signer == sender {
+        return Ok(());
+    }
+    Err(Refusal::NotSender {
+        signer: envelope.signer,
+        sender,
+    })
 }
 
 /// Why an envelope could not be sealed.
@@ -206,6 +251,11 @@ pub fn open_with_proof(
         .map_err(|e| Refusal::Malformed(e.to_string()))?;
     if envelope.signer != signer {
         return Err(Refusal::Malformed("signer changed between reads".into()));
+    }
+    if envelope.position().beyond_bound() {
+        return Err(Refusal::Beyond {
+            got: envelope.position(),
+        });
     }
     if envelope.machine != machine {
         return Err(Refusal::WrongMachine {
@@ -362,21 +412,55 @@ mod tests {
         let wire = seal(&envelope("ace", 9, 4, 1), &k).expect("seal");
         let (_, proof) = open_with_proof(&wire, &trust(1, &k), "ace", None).expect("open");
         let mut raised = proof.clone();
-        raised.header.epoch = u64::MAX;
+        raised.header.epoch = 1_000;
         assert_eq!(
-            raised.verify(&trust(1, &k), "ace", position(u64::MAX, 4)),
+            raised.verify(&trust(1, &k), "ace", position(1_000, 4)),
             Err(ProofError::BadSignature(1))
         );
-        let forged_wire = seal(&envelope("ace", u64::MAX, 4, 1), &key(7)).expect("seal");
+        let forged_wire = seal(&envelope("ace", 1_000, 4, 1), &key(7)).expect("seal");
         let forged: Sealed = mesh_codec::decode("sealed", &forged_wire).expect("decode");
         let forged = EpochProof {
-            header: envelope("ace", u64::MAX, 4, 1).header(),
+            header: envelope("ace", 1_000, 4, 1).header(),
             signature: forged.header_signature,
         };
         assert_eq!(
-            forged.verify(&trust(1, &k), "ace", position(u64::MAX, 4)),
+            forged.verify(&trust(1, &k), "ace", position(1_000, 4)),
             Err(ProofError::BadSignature(1))
         );
+    }
+
+    #[test]
+    fn g2_g9_an_epoch_or_sequence_beyond_the_bound_is_refused_even_signed_by_a_trusted_key() {
+        // Issue 27 part 3: a trusted key that signs epoch 2^64-1 must not pin a host's mark there
+        // for good, nor raise the cluster's floor with its proof.
+        let k = key(1);
+        let at_bound = seal(&envelope("ace", epoch_max, epoch_max, 1), &k).expect("seal");
+        let (_, proof) = open_with_proof(&at_bound, &trust(1, &k), "ace", None).expect("at bound");
+        assert_eq!(
+            proof.verify(&trust(1, &k), "ace", position(epoch_max, epoch_max)),
+            Ok(())
+        );
+        for (epoch, sequence) in [(epoch_max + 1, 1), (u64::MAX, 1), (1, epoch_max + 1)] {
+            let wire = seal(&envelope("ace", epoch, sequence, 1), &k).expect("seal");
+            assert_eq!(
+                open(&wire, &trust(1, &k), "ace", None),
+                Err(Refusal::Beyond {
+                    got: position(epoch, sequence)
+                })
+            );
+            let forged_wire = seal(&envelope("ace", epoch, sequence, 1), &k).expect("seal");
+            let sealed: Sealed = mesh_codec::decode("sealed", &forged_wire).expect("decode");
+            let proof = EpochProof {
+                header: envelope("ace", epoch, sequence, 1).header(),
+                signature: sealed.header_signature,
+            };
+            assert_eq!(
+                proof.verify(&trust(1, &k), "ace", position(epoch, sequence)),
+                Err(ProofError::Beyond {
+                    got: position(epoch, sequence)
+                })
+            );
+        }
     }
 
     proptest::proptest! {

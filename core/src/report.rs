@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::declaration::Digest;
-use super::envelope::EpochProof;
+use super::envelope::{EpochProof, epoch_max};
 
 /// What a host says after an apply or on its reconcile interval.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,6 +163,12 @@ impl std::fmt::Display for ReportPosition {
 }
 
 impl Report {
+    /// Whether its epoch, sequence or report counter is above [`epoch_max`]: no real host gets
+    /// there, so the report is corrupt or forged and is refused before it touches the floor.
+    pub fn beyond_bound(&self) -> bool {
+        self.epoch > epoch_max || self.sequence > epoch_max || self.report_sequence > epoch_max
+    }
+
     pub fn position(&self) -> ReportPosition {
         ReportPosition {
             epoch: self.epoch,

@@ -19,7 +19,7 @@ use super::state::{AppliedRecord, RefusalCounts, StateError, StateFiles};
 use super::validate::{DeclarationRefusal, check_declaration, check_mount_moves};
 use crate::core::compose::digest;
 use crate::core::declaration::{Declaration, Digest};
-use crate::core::envelope::{Envelope, Position, Refusal, open_with_proof};
+use crate::core::envelope::{Envelope, Position, Refusal, check_sender, open_with_proof};
 use crate::core::report::{Exit, ModuleState, ModuleStatus, Report};
 
 /// After a module changes state, the board must be quiet this long before the change is
@@ -213,11 +213,22 @@ impl Agent {
     /// declaration and queues a report. A refusal is counted, logged and kept for the report.
     #[tracing::instrument(skip_all, fields(machine = %self.config.name(), bytes = wire.len()))]
     pub async fn receive(&self, wire: &[u8]) -> Result<Applied, HostError> {
+        self.receive_from(None, wire).await
+    }
+
+    /// [`Agent::receive`] of an envelope that came over a connection with replica `sender`'s
+    /// certificate: one signed by another replica is refused before it touches the mark
+    /// ([`check_sender`], issue 27). `None` for an envelope read from a file (genesis).
+    pub async fn receive_from(
+        &self,
+        sender: Option<u64>,
+        wire: &[u8],
+    ) -> Result<Applied, HostError> {
         let mut inner = self.inner.lock().await;
         if inner.closing {
             return Err(HostError::ShuttingDown);
         }
-        let result = self.accept(&mut inner, wire).await;
+        let result = self.accept(&mut inner, sender, wire).await;
         self.envelopes.count(&result);
         if let Err(e) = &result
             && e.is_fatal()
@@ -233,17 +244,26 @@ impl Agent {
         result
     }
 
-    async fn accept(&self, inner: &mut Inner, wire: &[u8]) -> Result<Applied, HostError> {
+    async fn accept(
+        &self,
+        inner: &mut Inner,
+        sender: Option<u64>,
+        wire: &[u8],
+    ) -> Result<Applied, HostError> {
         let trusted = trusted_now(self.config.trusted(), inner.applied.as_ref());
-        let (envelope, proof) =
-            match open_with_proof(wire, &trusted, self.config.name(), inner.high_water) {
-                Ok(opened) => opened,
-                Err(refusal) => {
-                    let older = matches!(refusal, Refusal::Older { .. });
-                    self.count_refusal(inner, older, refusal.to_string())?;
-                    return Err(HostError::Refused(refusal));
-                }
-            };
+        let opened = open_with_proof(wire, &trusted, self.config.name(), inner.high_water)
+            .and_then(|(envelope, proof)| match sender {
+                Some(sender) => check_sender(&envelope, sender).map(|()| (envelope, proof)),
+                None => Ok((envelope, proof)),
+            });
+        let (envelope, proof) = match opened {
+            Ok(opened) => opened,
+            Err(refusal) => {
+                let older = matches!(refusal, Refusal::Older { .. });
+                self.count_refusal(inner, older, refusal.to_string())?;
+                return Err(HostError::Refused(refusal));
+            }
+        };
         let position = envelope.position();
         if let Err(refusal) = self.check(inner, &envelope) {
             self.count_refusal(inner, false, refusal.to_string())?;

@@ -155,7 +155,13 @@ pub fn reply_for(result: Result<Applied, HostError>) -> Result<EnvelopeReply, Ho
 impl EnvelopeHandler {
     async fn envelope(&self, from: Principal, body: Vec<u8>) -> Result<Vec<u8>, String> {
         let machine = self.agent.config().name();
-        let reply = match reply_for(self.agent.receive(&body).await) {
+        let sender = match &from {
+            Principal::Replica(id) => Some(*id),
+            // The writers table lets only replicas send envelopes (G10): no other principal
+            // reaches this handler with one.
+            _ => None,
+        };
+        let reply = match reply_for(self.agent.receive_from(sender, &body).await) {
             Ok(reply) => reply,
             Err(e) => {
                 let reason = e.to_string();

@@ -33,12 +33,14 @@ pub const http_connections_max: usize = 8;
 pub const http_connection_ms_max: u64 = 10_000;
 
 /// Why an envelope was refused, as the `reason` label: one word per kind of refusal.
-pub const refusal_reasons: [&str; 8] = [
+pub const refusal_reasons: [&str; 10] = [
     "malformed",
     "unknown_signer",
     "bad_signature",
     "wrong_machine",
     "older",
+    "beyond_bound",
+    "not_sender",
     "declaration",
     "stopping",
     "error",
@@ -91,6 +93,8 @@ pub fn refusal_reason(error: &HostError) -> &'static str {
         HostError::Refused(Refusal::BadSignature(_)) => "bad_signature",
         HostError::Refused(Refusal::WrongMachine { .. }) => "wrong_machine",
         HostError::Refused(Refusal::Older { .. }) => "older",
+        HostError::Refused(Refusal::Beyond { .. }) => "beyond_bound",
+        HostError::Refused(Refusal::NotSender { .. }) => "not_sender",
         HostError::Declaration { .. } => "declaration",
         HostError::ShuttingDown => "stopping",
         HostError::State(_) | HostError::Report(_) | HostError::Genesis { .. } => "error",
