@@ -225,6 +225,45 @@ async fn g10_envelope_from_a_host_or_operator_certificate_is_refused_and_nothing
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g2_an_envelope_signed_by_one_replica_and_sent_with_another_replicas_certificate_is_refused()
+ {
+    // Issue 27: a replica sends only what it signed itself. Replica 1's valid envelope, replayed
+    // with replica 2's certificate, is refused by name before the mark moves; from replica 1 it
+    // applies.
+    let (fx, pki) = (Fixture::new(), Pki::new());
+    let config = fx.process_config(&pki, &[no_replica()]);
+    let endpoint_host = listener::bind(&config).expect("bind");
+    let agent = Arc::new(Agent::open(config, fx.sink.clone()).expect("open"));
+    let _fatal = listener::serve(&endpoint_host, agent.clone()).expect("serve");
+    let addr = endpoint_host.local_addr();
+    let wire = fx.seal(1, 1, vec![shell("web", "exec sleep 600")]);
+
+    let other = endpoint(&pki, &Principal::Replica(2));
+    let reply = send_envelope(&other, addr, &wire).await.expect("answered");
+    let EnvelopeReply::Refused { refusal, older } = &reply else {
+        panic!("applied from another replica's certificate: {reply:?}");
+    };
+    assert!(!older, "{refusal}");
+    assert!(
+        refusal.contains("signed by replica 1") && refusal.contains("replica 2's certificate"),
+        "{refusal}"
+    );
+    assert_eq!(
+        agent.high_water().await,
+        None,
+        "a refused envelope moved the mark"
+    );
+    assert!(agent.status().await.is_empty(), "a module started");
+
+    let replica = endpoint(&pki, &Principal::Replica(1));
+    let reply = send_envelope(&replica, addr, &wire)
+        .await
+        .expect("answered");
+    assert!(matches!(reply, EnvelopeReply::Applied { .. }), "{reply:?}");
+    agent.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_from_mesh_host_follow_a_not_leader_redirect_and_then_go_to_the_leader() {
     // G10/G13 for reports: mesh-host knows only a follower; the follower names the leader, the
     // report is filed there under host:ace, and later reports go to the leader directly.

@@ -76,17 +76,13 @@ async fn respond(service: &Weak<Service>, request: Request<Incoming>) -> Answer 
             Ok(html) => with_type(StatusCode::OK, html, "text/html; charset=utf-8"),
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
         },
-        "/metrics" => {
-            let (expiring, seconds_left) = service.cert_gauges();
-            service.metrics.certs(expiring, seconds_left);
-            match service.metrics.encode(&raft_now(&service)) {
-                Ok(body) => with_type(StatusCode::OK, body, metrics_content_type),
-                Err(e) => text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    &format!("cannot encode the metrics: {e}\n"),
-                ),
-            }
-        }
+        "/metrics" => match service.metrics_text() {
+            Ok(body) => with_type(StatusCode::OK, body, metrics_content_type),
+            Err(e) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("cannot encode the metrics: {e}\n"),
+            ),
+        },
         "/healthz" => text(StatusCode::OK, "ok\n"),
         _ => text(
             StatusCode::NOT_FOUND,
@@ -115,6 +111,15 @@ async fn status_page(service: &Service) -> Result<String, String> {
         mesh: &state.mesh,
         history: &history,
     }))
+}
+
+impl Service {
+    /// What `/metrics` serves right now, in the text exposition format.
+    pub fn metrics_text(&self) -> Result<String, std::fmt::Error> {
+        let (expiring, seconds_left) = self.cert_gauges();
+        self.metrics.certs(expiring, seconds_left);
+        self.metrics.encode(&raft_now(self))
+    }
 }
 
 fn raft_now(service: &Service) -> RaftNow {

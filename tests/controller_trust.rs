@@ -1,0 +1,196 @@
+//! Issue 27: a certificate is not trust. Every id a peer's message carries is checked against the
+//! certificate it came with, before openraft or any handler sees it: a second valid replica
+//! certificate that claims another member's id moves no term (G2, G3), and a host that replays
+//! its genuine proof with another digest moves no term either (G9, decision 0272).
+
+mod controller_common;
+
+use std::time::Duration;
+
+use controller_common::*;
+use mesh::controller::api::{Body, PushOutcome};
+use mesh::core::declaration::Digest;
+use mesh::core::model::Mesh;
+use mesh_raft::network::{RaftCall, RaftRequest};
+use mesh_raft::{NodeId, TypeConfig};
+use mesh_transport::{MessageKind, Peer, Principal, TransportError};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use openraft::{CommittedLeaderId, LogId, SnapshotMeta, StoredMembership, Vote};
+
+fn append(term: u64, leader: NodeId) -> RaftCall {
+    RaftCall::AppendEntries(AppendEntriesRequest::<TypeConfig> {
+        vote: Vote::new_committed(term, leader),
+        prev_log_id: None,
+        entries: vec![],
+        leader_commit: None,
+    })
+}
+
+fn vote(term: u64, candidate: NodeId) -> RaftCall {
+    RaftCall::Vote(VoteRequest::new(Vote::new(term, candidate), None))
+}
+
+fn snapshot(term: u64, leader: NodeId) -> RaftCall {
+    RaftCall::InstallSnapshot(InstallSnapshotRequest::<TypeConfig> {
+        vote: Vote::new_committed(term, leader),
+        meta: SnapshotMeta {
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(term, leader), 1)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: "forged".into(),
+        },
+        offset: 0,
+        data: vec![],
+        done: false,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g2_g3_a_second_replica_certificate_claiming_another_members_id_is_refused_for_every_raft_call()
+ {
+    // Seen before issue 27: with replica 3's certificate, one empty AppendEntries claiming leader 1
+    // at term 2001 was answered Success and every replica moved to term 2001. Each forged call
+    // below would be answered by openraft (and move the term, or start a campaign) if it got
+    // there; it must be refused by name before, and counted.
+    let bed = Bed::start(&[], &[]).await;
+    let leader = bed.wait_leader().await;
+    let poser = bed.follower(leader);
+    let victim = [1, 2, 3]
+        .into_iter()
+        .find(|id| *id != leader && *id != poser)
+        .expect("a third replica");
+    let term = bed.term(leader);
+    let forged = term + 2000;
+    let timings = bed.service(victim).replica().config().timings();
+    let endpoint = bed.endpoint_as(&Principal::Replica(poser));
+    let calls = [
+        (
+            "append entries claiming to come from the leader",
+            leader,
+            append(forged, leader),
+        ),
+        (
+            "append entries as the leader",
+            poser,
+            append(forged, leader),
+        ),
+        (
+            "a vote claiming to come from the leader",
+            leader,
+            vote(forged, leader),
+        ),
+        ("a vote for the leader", poser, vote(forged, leader)),
+        ("a snapshot as the leader", poser, snapshot(forged, leader)),
+        (
+            "elect-now claiming to come from the leader",
+            leader,
+            RaftCall::ElectNow,
+        ),
+    ];
+    let count = calls.len();
+    for (what, from, call) in calls {
+        let body = mesh_codec::encode(
+            "raft request",
+            &RaftRequest {
+                from,
+                timings,
+                call,
+            },
+        )
+        .expect("encode");
+        let to = Peer::expecting(bed.addrs[&victim], Principal::Replica(victim));
+        let answered = endpoint
+            .request(to, MessageKind::Raft, body, Duration::from_secs(5))
+            .await;
+        let Err(TransportError::Refused { reason, .. }) = &answered else {
+            panic!("{what}: answered instead of refused: {answered:?}");
+        };
+        assert!(
+            reason.contains(&format!("replica {poser}'s certificate"))
+                && reason.contains(&format!("replica {leader}")),
+            "{what}: the refusal names both the certificate and the id it claimed: {reason}"
+        );
+        assert_eq!(
+            bed.term(victim),
+            term,
+            "{what} moved replica {victim}'s term"
+        );
+    }
+    let metrics = bed.service(victim).metrics_text().expect("metrics");
+    let counted = format!("mesh_impostor_messages_total{{kind=\"raft\"}} {count}");
+    assert!(metrics.contains(&counted), "{counted} in:\n{metrics}");
+    for id in [1, 2, 3] {
+        assert!(
+            bed.term(id) < forged,
+            "replica {id} reached the forged term"
+        );
+    }
+    assert_eq!(
+        bed.wait_leader().await,
+        leader,
+        "the leadership did not change"
+    );
+    assert_eq!(bed.term(leader), term);
+    bed.shutdown().await;
+}
+
+fn one_module() -> Mesh {
+    let mut mesh = Mesh::default();
+    mesh.machines.insert("ace".into(), machine("ace"));
+    mesh.modules.insert("w".into(), sleeper("w", "ace"));
+    mesh
+}
+
+fn applied_on_ace(body: &Body) -> bool {
+    let Body::Push(view) = body else {
+        return false;
+    };
+    view.lines
+        .iter()
+        .any(|l| l.machine == "ace" && matches!(l.outcome, PushOutcome::Applied { .. }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g9_a_host_replaying_its_genuine_proof_with_another_digest_moves_no_term() {
+    // Issue 27 part 4: the reused-term check (decision 0272) compared the digest a host *claims*
+    // beside its proof with the send record, so one host certificate replaying its genuine proof
+    // with another digest made the leader leave its term at every push that reached the host.
+    // Only what the proof's signature covers may count.
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &one_module()).await;
+    let pushed = bed.push(leader, "ace", &[]).await.expect("push");
+    assert!(applied_on_ace(&pushed), "{pushed:?}");
+    let term = bed.term(leader);
+    let floor = bed.epoch_floor(leader).await;
+
+    let genuine = bed.hosts["ace"].agent.report_now().await.expect("a report");
+    let proof = genuine
+        .proof
+        .clone()
+        .expect("ace keeps the proof of what it applied");
+    assert_eq!(
+        proof.header.epoch, term,
+        "ace applied this leadership's envelope"
+    );
+    let mut replayed = genuine.clone();
+    replayed.applied = Some(Digest([0xab; 32]));
+    replayed.report_sequence += 1_000;
+    assert_ne!(replayed.applied, Some(proof.header.digest));
+    let ace = bed.endpoint_as(&Principal::Host("ace".into()));
+    bed.file_report(&ace, leader, &replayed).await;
+
+    // A raise, had there been one, committed before the reply.
+    assert_eq!(bed.epoch_floor(leader).await, floor, "the floor moved");
+    assert_eq!(bed.term(leader), term, "the leader left its term");
+    let again = bed.push(leader, "ace", &[]).await.expect("push again");
+    assert!(applied_on_ace(&again), "{again:?}");
+    assert_eq!(bed.term(leader), term);
+    bed.shutdown().await;
+}
+
+#[test]
+fn g9_the_replicas_term_bound_is_the_hosts_epoch_bound() {
+    // A term a replica may reach must be an epoch every host applies and every controller files,
+    // or a leader could lead where its own sends are refused.
+    assert_eq!(mesh_raft::term_max, mesh::core::envelope::epoch_max);
+}
