@@ -130,6 +130,7 @@ fn status_view() -> StatusView {
         report_filed_ms: Some(t0),
         report_age_ms: Some(1500),
         heard_ago_ms: Some(800),
+        unproven_refusal: None,
     };
     let g14 = MachineView {
         name: "g14".into(),
@@ -144,6 +145,7 @@ fn status_view() -> StatusView {
         report_filed_ms: None,
         report_age_ms: None,
         heard_ago_ms: None,
+        unproven_refusal: None,
     };
     StatusView {
         replicas: vec![

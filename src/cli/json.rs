@@ -234,6 +234,9 @@ pub struct MachineJson {
     pub report_age_ms: Option<u64>,
     /// How long ago the answering leader last heard the host; `null`: not since it took office.
     pub heard_ago_ms: Option<u64>,
+    /// The host refused the answering leader's envelope as older than one it holds, with nothing
+    /// signed to show for it (its mark may be edited or corrupt); `null` when not.
+    pub unproven_refusal: Option<String>,
     pub modules: Vec<ModuleJson>,
 }
 
@@ -353,6 +356,7 @@ impl From<&MachineView> for MachineJson {
             report_filed: m.report_filed_ms.map(Time),
             report_age_ms: m.report_age_ms,
             heard_ago_ms: m.heard_ago_ms,
+            unproven_refusal: m.unproven_refusal.clone(),
             modules: m.modules.iter().map(ModuleJson::from).collect(),
         }
     }

@@ -91,6 +91,12 @@ fn machine_line(m: &MachineView, width: usize) -> String {
         line.push_str(&format!("  ({} reports refused)", m.refused_reports));
     }
     line.push('\n');
+    if let Some(refusal) = &m.unproven_refusal {
+        line.push_str(&format!(
+            "  {:width$}  UNPROVEN REFUSAL: the host refused the leader's envelope as older, but nothing signed shows it holding a newer one ({refusal}); its mark on disk may be edited or corrupt: check the host's state directory\n",
+            ""
+        ));
+    }
     for h in &m.holds {
         line.push_str(&format!(
             "  {:width$}  HELD: module {} mount {} would move from {} to {}; run `meshctl push {} --move {} --why ...`\n",

@@ -294,6 +294,10 @@ pub struct MachineView {
     /// kept in its memory only, decision 0216). `None`: not since it took office, or the answer
     /// is not a leader's.
     pub heard_ago_ms: Option<u64>,
+    /// The host refused this leader's envelope as older than one it holds, and nothing signed
+    /// by a trusted replica shows that it does (a mark edited or corrupt on its disk, issue 27):
+    /// the refusal, until a later send of this leader is applied. Kept in the leader's memory.
+    pub unproven_refusal: Option<String>,
 }
 
 /// `meshctl plan`: everything the push would do, machine by machine, like `terraform plan`.

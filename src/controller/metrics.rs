@@ -41,6 +41,7 @@ pub struct Metrics {
     impostors: Family<Label, Counter>,
     lease_rounds: Family<Label, Counter>,
     lease_losses: Counter,
+    unproven_refusals: Counter,
     leadership: Family<Label, Counter>,
     requests: Latencies,
     term: Gauge,
@@ -68,6 +69,7 @@ impl Metrics {
             impostors: Family::default(),
             lease_rounds: Family::default(),
             lease_losses: Counter::default(),
+            unproven_refusals: Counter::default(),
             leadership: Family::default(),
             requests: Family::new_with_constructor(latency_histogram),
             term: Gauge::default(),
@@ -145,6 +147,11 @@ impl Metrics {
             m.lease_losses.clone(),
         );
         r.register(
+            "mesh_unproven_refusals",
+            "Envelopes a host refused as older than one it holds with nothing signed by a trusted replica to show for it (a mark edited or corrupt on its disk): its line failed, the push went on",
+            m.unproven_refusals.clone(),
+        );
+        r.register(
             "mesh_leadership_changes",
             "Leadership changes of this replica, by change: won or lost",
             m.leadership.clone(),
@@ -212,6 +219,11 @@ impl Metrics {
     pub(crate) fn lease_round(&self, granted: bool) {
         let word = if granted { "granted" } else { "refused" };
         self.lease_rounds.get_or_create(&[("outcome", word)]).inc();
+    }
+
+    /// One unproven older refusal by a host (issue 27 part 4).
+    pub(crate) fn unproven_refusal(&self) {
+        self.unproven_refusals.inc();
     }
 
     pub(crate) fn lease_lost(&self) {

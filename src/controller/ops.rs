@@ -674,6 +674,7 @@ fn machine_view(state: &DomainState, machine: &str, lag: Option<&Lag>, now_ms: u
         // A leader's clock ahead of this replica's reads as age 0, not as a report from the future.
         report_age_ms: filed_ms.map(|f| now_ms.saturating_sub(f)),
         heard_ago_ms: None,
+        unproven_refusal: None,
     }
 }
 

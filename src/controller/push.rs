@@ -21,7 +21,7 @@ use openraft::ServerState;
 use tokio::sync::watch;
 
 use super::api::{
-    ApiError, Body, ErrorClass, PlanView, PushError, PushEvent, PushTarget, RequestId,
+    ApiError, Body, ErrorClass, PlanView, PushError, PushEvent, PushOutcome, PushTarget, RequestId,
     push_event_what,
 };
 use super::engine::{
@@ -30,7 +30,7 @@ use super::engine::{
 use super::planview::Reveal;
 use super::service::{Service, now_ms};
 use crate::core::compose::MintRequest;
-use crate::core::envelope::{Envelope, seal};
+use crate::core::envelope::{Envelope, Position, seal};
 use crate::core::wire::{EnvelopeReply, envelope_reply_what};
 use crate::store::app::MeshApp;
 use crate::store::command::{Applied, Command};
@@ -279,12 +279,20 @@ impl Service {
                     }
                     Action::Line(line) => {
                         tracing::debug!(machine = %line.machine, outcome = ?line.outcome, "push line");
+                        if matches!(line.outcome, PushOutcome::Applied { .. }) {
+                            self.live.note_unproven(epoch, &line.machine, None);
+                        }
                         // Never waits: a slow reader gets the line from the answer instead.
                         offer(lines, &PushEvent::Line(line));
                     }
                     Action::Stopped { epoch, reason } => {
                         self.metrics.lease_lost();
                         tracing::warn!(epoch, %reason, "leader stopped acting");
+                    }
+                    Action::Unproven { machine, refusal } => {
+                        self.metrics.unproven_refusal();
+                        tracing::warn!(%machine, epoch, %refusal, "UNPROVEN REFUSAL: the host refused this leader's envelope as older, but nothing signed by a trusted replica shows it holding a newer one; its line failed and the push goes on after a quorum round");
+                        self.live.note_unproven(epoch, &machine, Some(refusal));
                     }
                 }
             }
@@ -363,6 +371,36 @@ impl Service {
         }
     }
 
+    /// The highest position `machine`'s host has shown with a header signed by a trusted
+    /// replica: its last filed report's proof, verified. A fact for the engine, which decides
+    /// whether an older refusal stops the push (issue 27 part 4).
+    fn proven_position(&self, machine: &str) -> Option<Position> {
+        let state = match self.app.state() {
+            Ok(state) => state,
+            Err(e) => {
+                // Unproven is the safe reading here: the push stops only on what is proven,
+                // and an unproven refusal still waits for a fresh quorum round.
+                tracing::error!(%machine, error = %e, "cannot read the state to check a refusal's proof; taking it as unproven");
+                return None;
+            }
+        };
+        let proof = state
+            .accounts
+            .get(machine)?
+            .report
+            .as_ref()?
+            .proof
+            .as_ref()?;
+        let signed = Position {
+            epoch: proof.header.epoch,
+            sequence: proof.header.sequence,
+        };
+        proof
+            .verify(&self.proof_keys(&state), machine, signed)
+            .ok()
+            .map(|()| signed)
+    }
+
     async fn deliver(&self, envelope: Envelope, deadline: LeaseEnd) -> Event {
         let machine = envelope.machine.clone();
         let answer = self.deliver_answer(envelope, deadline).await;
@@ -438,7 +476,11 @@ impl Service {
         };
         match mesh_codec::decode::<EnvelopeReply>(envelope_reply_what, &answer) {
             Ok(EnvelopeReply::Applied { .. }) => HostAnswer::Applied,
-            Ok(EnvelopeReply::Refused { refusal, older }) => HostAnswer::Refused { refusal, older },
+            Ok(EnvelopeReply::Refused { refusal, older }) => HostAnswer::Refused {
+                refusal,
+                proven: older.then(|| self.proven_position(&machine)).flatten(),
+                older,
+            },
             Err(e) => HostAnswer::Unconfirmed(format!("the host's answer is unreadable: {e}")),
         }
     }

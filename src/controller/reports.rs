@@ -49,6 +49,9 @@ pub struct Heard {
 #[derive(Default)]
 struct Live {
     heard: Option<Heard>,
+    /// The last envelope of this leader the host refused as older with nothing signed to show
+    /// for it (issue 27 part 4): the refusal, until a later send of this leader is applied.
+    unproven: Option<String>,
     /// This machine's reports queued or committing now.
     in_flight: u32,
 }
@@ -111,6 +114,38 @@ impl Liveness {
             Some(h) => HeardView::Ago(now.saturating_duration_since(h.at)),
             None => HeardView::NotSince(now.saturating_duration_since(map.since)),
         }
+    }
+
+    /// Notes (`Some`) or clears (`None`) an unproven older refusal by `machine`'s host of an
+    /// envelope this replica sent leading in `term`.
+    pub(crate) fn note_unproven(&self, term: u64, machine: &str, refusal: Option<String>) {
+        let mut map = self.lock();
+        if term < map.term {
+            return;
+        }
+        Self::for_term(&mut map, term);
+        match refusal {
+            Some(refusal) => {
+                map.machines
+                    .entry(machine.to_string())
+                    .or_default()
+                    .unproven = Some(refusal);
+            }
+            None => {
+                if let Some(live) = map.machines.get_mut(machine) {
+                    live.unproven = None;
+                }
+            }
+        }
+    }
+
+    /// The unproven older refusal noted for `machine` in `term`, if any.
+    pub(crate) fn unproven(&self, term: u64, machine: &str) -> Option<String> {
+        let map = self.lock();
+        if map.term != term {
+            return None;
+        }
+        map.machines.get(machine).and_then(|l| l.unproven.clone())
     }
 
     /// Decides what to do with `report` in `term`, given the machine's durable account, and
@@ -278,6 +313,7 @@ impl Service {
                 HeardView::Ago(d) => Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 HeardView::NotSince(_) => None,
             };
+            m.unproven_refusal = self.live.unproven(term, &m.name);
         }
     }
 

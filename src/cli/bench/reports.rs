@@ -680,6 +680,7 @@ mod tests {
             report_filed_ms: None,
             report_age_ms: None,
             heard_ago_ms: None,
+            unproven_refusal: None,
         };
         let start = HostStart::of(&view, 100);
         assert_eq!(

@@ -21,7 +21,7 @@ pub(crate) use cache::{Cache, Work};
 use super::api::{ApiError, PlanView, PushError, PushLine, PushOutcome, PushTarget, PushView};
 use super::planview::{Reveal, plan_view, what_moved};
 use crate::core::compose::MintRequest;
-use crate::core::envelope::Envelope;
+use crate::core::envelope::{Envelope, Position};
 use crate::core::plan::{Hold, Known, PlanError, PlanInput, PushPlan, Target, plan};
 use crate::core::report::ModuleState;
 use crate::core::summary::summarize;
@@ -130,10 +130,14 @@ pub(crate) enum Event {
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum HostAnswer {
     Applied,
-    /// The host refused it; `older` when it already holds a newer envelope (G2).
+    /// The host refused it; `older` when it says it already holds a newer envelope (G2).
+    /// `proven`: the highest position the host has shown with a header signed by a trusted
+    /// replica (its last filed report's proof), as the driver found it; only a refusal at or
+    /// below that stops the push (issue 27 part 4).
     Refused {
         refusal: String,
         older: bool,
+        proven: Option<Position>,
     },
     /// Perhaps written, never confirmed (no answer in time, unreadable answer).
     Unconfirmed(String),
@@ -175,6 +179,11 @@ pub(crate) enum Action {
     Line(PushLine),
     /// The push stopped acting; log it.
     Stopped { epoch: u64, reason: String },
+    /// A host refused an envelope as older than one it holds, and nothing signed by a trusted
+    /// replica proves that it does (a mark edited or corrupt on its disk): log it, count it in
+    /// `/metrics` and show it in `status`. The machine's line failed; the push goes on once a
+    /// quorum round that began after the refusal confirmed the push's term.
+    Unproven { machine: String, refusal: String },
     /// The push's answer. Nothing is in flight any more; the engine is done.
     Answer(Result<PushView, ApiError>),
 }
@@ -194,6 +203,9 @@ enum Step {
 pub(crate) struct PushEngine {
     lease: Lease,
     renewing: bool,
+    /// An unproven older refusal came at this instant: nothing more is sent until a lease
+    /// whose quorum round started at or after it confirms the push's term.
+    reconfirm_from: Option<Instant>,
     /// Lease rounds in a row that did not confirm the push's term.
     failed_rounds: u32,
     /// Per send, how often it went back to the queue after being stopped at the write.
@@ -236,6 +248,7 @@ impl PushEngine {
         PushEngine {
             lease,
             renewing: false,
+            reconfirm_from: None,
             failed_rounds: 0,
             resent: vec![],
             revision: 0,
@@ -323,6 +336,12 @@ impl PushEngine {
                 self.stop(reason, out);
             }
             Ok(lease) => {
+                if self
+                    .reconfirm_from
+                    .is_some_and(|from| lease.started >= from)
+                {
+                    self.reconfirm_from = None;
+                }
                 // A lease of the push's own term, whether the last one was still open (a
                 // renewal) or had closed (taken again, decision 0270): the round was a quorum's
                 // confirmation of this term after the last, so writes before its end are
@@ -450,13 +469,40 @@ impl PushEngine {
                 sequence: record.sequence,
                 digest: record.digest,
             },
-            HostAnswer::Refused { refusal, older } => {
-                if older {
-                    stop = Some(format!(
-                        "{machine} already holds a newer envelope ({refusal}): another leader sent after this one"
-                    ));
+            HostAnswer::Refused {
+                refusal,
+                older,
+                proven,
+            } => {
+                let ours = Position {
+                    epoch: record.epoch,
+                    sequence: record.sequence,
+                };
+                match proven.filter(|held| older && *held >= ours) {
+                    Some(held) => {
+                        stop = Some(format!(
+                            "{machine} already holds a newer envelope ({refusal}), proven by a header signed at {held}: another leader sent after this one"
+                        ));
+                        PushOutcome::Refused { reason, refusal }
+                    }
+                    None if older => {
+                        // One host's word alone must not stop every push (issue 27 part 4):
+                        // its line fails, and the rest goes on once a fresh quorum round has
+                        // confirmed that no other leader of this cluster took over meanwhile.
+                        out.push(Action::Unproven {
+                            machine: machine.clone(),
+                            refusal: refusal.clone(),
+                        });
+                        self.reconfirm_from = Some(now);
+                        PushOutcome::Failed {
+                            reason,
+                            error: format!(
+                                "refused as older ({refusal}), but nothing signed by a trusted replica shows {machine} holding a newer envelope: its mark on disk may be corrupt or edited; check the host, the push went on to the other machines"
+                            ),
+                        }
+                    }
+                    None => PushOutcome::Refused { reason, refusal },
                 }
-                PushOutcome::Refused { reason, refusal }
             }
             HostAnswer::Unconfirmed(error) => PushOutcome::Sent {
                 reason,
@@ -520,6 +566,12 @@ impl PushEngine {
     fn pump(&mut self, now: Instant) -> Vec<Action> {
         let mut out = Vec::new();
         if self.stopped.is_none() && self.work_remains() && !self.renewing {
+            if self.reconfirm_from.is_some() {
+                self.renewing = true;
+                out.push(Action::ConfirmLease);
+            }
+        }
+        if self.stopped.is_none() && self.work_remains() && !self.renewing {
             // From its half on the lease is renewed; one already closed is taken again by a
             // fresh quorum round of the same term (the replica may have been paused past it
             // and another leader elected: then that round fails or answers another term, and
@@ -542,7 +594,7 @@ impl PushEngine {
             // a lease still open: each writes only under the lease as the renewal extends it, and
             // is stopped at the write if it does not (decision 0221).
             let may_act = !self.renewing && self.lease.is_open(now);
-            let may_send = self.lease.is_open(now);
+            let may_send = self.lease.is_open(now) && self.reconfirm_from.is_none();
             match self.step {
                 Step::Mints if self.plan.mints.is_empty() => self.step = Step::Holds,
                 Step::Holds if self.holds.is_empty() => self.step = Step::Records,
@@ -789,6 +841,7 @@ fn prepare(b: Begin<'_>) -> Result<PushEngine, ApiError> {
     Ok(PushEngine {
         lease,
         renewing: false,
+        reconfirm_from: None,
         failed_rounds: 0,
         resent,
         revision: state.revision,

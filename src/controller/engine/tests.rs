@@ -562,6 +562,7 @@ fn g2_a_host_holding_a_newer_envelope_stops_the_rest() {
         answer: HostAnswer::Refused {
             refusal: "envelope signed by replica 1, which this host does not trust".into(),
             older: false,
+            proven: None,
         },
     };
     let out = engine.handle(t0, bad_key);
@@ -571,6 +572,10 @@ fn g2_a_host_holding_a_newer_envelope_stops_the_rest() {
         answer: HostAnswer::Refused {
             refusal: "envelope at (4, 1) is not newer than (5, 1)".into(),
             older: true,
+            proven: Some(Position {
+                epoch: 5,
+                sequence: 1,
+            }),
         },
     };
     let out = engine.handle(t0, older);
@@ -579,6 +584,68 @@ fn g2_a_host_holding_a_newer_envelope_stops_the_rest() {
         out.iter().any(
             |a| matches!(a, Action::Stopped { reason, .. } if reason.contains("newer envelope"))
         )
+    );
+}
+
+fn older_refusal(machine: &str, proven: Option<(u64, u64)>) -> Event {
+    Event::Answered {
+        machine: machine.into(),
+        answer: HostAnswer::Refused {
+            refusal: "envelope at epoch 4 sequence 1 is not newer than epoch 9 sequence 1".into(),
+            older: true,
+            proven: proven.map(|(epoch, sequence)| Position { epoch, sequence }),
+        },
+    }
+}
+
+#[test]
+fn g2_g9_an_unproven_older_refusal_fails_its_line_and_the_push_goes_on_after_a_fresh_quorum_round()
+{
+    // Issue 27 part 4: one host's claim that nothing signed (a mark edited on its disk) must not
+    // stop every push. Its line fails and an alarm is raised; nothing more is sent until a quorum
+    // round that began after the refusal confirms the push's term, then the rest goes on. A
+    // proof of a position below the envelope's proves nothing either.
+    let t0 = Instant::now();
+    let state = state_of(many(sends_in_flight_max + 2));
+    let (mut engine, first) = begin(&state, job(PushTarget::All), lease_at(4, t0), t0);
+    through_records(&mut engine, &first, t0);
+    let t1 = t0 + Duration::from_millis(10);
+    for (machine, proven) in [("m000", None), ("m001", Some((3, 9)))] {
+        let out = engine.handle(t1, older_refusal(machine, proven));
+        assert!(sends(&out).is_empty(), "sent before a fresh round: {out:?}");
+        assert!(
+            !out.iter().any(|a| matches!(a, Action::Stopped { .. })),
+            "one host's unproven word stopped the push: {out:?}"
+        );
+        assert!(
+            out.iter()
+                .any(|a| matches!(a, Action::Unproven { machine: m, .. } if m == machine)),
+            "no alarm for {machine}: {out:?}"
+        );
+    }
+    // A round that began before the refusals does not count.
+    let out = engine.handle(t1, Event::Lease(Ok(lease_at(4, t0))));
+    assert!(sends(&out).is_empty(), "{out:?}");
+    assert!(out.contains(&Action::ConfirmLease), "{out:?}");
+    let out = engine.handle(t1, Event::Lease(Ok(lease_at(4, t1))));
+    assert_eq!(sends(&out).len(), 2, "the push goes on: {out:?}");
+    let mut last = out;
+    for i in 2..sends_in_flight_max + 2 {
+        last = engine.handle(t1, applied(&format!("m{i:03}")));
+    }
+    let view = answer(&last).expect("answers").as_ref().expect("ok");
+    let lines = lines(view);
+    for machine in ["m000", "m001"] {
+        assert!(
+            matches!(&lines[machine], PushOutcome::Failed { error, .. } if error.contains("nothing signed")),
+            "{machine}: {:?}",
+            lines[machine]
+        );
+    }
+    assert!(
+        matches!(lines["m002"], PushOutcome::Applied { .. }),
+        "{:?}",
+        lines["m002"]
     );
 }
 
