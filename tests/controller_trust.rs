@@ -8,9 +8,11 @@ mod controller_common;
 use std::time::Duration;
 
 use controller_common::*;
-use mesh::controller::api::{Body, PushOutcome};
-use mesh::core::declaration::Digest;
+use mesh::controller::api::{Body, PushOutcome, Request};
+use mesh::core::declaration::{Declaration, Digest, retired_replicas};
+use mesh::core::envelope::{Envelope, seal};
 use mesh::core::model::Mesh;
+use mesh::core::wire::{EnvelopeReply, envelope_reply_what};
 use mesh_raft::network::{RaftCall, RaftRequest};
 use mesh_raft::{NodeId, TypeConfig};
 use mesh_transport::{MessageKind, Peer, Principal, TransportError};
@@ -193,4 +195,81 @@ fn g9_the_replicas_term_bound_is_the_hosts_epoch_bound() {
     // A term a replica may reach must be an epoch every host applies and every controller files,
     // or a leader could lead where its own sends are refused.
     assert_eq!(mesh_raft::term_max, mesh::core::envelope::epoch_max);
+}
+
+/// Sends `envelope`, sealed with replica `signer`'s key, to ace from an endpoint with `from`'s
+/// certificate: what ace answered, or the transport's refusal.
+async fn send_to_ace(
+    bed: &Bed,
+    from: &Principal,
+    envelope: &Envelope,
+) -> Result<EnvelopeReply, TransportError> {
+    let sealed = seal(envelope, &replica_key(envelope.signer)).expect("seal");
+    let host = Peer::expecting(
+        bed.hosts["ace"].endpoint.local_addr(),
+        Principal::Host("ace".into()),
+    );
+    let bytes = bed
+        .endpoint_as(from)
+        .request(host, MessageKind::Envelope, sealed, Duration::from_secs(5))
+        .await?;
+    Ok(mesh_codec::decode(envelope_reply_what, &bytes).expect("an envelope reply"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g2_a_removed_replicas_key_and_certificate_make_no_host_apply_anything() {
+    // Issue 27 part 2, decision 0294: `replicas remove` retires the replica's signing key and
+    // revokes its certificate in one commit and pushes that to every host. Its key then signs
+    // nothing a host applies, at any epoch, over any connection; its certificate is refused.
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &one_module()).await;
+    let pushed = bed.push(leader, "ace", &[]).await.expect("push");
+    assert!(applied_on_ace(&pushed), "{pushed:?}");
+    let gone = bed.follower(leader);
+    let term = bed.term(leader);
+    bed.ok(leader, &Request::ReplicasRemove { id: gone }).await;
+    let agent = &bed.hosts["ace"].agent;
+    wait_until(
+        "ace applied a declaration retiring the removed replica",
+        || async {
+            agent
+                .applied()
+                .await
+                .is_some_and(|(_, d)| retired_replicas(&d.revoked).contains(&gone))
+        },
+    )
+    .await;
+    let mark = agent.high_water().await;
+
+    let forged = Envelope {
+        machine: "ace".into(),
+        epoch: term + 100,
+        sequence: 1,
+        signer: gone,
+        moves: vec![],
+        declaration: Declaration {
+            machine: "ace".into(),
+            modules: vec![],
+            revoked: Default::default(),
+            signers: Default::default(),
+        },
+    };
+    // Over a connection ace trusts (the leader's certificate), the retired key is not trusted.
+    let through_leader = send_to_ace(&bed, &Principal::Replica(leader), &forged).await;
+    assert!(
+        matches!(&through_leader, Ok(EnvelopeReply::Refused { refusal, .. })
+            if refusal.contains(&format!("replica {gone}, which this host does not trust"))),
+        "{through_leader:?}"
+    );
+    // With its own certificate, ace does not even take the connection.
+    let own = send_to_ace(&bed, &Principal::Replica(gone), &forged).await;
+    assert!(
+        matches!(&own, Err(e) if e.to_string().contains("revoked")),
+        "{own:?}"
+    );
+    assert_eq!(agent.high_water().await, mark, "ace's mark moved");
+    let again = bed.push(leader, "ace", &[]).await.expect("push");
+    assert!(applied_on_ace(&again), "{again:?}");
+    bed.shutdown().await;
 }

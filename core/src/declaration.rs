@@ -50,6 +50,16 @@ pub struct Declaration {
     pub signers: BTreeMap<u64, [u8; 32]>,
 }
 
+/// The replicas a deny list retires (issue 27, decision 0294): every `principal:replica:<id>`
+/// row. A retired replica's signing key is trusted by no host and no controller, whatever the
+/// epoch it signs and whatever `host.toml` says; its certificate is refused at the handshake.
+pub fn retired_replicas(revoked: &BTreeMap<String, String>) -> std::collections::BTreeSet<u64> {
+    revoked
+        .keys()
+        .filter_map(|key| key.strip_prefix("principal:replica:")?.parse().ok())
+        .collect()
+}
+
 /// One module as its machine should run it, with effective settings and its provisions and grants.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeclaredModule {

@@ -163,6 +163,11 @@ impl Service {
         let term = self.leading_term()?;
         let target = RevokedTarget::parse(&target)
             .map_err(|reason| CertsError::BadTarget { target, reason })?;
+        if let Some(id) = crate::store::revoked::retired_replica(&target)
+            && self.replica.members().contains_key(&id)
+        {
+            return Err(CertsError::RevokingAMember { id }.into());
+        }
         let command = Command::Once {
             request: id,
             command: Box::new(Command::Revoke { target, why }),

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::api::{ApiError, Body, ErrorClass, PushOutcome, PushTarget, RequestId};
 use super::service::Service;
 use crate::store::command::{Applied, Command};
+use crate::store::revoked::RevokedTarget;
 use crate::store::state::DomainState;
 
 /// How long a joining replica may take to catch up with the leader's log.
@@ -144,6 +145,51 @@ pub(crate) fn signers_trusted(state: &DomainState) -> BTreeMap<u64, VerifyingKey
         // allow(empty-on-error): a key that is not a point was refused by the state machine
         .filter_map(|(id, bytes)| VerifyingKey::from_bytes(bytes).ok().map(|k| (*id, k)))
         .collect()
+}
+
+/// The replicas the committed deny list retires (decision 0294).
+pub(crate) fn retired(state: &DomainState) -> BTreeSet<u64> {
+    state
+        .revoked
+        .values()
+        .filter_map(|e| crate::store::revoked::retired_replica(&e.target))
+        .collect()
+}
+
+/// The replicas a leader taking office retires (decision 0294): every replica whose signing key
+/// it trusts (`trusted`: `host.toml`-style founding keys and the added keys in the state) that is
+/// not a member of the membership in force and not retired yet. A member is never one; an add
+/// that failed under an earlier leader leaves a key without a member, and so does a recovery
+/// (`meshd recover --force-new-cluster`) for every replica left out.
+pub(crate) fn outsiders(
+    trusted: impl IntoIterator<Item = u64>,
+    members: &BTreeSet<u64>,
+    retired: &BTreeSet<u64>,
+) -> BTreeSet<u64> {
+    trusted
+        .into_iter()
+        .filter(|id| !members.contains(id) && !retired.contains(id))
+        .collect()
+}
+
+#[cfg(test)]
+mod retire_tests {
+    use super::*;
+
+    #[test]
+    fn g2_g9_a_leader_retires_every_trusted_replica_outside_the_membership_and_never_a_member() {
+        // Decision 0294: after `meshd recover --force-new-cluster` on replica 1, replicas 2 and 3
+        // (founding keys) are outside; a failed add left key 5 without a member; 4 is a learner
+        // being added (a member) and 6 is retired already.
+        let members = BTreeSet::from([1, 4]);
+        let retired = BTreeSet::from([6]);
+        let trusted = [1, 2, 3, 5, 6, 4];
+        assert_eq!(
+            outsiders(trusted, &members, &retired),
+            BTreeSet::from([2, 3, 5])
+        );
+        assert!(outsiders([1, 2, 3], &BTreeSet::from([1, 2, 3]), &retired).is_empty());
+    }
 }
 
 /// The machines of the model that were sent a declaration but have not confirmed one carrying
@@ -426,7 +472,12 @@ impl Service {
 
     /// `Request::ReplicasRemove`: refused, changing nothing, when it is this leader or when the
     /// voters that answer now could not commit the change or elect a leader afterwards.
-    pub(crate) async fn replicas_remove(&self, actor: &str, id: u64) -> Result<Body, ApiError> {
+    pub(crate) async fn replicas_remove(
+        &self,
+        actor: &str,
+        id: u64,
+        lines: &Sink,
+    ) -> Result<Body, ApiError> {
         let term = self.leading_term()?;
         let members = self.replica.members();
         if !members.contains_key(&id) {
@@ -464,22 +515,104 @@ impl Service {
         done.push(format!(
             "replica {id} removed (joint consensus {voters:?} -> {after:?}); stop its meshd"
         ));
-        if self.state()?.signers.contains_key(&id) {
+        // Its key retired and its certificate revoked in one commit (decision 0294), then
+        // carried to every host at once.
+        let why = format!("replica {id} removed from the cluster by {actor}");
+        done.extend(self.retire(term, actor, &[id], &why, lines).await?);
+        self.replicas_view(done).await
+    }
+
+    /// Retires `ids` (decision 0294): for each, one `Command::Revoke` of `replica:<id>`, which
+    /// revokes its certificate and drops its added key in the same commit; then a push of the
+    /// machines behind carries the retirement to every host at once. Says what it did.
+    pub(crate) async fn retire(
+        &self,
+        term: u64,
+        actor: &str,
+        ids: &[u64],
+        why: &str,
+        lines: &Sink,
+    ) -> Result<Vec<String>, ApiError> {
+        let mut done = Vec::new();
+        for id in ids {
+            let target = RevokedTarget::Principal(format!("replica:{id}"));
             self.propose(
                 term,
                 None,
                 actor,
-                Command::SetSigner {
-                    replica: id,
-                    key: None,
+                Command::Revoke {
+                    target,
+                    why: why.to_string(),
                 },
             )
             .await?;
             done.push(format!(
-                "replica {id}'s signing key dropped from the declarations (the next push carries it)"
+                "replica {id} retired: its signing key is trusted by no host and its certificate is revoked"
             ));
         }
-        self.replicas_view(done).await
+        if ids.is_empty() {
+            return Ok(done);
+        }
+        let push_id = RequestId(random_id()?);
+        let push_why = format!("retired replicas {ids:?}: {why}");
+        match self
+            .push(actor, push_id, PushTarget::Behind, push_why, vec![], None, lines)
+            .await
+        {
+            Ok(Body::Push(view)) => {
+                let applied = view
+                    .lines
+                    .iter()
+                    .filter(|l| matches!(l.outcome, PushOutcome::Applied { .. }))
+                    .count();
+                done.push(format!(
+                    "pushed the retirement: {applied} of {} machines applied it",
+                    view.lines.len()
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => done.push(format!(
+                "the push of the retirement did not finish ({e}); `meshctl push --behind` carries it"
+            )),
+        }
+        Ok(done)
+    }
+
+    /// What a leader does on taking office in `term` (decision 0294): retires every replica whose
+    /// key it trusts that is not a member ([`outsiders`]), and carries that to every host.
+    pub(crate) async fn retire_outsiders(&self, term: u64) {
+        let state = match self.state() {
+            Ok(state) => state,
+            Err(e) => {
+                tracing::error!(replica = self.id, error = %e, "cannot read the state to retire replicas outside the membership");
+                return;
+            }
+        };
+        let members: BTreeSet<u64> = self.replica.members().keys().copied().collect();
+        let trusted = self
+            .config
+            .trusted_keys()
+            .keys()
+            .chain(state.signers.keys())
+            .copied();
+        let ids: Vec<u64> = outsiders(trusted, &members, &retired(&state))
+            .into_iter()
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        let why = format!(
+            "replica(s) {ids:?} are not members of this cluster (members {members:?}): left out by a recovery, removed, or a failed add"
+        );
+        let actor = format!("replica:{}", self.id);
+        match self.retire(term, &actor, &ids, &why, &Sink::closed()).await {
+            Ok(done) => {
+                tracing::warn!(replica = self.id, term, retired = ?ids, "RETIRED: {}", done.join("; "));
+            }
+            Err(e) => {
+                tracing::warn!(replica = self.id, term, retired = ?ids, error = %e, "could not retire the replicas outside the membership; the next leader tries again");
+            }
+        }
     }
 }
 

@@ -364,6 +364,14 @@ async fn announce_leadership(service: Weak<Service>) {
                     epoch,
                     "leader of term {epoch}: it acts (mints, records, sends) only inside a lease a quorum round confirms"
                 );
+                // Trust follows the membership (decision 0294): a replica left out of it, by a
+                // recovery or a failed add, is retired by the first leader that sees it.
+                let weak = service.clone();
+                tokio::spawn(async move {
+                    if let Some(s) = weak.upgrade() {
+                        s.retire_outsiders(epoch).await;
+                    }
+                });
             }
             leading = now;
         }
@@ -731,7 +739,7 @@ impl Service {
             Request::ReplicasAdd { id, addr, key } => {
                 self.replicas_add(actor, id, addr, key, lines).await
             }
-            Request::ReplicasRemove { id } => self.replicas_remove(actor, id).await,
+            Request::ReplicasRemove { id } => self.replicas_remove(actor, id, lines).await,
             Request::CertsRevoke { target, why } => self.revoke(actor, id, target, why).await,
             Request::ApplyChunk {
                 upload,
@@ -1056,6 +1064,10 @@ impl Service {
         let mut trusted = super::members::signers_trusted(state);
         trusted.extend(self.config.trusted_keys().clone());
         trusted.insert(self.id, self.key.verifying_key());
+        // A retired replica's key proves nothing (decision 0294), even to itself.
+        for retired in super::members::retired(state) {
+            trusted.remove(&retired);
+        }
         trusted
     }
 

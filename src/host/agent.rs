@@ -506,6 +506,11 @@ fn trusted_now(
                 trusted.entry(*id).or_insert(key);
             }
         }
+        // The declaration in force retires replicas (decision 0294): their keys sign nothing
+        // this host applies, whatever the epoch, host.toml's keys included.
+        for retired in crate::core::declaration::retired_replicas(&record.declaration.revoked) {
+            trusted.remove(&retired);
+        }
     }
     trusted
 }
@@ -546,6 +551,40 @@ mod trust_tests {
             trusted.get(&1),
             Some(&founding),
             "host.toml's key was replaced"
+        );
+    }
+
+    #[test]
+    fn g2_a_replica_the_declaration_in_force_retires_is_trusted_by_no_key_host_toml_included() {
+        // Decision 0294: once the host applied a declaration that retires replicas 2 (founding,
+        // in host.toml) and 4 (added), neither key signs anything it applies, whatever the epoch.
+        let key = |b: u8| ed25519_dalek::SigningKey::from_bytes(&[b; 32]).verifying_key();
+        let configured = std::collections::BTreeMap::from([(1, key(1)), (2, key(2))]);
+        let record = AppliedRecord {
+            position: Position {
+                epoch: 6,
+                sequence: 1,
+            },
+            declaration: Declaration {
+                machine: "ace".into(),
+                modules: vec![],
+                revoked: std::collections::BTreeMap::from([
+                    (
+                        "principal:replica:2".into(),
+                        "left out by a recovery".into(),
+                    ),
+                    ("principal:replica:4".into(), "removed".into()),
+                    ("principal:operator:bob".into(), "left".into()),
+                ]),
+                signers: std::collections::BTreeMap::from([(4, key(4).to_bytes())]),
+            },
+            proof: None,
+        };
+        let trusted = trusted_now(&configured, Some(&record));
+        assert_eq!(
+            trusted.keys().copied().collect::<Vec<_>>(),
+            vec![1],
+            "{trusted:?}"
         );
     }
 }

@@ -165,6 +165,13 @@ pub(crate) fn revoke(
             },
         );
         changed.push(Changed::Revoked(key));
+        // A replica's principal retires its signing key too (decision 0294): its added key,
+        // if it has one, leaves the state in the same commit.
+        if let Some(replica) = retired_replica(target)
+            && state.signers.remove(&replica).is_some()
+        {
+            changed.push(Changed::Signer(replica));
+        }
         // Every declaration carries the list: a revocation makes every machine behind.
         state.bump(changed);
     }
@@ -172,6 +179,14 @@ pub(crate) fn revoke(
         target: target.clone(),
         entries: state.revoked.len(),
     })
+}
+
+/// The replica a revocation retires: `Some(id)` for the principal `replica:<id>`.
+pub fn retired_replica(target: &RevokedTarget) -> Option<u64> {
+    match target {
+        RevokedTarget::Principal(p) => p.strip_prefix("replica:")?.parse().ok(),
+        RevokedTarget::Serial(_) => None,
+    }
 }
 
 /// Part of a model apply: a machine the new model drops has its host principal revoked; one it

@@ -34,6 +34,14 @@ pub(crate) fn set_signer(
             }
         }
         Some(key) => {
+            if state
+                .revoked
+                .contains_key(&format!("principal:replica:{replica}"))
+            {
+                return Err(Refusal::Invalid(format!(
+                    "replica {replica} was retired (removed, or left out of a recovered cluster): its id is never trusted again; add the replica under a new id (`meshctl init --add-replica <new id> ...`)"
+                )));
+            }
             if ed25519_dalek::VerifyingKey::from_bytes(&key).is_err() {
                 return Err(Refusal::Invalid(format!(
                     "the signing key given for replica {replica} is not an ed25519 public key; copy it from `meshctl init --add-replica`"
@@ -140,6 +148,44 @@ mod tests {
         );
         assert!(matches!(refused, Outcome::Refused(_)), "{refused:?}");
         assert!(changed.is_empty(), "{changed:?}");
+        assert_eq!(state, before);
+    }
+
+    #[test]
+    fn g2_retiring_a_replica_drops_its_key_in_the_same_commit_and_its_id_takes_no_key_again() {
+        // Decision 0294: `replicas remove 4` is one revocation of replica:4, which also takes its
+        // added key out of every declaration; the retired id is never given a key again.
+        let mut state = DomainState::default();
+        let (set, _) = state.apply(
+            1,
+            &proposal(Command::SetSigner {
+                replica: 4,
+                key: Some(key()),
+            }),
+        );
+        assert!(matches!(set, Outcome::Applied(_)), "{set:?}");
+        let retire = proposal(Command::Revoke {
+            target: crate::store::revoked::RevokedTarget::Principal("replica:4".into()),
+            why: "removed".into(),
+        });
+        let (retired, changed) = state.apply(1, &retire);
+        assert!(matches!(retired, Outcome::Applied(_)), "{retired:?}");
+        assert!(state.signers.is_empty(), "the retired key stayed");
+        assert!(changed.contains(&Changed::Signer(4)), "{changed:?}");
+        assert!(state.revoked.contains_key("principal:replica:4"));
+        let before = state.clone();
+        let (again, changed) = state.apply(
+            1,
+            &proposal(Command::SetSigner {
+                replica: 4,
+                key: Some(key()),
+            }),
+        );
+        assert!(
+            matches!(&again, Outcome::Refused(r) if r.to_string().contains("retired")),
+            "{again:?}"
+        );
+        assert!(changed.is_empty());
         assert_eq!(state, before);
     }
 }

@@ -559,6 +559,12 @@ pub enum CertsError {
     /// What `certs revoke` was given is neither a serial nor a principal.
     #[error("{reason}")]
     BadTarget { target: String, reason: String },
+    /// Revoking a member's principal would retire the key of a replica that may lead
+    /// (decision 0294): it must leave the membership first.
+    #[error(
+        "replica {id} is a member of the cluster: revoking replica:{id} would retire its signing key while it may lead; run `meshctl replicas remove {id}` (which retires it) instead"
+    )]
+    RevokingAMember { id: u64 },
 }
 
 impl CertsError {
@@ -570,6 +576,7 @@ impl CertsError {
         match self {
             CertsError::NotReloaded { .. } => "certs.not_reloaded",
             CertsError::BadTarget { .. } => "certs.bad_target",
+            CertsError::RevokingAMember { .. } => "certs.revoking_a_member",
         }
     }
 }
