@@ -15,7 +15,7 @@ use mesh_transport::{Ca, Principal, Validity, addr};
 
 use super::init::{InitError, cert_validity_days, public_file_mode, secret_file_mode, write_new};
 use super::render::{self, Via};
-use super::{CliError, Output, context};
+use super::{CliError, Output, client, context};
 use crate::controller::api::{Body, Request};
 use crate::controller::config::{ReplicaConfig, ReplicaConfigFile, TlsFile};
 use crate::controller::members::ReplicasView;
@@ -84,7 +84,14 @@ pub fn run(ctx: Option<&Path>, cmd: &ReplicasCommand) -> Result<Output, CliError
         ReplicasCommand::Add(_) => "replicas add",
         ReplicasCommand::Remove(_) => "replicas remove",
     };
-    let (via, body) = render::ask(ctx, &request)?;
+    let mut context = context::resolve(ctx)?;
+    if let ReplicasCommand::Remove(args) = cmd {
+        // The removal retires the replica and revokes its certificate (decision 0294), which
+        // closes its connections: asked through it, the answer could not come back. It is asked
+        // last, only when no other replica answers.
+        context.replicas.sort_by_key(|(id, _)| *id == args.id);
+    }
+    let (via, body) = render::split(client::ask(&context, &request)?)?;
     let Body::Replicas(view) = body else {
         return Err(render::unexpected(via, asked, &body));
     };
