@@ -2,12 +2,10 @@
 //! replicas and two hosts, a push; two replicas SIGKILLed and the third stopped; `meshd recover`
 //! (a dry run that changes nothing, then `--force-new-cluster`) on the survivor; started again it
 //! leads alone in a term above every epoch used, keeps its data, and a push reaches every host,
-//! none refusing the new epoch. Then one lost replica starts on its old store: the survivor
-//! refuses its Raft, so it can never gather the old membership's quorum or confirm a lease, and a
-//! push through it changes no host. (Both lost replicas started together would be a quorum of the old
-//! membership and could reach the recovered term by their own elections: the guide's "never start
-//! the other replicas on their old stores" is what keeps that out, not this fence.) Last, it is
-//! added back on an empty store (`join = true`, `meshctl replicas add`) and a push goes through the
+//! none refusing the new epoch. The survivor, taking office, retired the two left out (decision
+//! 0294): both then start on their old stores, a quorum of the old membership, and pushes through
+//! them change no host (issue 27 (b)). Last, a new replica (id 4, `meshctl init --add-replica`)
+//! joins the recovered cluster, the retired id being refused, and a push goes through the
 //! two-member cluster.
 
 use mesh::host::state::StateFiles;
@@ -221,38 +219,50 @@ fn recover_after_losing_two(bed: &mut Bed) -> anyhow::Result<()> {
         );
     }
 
-    // One lost replica starts on its old store: the survivor refuses its Raft and the other lost
-    // replica is down, so it never gathers the old membership's quorum. It may still call itself
-    // leader of its old term (openraft restores a committed vote for itself at start), but it can
-    // confirm no lease: its push fails and no host applies anything from it.
-    let old = lost[0];
+    // Both lost replicas start on their old stores (issue 27 (b)): together they are a quorum of
+    // the old membership and can elect one of themselves. The survivor, on taking office,
+    // retired them (decision 0294) and its push carried that to every host: the survivor refuses
+    // their certificates at the handshake, and no host applies anything from them.
     let log_before = bed.replica_log(survivor).len();
     let new_context = bed.context_for(survivor)?;
-    bed.restart_replica(old)?;
+    for old in &lost {
+        bed.restart_replica(*old)?;
+    }
+    let old = lost[0];
     bed.wait_for(
-        "the survivor refuses the old member",
+        "the survivor refuses the old members' certificates",
         wait_ms_default,
         || {
             let log = bed.replica_log(survivor);
             let tail = log.get(log_before..).unwrap_or_default();
-            Ok(tail
-                .contains(&format!("refuses Raft from replica {old}"))
-                .then_some(()))
+            Ok((tail.contains(&format!("certificate replica:{old}"))
+                && tail.contains("its principal is revoked"))
+            .then_some(()))
         },
     )?;
     let old_context = bed.context_for(old)?;
-    let old_push = bed.meshctl_in(&old_context, &["push", "--all", "--why", "old cluster"])?;
-    anyhow::ensure!(
-        old_push.code != Some(0),
-        "a push through the old member went through: {}{}",
-        old_push.stdout,
-        old_push.stderr
-    );
-    for (machine, epoch) in applied_epochs(bed)? {
+    for attempt in 0..3 {
+        let old_push = bed.meshctl_in(
+            &old_context,
+            &[
+                "push",
+                "--all",
+                "--why",
+                &format!("old cluster, try {attempt}"),
+            ],
+        )?;
         anyhow::ensure!(
-            epoch == term,
-            "{machine} applied epoch {epoch} after the old member started, not the recovered {term}"
+            old_push.code != Some(0),
+            "a push through the old members went through: {}{}",
+            old_push.stdout,
+            old_push.stderr
         );
+        for (machine, epoch) in applied_epochs(bed)? {
+            anyhow::ensure!(
+                epoch == term,
+                "{machine} applied epoch {epoch} after the old members started, not the recovered {term}"
+            );
+        }
     }
     // The survivor still leads in its term, and its push still goes through.
     let status = bed
@@ -285,31 +295,45 @@ fn recover_after_losing_two(bed: &mut Bed) -> anyhow::Result<()> {
         anyhow::ensure!(epoch == term, "{machine} applied epoch {epoch}, not {term}");
     }
 
-    // The way back: a lost replica's old store moved aside, it starts as a joiner on an empty one
-    // and is added to the recovered cluster (decision 0230's `replicas add`).
-    bed.kill_replica(old)?;
-    let back = old;
-    let dir = bed.dir.join(format!("replica-{back}"));
-    for file in ["replica.redb", "epoch-floor"] {
-        let path = dir.join(file);
-        if path.exists() {
-            std::fs::rename(&path, dir.join(format!("{file}.old-cluster")))?;
-        }
+    // The way back: the retired ids stay retired; a lost machine comes back as a new replica
+    // (`meshctl init --add-replica` from the same CA, decision 0230's `replicas add`).
+    for old in &lost {
+        bed.kill_replica(*old)?;
     }
-    let config_file = bed.dir.join(format!("replica-{back}.toml"));
-    let text = std::fs::read_to_string(&config_file)?;
-    std::fs::write(&config_file, format!("join = true\n{text}"))?;
-    bed.restart_replica(back)?;
-    let addr = bed
-        .layout
-        .replicas
-        .iter()
-        .find(|(id, _)| *id == back)
-        .map(|(_, a)| a.to_string())
-        .ok_or_else(|| anyhow::anyhow!("no address for replica {back}"))?;
-    let id = back.to_string();
+    let back = 4;
+    let port = mesh::cli::procs::free_ports(1)?[0];
     let dir = bed.dir.display().to_string();
-    bed.wait_for("the lost replica is added back", wait_ms_default, || {
+    bed.meshctl_ok(&[
+        "init",
+        "--dir",
+        &dir,
+        "--add-replica",
+        &format!("{back}={port}"),
+    ])?;
+    bed.start_replica(back)?;
+    bed.layout.replicas.push((back, port));
+    let addr = port.to_string();
+    let id = back.to_string();
+    let retired = bed.meshctl_in(
+        &new_context,
+        &[
+            "replicas",
+            "add",
+            "--id",
+            &lost[0].to_string(),
+            "--addr",
+            &addr,
+            "--dir",
+            &dir,
+        ],
+    )?;
+    anyhow::ensure!(
+        retired.code != Some(0) && retired.stderr.contains("retired"),
+        "a retired id was added back: {}{}",
+        retired.stdout,
+        retired.stderr
+    );
+    bed.wait_for("the new replica is added", wait_ms_default, || {
         let run = bed.meshctl_in(
             &new_context,
             &[

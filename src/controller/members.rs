@@ -91,6 +91,11 @@ pub enum MembersError {
         machines.join(", ")
     )]
     KeyNotOnHosts { id: u64, machines: Vec<String> },
+    /// Decision 0294: a retired id is never trusted again.
+    #[error(
+        "replica {id} was retired ({why}): its id is never trusted again; make a new replica with `meshctl init --add-replica <new id>=<ip:port>` and add that. Nothing was changed"
+    )]
+    Retired { id: u64, why: String },
 }
 
 impl MembersError {
@@ -100,9 +105,9 @@ impl MembersError {
             MembersError::NewReplicaSilent { .. } | MembersError::KeyNotOnHosts { .. } => {
                 ErrorClass::Unavailable
             }
-            MembersError::WouldLoseQuorum { .. } | MembersError::RemovingTheLeader { .. } => {
-                ErrorClass::Refused
-            }
+            MembersError::WouldLoseQuorum { .. }
+            | MembersError::RemovingTheLeader { .. }
+            | MembersError::Retired { .. } => ErrorClass::Refused,
             MembersError::Membership { .. } => ErrorClass::Failed,
         }
     }
@@ -116,6 +121,7 @@ impl MembersError {
             MembersError::RemovingTheLeader { .. } => "replicas.removing_the_leader",
             MembersError::Membership { .. } => "replicas.membership",
             MembersError::KeyNotOnHosts { .. } => "replicas.key_not_on_hosts",
+            MembersError::Retired { .. } => "replicas.retired",
         }
     }
 }
@@ -330,6 +336,17 @@ impl Service {
         }
         if VerifyingKey::from_bytes(&key).is_err() {
             return Err(MembersError::BadKey { id }.into());
+        }
+        if let Some(entry) = self
+            .state()?
+            .revoked
+            .get(&format!("principal:replica:{id}"))
+        {
+            return Err(MembersError::Retired {
+                id,
+                why: entry.why.clone(),
+            }
+            .into());
         }
         let members = self.replica.members();
         if let Some(m) = members.get(&id)
