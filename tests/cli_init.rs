@@ -297,3 +297,84 @@ fn init_refuses_wildcard_unroutable_shared_and_mixed_loopback_addresses_and_writ
         assert!(!dir.join("ca.key").exists(), "{args:?} wrote a CA");
     }
 }
+
+fn role_of(dir: &Path, sub: &str) -> (mesh_transport::Principal, Option<mesh_transport::Role>) {
+    let identity = mesh_transport::Identity::load(
+        &dir.join("ca.pem"),
+        &dir.join(sub).join("cert.pem"),
+        &dir.join(sub).join("key.pem"),
+    )
+    .expect("identity");
+    (identity.principal().clone(), identity.role())
+}
+
+#[test]
+fn g10_init_issues_an_admin_and_certs_issue_and_renew_state_the_role_asked() {
+    // G10, decision 0295: init's operator is admin; `certs issue` needs --role and writes a
+    // certificate stating it with a context that uses it; `certs renew` keeps the role unless
+    // --role changes it.
+    use mesh_transport::{Principal, Role};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("mesh");
+    let out = init(&dir, &["--replicas", "1", "--machines", "ace"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let admin = Principal::Operator("admin".into());
+    assert_eq!(role_of(&dir, "operator"), (admin, Some(Role::Admin)));
+    let context = dir.join("context.toml");
+    let context = context.to_str().expect("utf-8 path");
+    let issue = |extra: &[&str]| {
+        let mut args = vec!["--context", context, "certs", "issue", "operator:monitor"];
+        args.extend_from_slice(extra);
+        meshctl(&args)
+    };
+    let no_role = issue(&[]);
+    assert!(!no_role.status.success(), "a new operator's role is chosen");
+    assert!(
+        text(&no_role.stderr).contains("--role"),
+        "{}",
+        text(&no_role.stderr)
+    );
+    let bad = issue(&["--role", "root"]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("viewer, operator, admin"),
+        "{}",
+        text(&bad.stderr)
+    );
+    let out = issue(&["--role", "viewer"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let monitor = Principal::Operator("monitor".into());
+    assert_eq!(
+        role_of(&dir, "operator-monitor"),
+        (monitor.clone(), Some(Role::Viewer))
+    );
+    assert_eq!(mode(&dir.join("operator-monitor/key.pem")), 0o600);
+    let path = dir.join("context-monitor.toml");
+    mesh::cli::context::load(&path, "test").expect("the new context loads");
+    let again = issue(&["--role", "admin"]);
+    assert!(!again.status.success(), "issue never overwrites");
+    assert!(
+        text(&again.stderr).contains("certs renew operator:monitor"),
+        "{}",
+        text(&again.stderr)
+    );
+    let renew = |extra: &[&str]| {
+        let mut args = vec!["--context", context, "certs", "renew", "operator:monitor"];
+        args.extend_from_slice(extra);
+        let out = meshctl(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        role_of(&dir, "operator-monitor").1
+    };
+    assert_eq!(renew(&[]), Some(Role::Viewer), "a renewal keeps the role");
+    assert_eq!(renew(&["--role", "operator"]), Some(Role::Operator));
+    let host = meshctl(&[
+        "--context",
+        context,
+        "certs",
+        "renew",
+        "host:ace",
+        "--role",
+        "admin",
+    ]);
+    assert!(!host.status.success(), "a host states no role");
+}

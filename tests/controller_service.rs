@@ -773,3 +773,117 @@ async fn reads_are_linearizable_a_leader_cut_off_answers_no_read_a_newer_leader_
     }
     bed.shutdown().await;
 }
+
+/// What a viewer can see of the store: the revision, and the whole history.
+async fn seen_by(bed: &Bed, viewer: &Endpoint, via: u64) -> (u64, Vec<String>) {
+    let status = bed.ask_from(viewer, via, &Request::Status).await;
+    let Ok(Body::Status(status)) = status.body else {
+        panic!("a viewer's status via {via}: {:?}", status.body)
+    };
+    let history = Request::History {
+        query: mesh::controller::api::HistoryQuery {
+            limit: 1_000,
+            ..Default::default()
+        },
+    };
+    let history = bed.ask_from(viewer, via, &history).await;
+    let Ok(Body::History(page)) = history.body else {
+        panic!("a viewer's history via {via}: {:?}", history.body)
+    };
+    let items = page.items.iter().map(|i| format!("{i:?}")).collect();
+    (status.revision, items)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g10_a_viewer_reads_status_and_history_and_is_refused_every_write_leaving_the_store_as_it_was()
+ {
+    // G10 (who may send what), decision 0295: a viewer certificate reads, on the leader and
+    // through a follower, and every write it sends is refused by name before anything runs; an
+    // operator certificate is let through the same door.
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    let follower = bed.follower(leader);
+    bed.apply(leader, &mount_mesh("/srv/a")).await;
+    let viewer = bed.operator_as("monitor", mesh_transport::Role::Viewer);
+    let before = seen_by(&bed, &viewer, leader).await;
+    assert!(!before.1.is_empty(), "the apply is in the history");
+    let set = Request::SettingsSet {
+        scope: Scope::Mesh,
+        layer: [("level".to_string(), "debug".to_string())].into(),
+        remove: BTreeSet::new(),
+        replace: false,
+        why: "viewer".into(),
+    };
+    let writes = [
+        (
+            Request::Apply {
+                mesh: mount_mesh("/srv/b"),
+                why: "viewer".into(),
+                drain: false,
+            },
+            "apply",
+            mesh_transport::Role::Operator,
+        ),
+        (set.clone(), "settings set", mesh_transport::Role::Operator),
+        (
+            Request::Push {
+                target: PushTarget::Machine("ace".into()),
+                why: "viewer".into(),
+                moves: vec![],
+                plan: None,
+            },
+            "push",
+            mesh_transport::Role::Operator,
+        ),
+        (
+            Request::CertsRevoke {
+                target: "operator:alice".into(),
+                why: "viewer".into(),
+            },
+            "certs revoke",
+            mesh_transport::Role::Admin,
+        ),
+    ];
+    for via in [leader, follower] {
+        for (request, command, needed) in &writes {
+            let answer = bed.ask_from(&viewer, via, request).await;
+            // Refused where the certificate was read: a follower does not forward it.
+            assert_eq!(answer.replica, via, "{command} via {via}");
+            assert_eq!(answer.forwarded_by, None, "{command} via {via}");
+            let Err(error) = answer.body else {
+                panic!("a viewer's {command} via {via} was allowed");
+            };
+            assert_eq!(
+                error,
+                ApiError::Forbidden {
+                    operator: "monitor".into(),
+                    command: command.to_string(),
+                    needed: *needed,
+                    held: mesh_transport::Role::Viewer,
+                }
+            );
+            assert_eq!(error.class(), ErrorClass::Refused);
+            let text = error.to_string();
+            assert!(
+                text.contains(&format!(
+                    "meshctl certs issue operator:monitor --role {needed}"
+                )),
+                "{text}"
+            );
+        }
+        assert_eq!(seen_by(&bed, &viewer, via).await, before, "via {via}");
+    }
+    assert!(
+        bed.hosts["ace"].agent.applied().await.is_none(),
+        "nothing was pushed"
+    );
+    // The same door lets an operator certificate's settings set through.
+    let operator = bed.operator_as("deploy", mesh_transport::Role::Operator);
+    let answer = bed.ask_from(&operator, follower, &set).await;
+    assert!(
+        matches!(answer.body, Ok(Body::SettingsSet { .. })),
+        "{:?}",
+        answer.body
+    );
+    bed.shutdown().await;
+}

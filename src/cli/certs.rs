@@ -7,10 +7,12 @@
 //! - `certs list` shows what one replica knows: its own certificate, its peers' from their last
 //!   handshakes, the trusted CA count, the deny list, and what expires within 30 days.
 //! - `certs revoke <principal or serial> --why W` adds to the deny list through Raft.
+//! - `certs issue operator:<name> --role R` issues a new operator's certificate stating its role
+//!   (decision 0295) and a context file that uses it.
 
 use std::path::{Path, PathBuf};
 
-use mesh_transport::{Ca, Principal, Validity};
+use mesh_transport::{Ca, Principal, Role, Validity};
 
 use super::context::{self, Context};
 use super::render::{self, time_ms};
@@ -30,6 +32,32 @@ pub enum CertsCommand {
     /// Revoke a certificate (by serial, as `certs list` shows it) or every certificate of a
     /// principal; every replica refuses it at its next handshake and closes its connections.
     Revoke(RevokeArgs),
+    /// Issue a certificate for a new operator, stating what it may ask (`--role`), from the CA
+    /// key in the init directory, with a context file that uses it.
+    Issue(IssueArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct IssueArgs {
+    /// `operator:<name>`, a name not issued in the directory yet.
+    pub principal: String,
+    /// What it may ask: `viewer` (status, plan, history, logs, settings show, lists),
+    /// `operator` (also apply, settings set/clear, push, machines add) or `admin` (everything:
+    /// also certificates, replicas and backups). No default: say what it may do.
+    #[arg(long)]
+    pub role: Role,
+    /// The directory `meshctl init` wrote; defaults to the context file's directory.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// The CA certificate to issue from (default: DIR/ca.pem).
+    #[arg(long)]
+    pub ca_cert: Option<PathBuf>,
+    /// The CA key to issue from (default: DIR/ca.key).
+    #[arg(long)]
+    pub ca_key: Option<PathBuf>,
+    /// How long the certificate is valid, in days.
+    #[arg(long, default_value_t = super::init::cert_validity_days)]
+    pub days: u32,
 }
 
 #[derive(Debug, clap::Args)]
@@ -48,6 +76,10 @@ pub struct RenewArgs {
     /// How long the new certificate is valid, in days.
     #[arg(long, default_value_t = super::init::cert_validity_days)]
     pub days: u32,
+    /// An operator's new role (`viewer`, `operator`, `admin`); without it the renewed certificate
+    /// states the role the current one states.
+    #[arg(long)]
+    pub role: Option<Role>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -65,6 +97,7 @@ pub const renew_days_max: u32 = super::init::cert_validity_days;
 pub fn run(ctx: Option<&Path>, cmd: &CertsCommand) -> Result<Output, CliError> {
     match cmd {
         CertsCommand::Renew(args) => renew(ctx, args).map(Output::done),
+        CertsCommand::Issue(args) => issue(ctx, args).map(Output::done),
         CertsCommand::Reload => reload(ctx),
         CertsCommand::List => {
             let (_, body) = render::ask(ctx, &Request::CertsList)?;
@@ -121,32 +154,22 @@ fn renew(ctx: Option<&Path>, args: &RenewArgs) -> Result<String, CliError> {
             "certs renew: {e}; name it as replica:<id>, host:<machine> or operator:<name>"
         ))
     })?;
-    if args.days == 0 || args.days > renew_days_max {
+    if args.role.is_some() && !matches!(principal, Principal::Operator(_)) {
         return Err(CliError::Usage(format!(
-            "certs renew: --days must be 1..={renew_days_max}"
+            "certs renew: --role is for operator certificates; {principal}'s states none"
         )));
     }
-    let dir = match &args.dir {
-        Some(d) => d.clone(),
-        None => {
-            let context = context::resolve(ctx)?;
-            context
-                .path
-                .parent()
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| PathBuf::from("."))
+    let ca_files = (args.ca_cert.as_ref(), args.ca_key.as_ref());
+    let issuer = Issuer::load(ctx, "certs renew", args.dir.as_ref(), ca_files, args.days)?;
+    let (dir, ca_cert, ca) = (issuer.dir, issuer.ca_cert, issuer.ca);
+    // An operator `certs issue` made is in operator-<name>/, init's own in operator/.
+    let issued_dir = dir.join(operator_sub(&principal));
+    let (cert, key) = match principal {
+        Principal::Operator(_) if issued_dir.join("cert.pem").exists() => {
+            (issued_dir.join("cert.pem"), issued_dir.join("key.pem"))
         }
+        _ => files_of(&dir, &principal),
     };
-    let ca_cert = args.ca_cert.clone().unwrap_or_else(|| dir.join("ca.pem"));
-    let ca_key = args.ca_key.clone().unwrap_or_else(|| dir.join("ca.key"));
-    let ca = Ca::load(&ca_cert, &ca_key).map_err(|e| {
-        CliError::Usage(format!(
-            "certs renew: cannot load the CA ({}, {}): {e}; pass --dir with the directory `meshctl init` wrote, or --ca-cert/--ca-key",
-            ca_cert.display(),
-            ca_key.display()
-        ))
-    })?;
-    let (cert, key) = files_of(&dir, &principal);
     if !cert.exists() {
         return Err(CliError::Usage(format!(
             "certs renew: {} does not exist, so {principal} was never issued a certificate in {}; check the principal and --dir",
@@ -154,18 +177,20 @@ fn renew(ctx: Option<&Path>, args: &RenewArgs) -> Result<String, CliError> {
             dir.display()
         )));
     }
+    let mut role = None;
     if let Principal::Operator(name) = &principal {
         let current = mesh_transport::Identity::load(&ca_cert, &cert, &key).ok();
-        let names_it = current.is_some_and(|i| i.principal() == &principal);
-        if !names_it {
+        let Some(current) = current.filter(|i| i.principal() == &principal) else {
             return Err(CliError::Usage(format!(
                 "certs renew: {} is not operator:{name}'s certificate; renew the operator that `meshctl init --operator` named",
                 cert.display()
             )));
-        }
+        };
+        // A renewal changes the key and the dates; the role only when asked (decision 0295).
+        role = args.role.or(current.role());
     }
     let issued = ca
-        .issue(&principal, Validity::days_from_now(args.days))
+        .issue_with_role(&principal, role, Validity::days_from_now(args.days))
         .map_err(|e| CliError::Usage(format!("certs renew: {e}")))?;
     let info =
         mesh_transport::Identity::from_pem(ca.cert_pem(), issued.cert_pem(), issued.key_pem())
@@ -187,10 +212,141 @@ fn renew(ctx: Option<&Path>, args: &RenewArgs) -> Result<String, CliError> {
         Principal::Host(_) => "SIGHUP to its mesh-host (`systemctl reload mesh-host`)",
         Principal::Operator(_) => "nothing: meshctl reads it at every command",
     };
+    let stated = match role {
+        Some(role) => format!(", role {role}"),
+        None => String::new(),
+    };
     Ok(format!(
-        "renewed {principal}: serial {serial}, valid until {until}\nwrote {} and {}\nto take it: {how}\n",
+        "renewed {principal}{stated}: serial {serial}, valid until {until}\nwrote {} and {}\nto take it: {how}\n",
         cert.display(),
         key.display()
+    ))
+}
+
+/// The directory `certs issue` writes operator `name`'s files to, under the init directory;
+/// `init`'s own operator is in `operator/` (`files_of`).
+fn operator_sub(principal: &Principal) -> String {
+    match principal {
+        Principal::Operator(name) => format!("operator-{name}"),
+        other => other.to_string(),
+    }
+}
+
+/// The CA a command issues from, and the init directory it writes into.
+struct Issuer {
+    dir: PathBuf,
+    ca_cert: PathBuf,
+    ca: Ca,
+}
+
+impl Issuer {
+    /// The CA in `dir` (default: the context file's directory), or at `ca_cert` and `ca_key`.
+    fn load(
+        ctx: Option<&Path>,
+        what: &str,
+        dir: Option<&PathBuf>,
+        (ca_cert, ca_key): (Option<&PathBuf>, Option<&PathBuf>),
+        days: u32,
+    ) -> Result<Issuer, CliError> {
+        if days == 0 || days > renew_days_max {
+            return Err(CliError::Usage(format!(
+                "{what}: --days must be 1..={renew_days_max}"
+            )));
+        }
+        let dir = match dir {
+            Some(d) => d.clone(),
+            None => context_dir(&context::resolve(ctx)?),
+        };
+        let ca_cert = ca_cert.cloned().unwrap_or_else(|| dir.join("ca.pem"));
+        let ca_key = ca_key.cloned().unwrap_or_else(|| dir.join("ca.key"));
+        let ca = Ca::load(&ca_cert, &ca_key).map_err(|e| {
+            CliError::Usage(format!(
+                "{what}: cannot load the CA ({}, {}): {e}; pass --dir with the directory `meshctl init` wrote, or --ca-cert/--ca-key",
+                ca_cert.display(),
+                ca_key.display()
+            ))
+        })?;
+        Ok(Issuer { dir, ca_cert, ca })
+    }
+}
+
+fn context_dir(context: &Context) -> PathBuf {
+    context
+        .path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// `certs issue`: a new operator's certificate stating `--role`, in DIR/operator-<name>/, and
+/// DIR/context-<name>.toml naming the context's replicas and that certificate.
+fn issue(ctx: Option<&Path>, args: &IssueArgs) -> Result<String, CliError> {
+    let principal: Principal = args.principal.parse().map_err(|e| {
+        CliError::Usage(format!(
+            "certs issue: {e}; name the new operator as operator:<name>"
+        ))
+    })?;
+    let Principal::Operator(name) = &principal else {
+        return Err(CliError::Usage(format!(
+            "certs issue: {principal} is not an operator; a replica's certificate comes from `meshctl init --add-replica`, a machine's from `meshctl machines add`, a new key for either from `meshctl certs renew`"
+        )));
+    };
+    let context = context::resolve(ctx)?;
+    let ca_files = (args.ca_cert.as_ref(), args.ca_key.as_ref());
+    let issuer = Issuer::load(ctx, "certs issue", args.dir.as_ref(), ca_files, args.days)?;
+    let sub = operator_sub(&principal);
+    let sub_dir = issuer.dir.join(&sub);
+    let (cert, key) = (sub_dir.join("cert.pem"), sub_dir.join("key.pem"));
+    let context_path = issuer.dir.join(format!("context-{name}.toml"));
+    for path in [&cert, &key, &context_path] {
+        if path.exists() {
+            return Err(CliError::Usage(format!(
+                "certs issue: {} exists, so {principal} was issued already; pick another name, or change its role with `meshctl certs renew {principal} --role {}`",
+                path.display(),
+                args.role
+            )));
+        }
+    }
+    let issued = issuer
+        .ca
+        .issue_with_role(
+            &principal,
+            Some(args.role),
+            Validity::days_from_now(args.days),
+        )
+        .map_err(|e| CliError::Usage(format!("certs issue: {e}")))?;
+    std::fs::create_dir_all(&sub_dir).map_err(|source| CliError::Write {
+        path: sub_dir.display().to_string(),
+        source,
+    })?;
+    issued.write(&cert, &key).map_err(|e| CliError::Write {
+        path: cert.display().to_string(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let file = context::ContextFile {
+        replicas: context
+            .replicas
+            .iter()
+            .map(|(id, addr)| (id.to_string(), addr.to_string()))
+            .collect(),
+        tls: context::ContextTls {
+            ca: issuer
+                .ca_cert
+                .strip_prefix(&issuer.dir)
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|_| issuer.ca_cert.clone()),
+            cert: PathBuf::from(&sub).join("cert.pem"),
+            key: PathBuf::from(&sub).join("key.pem"),
+        },
+    };
+    super::init::write_toml(&context_path, &file)?;
+    Ok(format!(
+        "issued {principal} with role {}: wrote {} and {}\nits context: {} (hand the three files and ca.pem over; `MESH_CONTEXT={} meshctl status`)\n",
+        args.role,
+        cert.display(),
+        key.display(),
+        context_path.display(),
+        context_path.display()
     ))
 }
 
@@ -256,6 +412,18 @@ fn render_reload(view: &ReloadView) -> String {
     )
 }
 
+/// The ROLE column of `certs list`: an operator's role, `admin (unstated)` for an operator
+/// certificate from before roles (decision 0295), `-` for replicas and hosts.
+fn role_shown(c: &CertView) -> String {
+    match c.role {
+        Some(role) => role.to_string(),
+        None if c.principal.starts_with("operator:") => {
+            format!("{} (unstated)", crate::controller::roles::role_unstated)
+        }
+        None => "-".to_string(),
+    }
+}
+
 /// The warning line for a certificate expiring soon (or expired), as `status` prints it.
 pub fn expiry_line(c: &CertView, now_ms: i64) -> String {
     let days = (c.not_after_ms - now_ms).div_euclid(86_400_000);
@@ -289,11 +457,15 @@ fn render_list(view: &CertsView, now: i64) -> String {
             "s (a CA switch is open)"
         }
     );
-    out.push_str(&format!("{:<20} {:<42} EXPIRES\n", "PRINCIPAL", "SERIAL"));
+    out.push_str(&format!(
+        "{:<20} {:<18} {:<42} EXPIRES\n",
+        "PRINCIPAL", "ROLE", "SERIAL"
+    ));
     let line = |c: &CertView, note: &str| {
         format!(
-            "{:<20} {:<42} {}{note}\n",
+            "{:<20} {:<18} {:<42} {}{note}\n",
             c.principal,
+            role_shown(c),
             c.serial,
             time_ms(c.not_after_ms.max(0) as u64)
         )
@@ -339,6 +511,7 @@ mod tests {
             principal: "host:ace".into(),
             serial: "3fa1".into(),
             not_after_ms: 10 * 86_400_000 + 1,
+            role: None,
         };
         let line = expiry_line(&c, 0);
         assert!(line.contains("host:ace serial 3fa1"), "{line}");

@@ -9,7 +9,7 @@
 //! dev`, the beds). A layout is checked whole before anything is written.
 
 use ed25519_dalek::SigningKey;
-use mesh_transport::{Ca, PkiError, Principal, Validity, addr};
+use mesh_transport::{Ca, PkiError, Principal, Role, Validity, addr};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -566,8 +566,10 @@ fn write_operator(layout: &Layout, ca: &Ca, context_path: &Path) -> Result<(), I
     let sub_dir = layout.dir.join("operator");
     create_dir(&sub_dir)?;
     let name = &layout.operator;
-    let cert = ca.issue(
+    // The first operator holds every role: it revokes, renews and adds replicas (decision 0295).
+    let cert = ca.issue_with_role(
         &Principal::Operator(name.clone()),
+        Some(Role::Admin),
         Validity::days_from_now(cert_validity_days),
     )?;
     cert.write(&sub_dir.join("cert.pem"), &sub_dir.join("key.pem"))?;
@@ -593,7 +595,7 @@ fn signing_key() -> Result<SigningKey, InitError> {
     Ok(SigningKey::from_bytes(&seed))
 }
 
-fn write_toml<T: Serialize>(path: &Path, value: &T) -> Result<(), InitError> {
+pub(crate) fn write_toml<T: Serialize>(path: &Path, value: &T) -> Result<(), InitError> {
     let text = toml::to_string(value).map_err(|e| InitError::Render {
         what: path.display().to_string(),
         reason: e.to_string(),

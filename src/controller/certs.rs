@@ -25,6 +25,9 @@ pub struct CertView {
     pub serial: String,
     /// When it expires, in milliseconds since the Unix epoch.
     pub not_after_ms: i64,
+    /// The role an operator's certificate states (decision 0295); `None` for replicas, hosts and
+    /// operator certificates from before roles (which hold admin).
+    pub role: Option<mesh_transport::Role>,
 }
 
 /// One deny-list entry.
@@ -71,6 +74,7 @@ fn view(info: &mesh_transport::CertInfo) -> CertView {
             .unwrap_or_default(),
         serial: info.serial.clone(),
         not_after_ms: (info.not_after.unix_timestamp_nanos() / 1_000_000) as i64,
+        role: info.role,
     }
 }
 

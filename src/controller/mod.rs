@@ -17,6 +17,7 @@ pub mod recover;
 pub mod relay;
 mod reports;
 pub mod restore;
+pub mod roles;
 pub mod service;
 mod unproven;
 mod upload;

@@ -12,7 +12,8 @@ use mesh_raft::{
     ReplicaSpec, VoteFence,
 };
 use mesh_transport::{
-    BoxFuture, Endpoint, Handler, Identity, MessageKind, Peer, Principal, Sink, TransportError,
+    BoxFuture, Endpoint, Handler, Identity, MessageKind, Peer, Principal, Role, Sink,
+    TransportError,
 };
 use openraft::ServerState;
 use tokio::task::JoinHandle;
@@ -771,7 +772,13 @@ impl Service {
 
     /// An operator's command: handled here when leading, else forwarded to a leader that answers
     /// (G13, decision 0110).
-    async fn command(&self, operator: &str, body: &[u8], lines: &Sink) -> Answer {
+    async fn command(
+        &self,
+        operator: &str,
+        role: Option<Role>,
+        body: &[u8],
+        lines: &Sink,
+    ) -> Answer {
         let Call { id, request } = match mesh_codec::decode(request_what, body) {
             Ok(r) => r,
             Err(e) => {
@@ -779,6 +786,11 @@ impl Service {
                 return self.answer(Err(ApiError::BadRequest { reason }));
             }
         };
+        // G10: decided here, where the certificate was read; a forward carries only what passed.
+        if let Err(forbidden) = super::roles::check(operator, role, &request) {
+            tracing::warn!(%operator, error = %forbidden, "operator request refused by its role");
+            return self.answer(Err(forbidden));
+        }
         let actor = format!("operator:{operator}");
         // About this replica itself: answered here, leader or not (decision 0170).
         if matches!(
@@ -1208,9 +1220,11 @@ impl Handler for Serving {
                     }
                     answered.map_err(|e| e.to_string())
                 }
-                (MessageKind::Command, Principal::Operator(name)) => {
-                    encode_answer(&service.command(&name, &body, &lines).await)
-                }
+                // Served by `request_with_role`, which the transport calls: never without the
+                // role the operator's certificate states.
+                (MessageKind::Command, Principal::Operator(name)) => Err(format!(
+                    "replica does not serve operator:{name}'s command without its certificate's role"
+                )),
                 (MessageKind::Forward, Principal::Replica(id)) => {
                     encode_answer(&service.forwarded(id, &body, &lines).await)
                 }
@@ -1220,6 +1234,29 @@ impl Handler for Serving {
                 }
                 (kind, from) => Err(format!("replica does not serve {kind} from {from}")),
             }
+        })
+    }
+
+    /// An operator's command, with the role its certificate states (decision 0295): checked here,
+    /// on the replica holding the operator's connection, before it is answered or forwarded.
+    fn request_with_role(
+        &self,
+        from: Principal,
+        role: Option<Role>,
+        kind: MessageKind,
+        body: Vec<u8>,
+        sink: Option<Sink>,
+    ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
+        let lines = sink.unwrap_or_else(Sink::closed);
+        let (MessageKind::Command, Principal::Operator(name)) = (&kind, &from) else {
+            return self.request_streamed(from, kind, body, lines);
+        };
+        let name = name.clone();
+        Box::pin(async move {
+            let Some(service) = self.0.upgrade() else {
+                return Err("the replica is stopping".to_string());
+            };
+            encode_answer(&service.command(&name, role, &body, &lines).await)
         })
     }
 

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mesh_transport::{Ca, Identity, IssuedCert, Principal, Validity};
+use mesh_transport::{Ca, Identity, IssuedCert, Principal, Role, Validity};
 
 /// How long every test certificate is valid.
 pub const validity_days: u32 = 1;
@@ -59,11 +59,27 @@ impl Pki {
             .unwrap_or_else(|e| panic!("issue a certificate for {principal}: {e}"))
     }
 
-    /// An identity for `principal`, in memory.
+    /// An identity for `principal`, in memory. An operator's states no role (a certificate from
+    /// before roles: it may ask everything, decision 0295).
     pub fn identity(&self, principal: &Principal) -> Identity {
         let issued = self.issue(principal);
         Identity::from_pem(self.ca.cert_pem(), issued.cert_pem(), issued.key_pem())
             .unwrap_or_else(|e| panic!("identity for {principal}: {e}"))
+    }
+
+    /// An identity for operator `name` whose certificate states `role` (decision 0295).
+    pub fn operator_identity(&self, name: &str, role: Role) -> Identity {
+        let principal = operator(name);
+        let issued = self
+            .ca
+            .issue_with_role(
+                &principal,
+                Some(role),
+                Validity::days_from_now(validity_days),
+            )
+            .unwrap_or_else(|e| panic!("issue a {role} certificate for {principal}: {e}"));
+        Identity::from_pem(self.ca.cert_pem(), issued.cert_pem(), issued.key_pem())
+            .unwrap_or_else(|e| panic!("identity for {principal} ({role}): {e}"))
     }
 
     /// Writes a certificate and key for `principal` as `<dir>/<sub>/cert.pem` and `key.pem`;

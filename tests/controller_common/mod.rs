@@ -250,13 +250,28 @@ impl Bed {
             .expect("a follower")
     }
 
-    /// Sends `request` to replica `id` as operator alice.
+    /// An endpoint on a free loopback port presenting operator `name`'s certificate stating
+    /// `role` (decision 0295); ask with [`Bed::ask_from`].
+    pub fn operator_as(&self, name: &str, role: mesh_transport::Role) -> Endpoint {
+        Endpoint::bind(
+            "127.0.0.1:0".parse().expect("addr"),
+            &self.pki.operator_identity(name, role),
+            transport().check().expect("transport"),
+        )
+        .expect("bind")
+    }
+
+    /// Sends `request` to replica `id` as operator alice (whose certificate states no role).
     pub async fn ask(&self, id: u64, request: &Request) -> Answer {
+        self.ask_from(&self.operator, id, request).await
+    }
+
+    /// Sends `request` to replica `id` from `operator`, an operator's endpoint.
+    pub async fn ask_from(&self, operator: &Endpoint, id: u64, request: &Request) -> Answer {
         let call = mesh::controller::api::Call::new(request.clone()).expect("a request id");
         let body = mesh_codec::encode("request", &call).expect("encode");
         let peer = Peer::expecting(self.addrs[&id], Principal::Replica(id));
-        let bytes = self
-            .operator
+        let bytes = operator
             .request(peer, MessageKind::Command, body, Duration::from_secs(30))
             .await
             .expect("replica answers");

@@ -827,7 +827,7 @@ impl Endpoint {
         };
         self.inner.counters.dialled();
         self.inner.open.track(&conn, Side::Dialled);
-        let principal = crate::serve::peer_principal(&conn)
+        let (principal, _) = crate::serve::peer_principal(&conn)
             .map_err(|reason| TransportError::HandshakeRefused { addr, reason })?;
         tracing::debug!(peer = %addr, %principal, "connected");
         Ok((conn, principal))

@@ -20,7 +20,7 @@ pub use endpoint::{BindError, Endpoint, Peer, ReloadError, TransportError};
 pub use faults::Faults;
 pub use frame::{Header, Refused, Response};
 pub use pki::{Ca, Identity, IssuedCert, PkiError, Validity};
-pub use principal::{Principal, PrincipalError};
+pub use principal::{Principal, PrincipalError, Role};
 pub use serve::{BoxFuture, Counts, Handler};
 pub use stream::{Part, Sink, Streaming};
 pub use trust::{CertInfo, DenyList, Refusal, Revoked};

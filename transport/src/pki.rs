@@ -15,7 +15,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use time::{Duration, OffsetDateTime};
 
-use crate::principal::{Principal, PrincipalError};
+use crate::principal::{Principal, PrincipalError, Role};
 
 /// The DNS name every mesh certificate carries and every dial uses as its TLS server name, so
 /// standard webpki name checking works while the principal (not the name) identifies the peer.
@@ -178,9 +178,27 @@ impl Ca {
         &self.cert_pem
     }
 
-    /// Issues a certificate naming `principal`, usable both to serve and to dial.
+    /// Issues a certificate naming `principal`, usable both to serve and to dial. It states no
+    /// role: an operator's such certificate is one from before roles (decision 0295).
     pub fn issue(&self, principal: &Principal, validity: Validity) -> Result<IssuedCert, PkiError> {
-        self.issue_with_uris(&principal.to_string(), &[principal.to_uri()], validity)
+        self.issue_with_role(principal, None, validity)
+    }
+
+    /// Issues a certificate naming `principal` and, for an operator, the role it grants
+    /// (`mesh://operator/alice?role=viewer`, decision 0295).
+    pub fn issue_with_role(
+        &self,
+        principal: &Principal,
+        role: Option<Role>,
+        validity: Validity,
+    ) -> Result<IssuedCert, PkiError> {
+        let uri = principal
+            .to_uri_with_role(role)
+            .map_err(|source| PkiError::Principal {
+                what: format!("the certificate for {principal}"),
+                source,
+            })?;
+        self.issue_with_uris(&principal.to_string(), &[uri], validity)
     }
 
     /// Issues a certificate carrying exactly these URI SANs, checked by nobody. Only for tests
@@ -278,6 +296,7 @@ impl IssuedCert {
 /// chain and key, and the principal its certificate names.
 pub struct Identity {
     principal: Principal,
+    role: Option<Role>,
     cas: Vec<CertificateDer<'static>>,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
@@ -295,6 +314,7 @@ impl Clone for Identity {
     fn clone(&self) -> Self {
         Identity {
             principal: self.principal.clone(),
+            role: self.role,
             cas: self.cas.clone(),
             chain: self.chain.clone(),
             key: self.key.clone_key(),
@@ -359,8 +379,8 @@ impl Identity {
         let leaf = chain.first().ok_or_else(|| PkiError::NoCertificate {
             what: cert_name.to_string(),
         })?;
-        let principal =
-            Principal::from_certificate(leaf).map_err(|source| PkiError::Principal {
+        let (principal, role) =
+            Principal::from_certificate_with_role(leaf).map_err(|source| PkiError::Principal {
                 what: cert_name.to_string(),
                 source,
             })?;
@@ -368,6 +388,7 @@ impl Identity {
             PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| pem_err(key_name, e))?;
         Ok(Identity {
             principal,
+            role,
             cas,
             chain,
             key,
@@ -377,6 +398,12 @@ impl Identity {
     /// The principal this identity's certificate names.
     pub fn principal(&self) -> &Principal {
         &self.principal
+    }
+
+    /// The role this identity's certificate states (an operator's, decision 0295); `None` when it
+    /// states none.
+    pub fn role(&self) -> Option<Role> {
+        self.role
     }
 
     /// The CA certificates this identity trusts.

@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 use crate::config::CheckedConfig;
 use crate::faults::Faults;
 use crate::frame::{self, FrameError, Header, Refused, Response};
-use crate::principal::Principal;
+use crate::principal::{Principal, Role};
 use crate::writers::{MessageKind, Permissions, permissions_for};
 
 /// A boxed future, so a handler can be a trait object without extra crates.
@@ -41,6 +41,25 @@ pub trait Handler: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
         drop(sink);
         self.request(from, kind, body)
+    }
+
+    /// Answers a request as [`Handler::request`] (`sink` `None`) or [`Handler::request_streamed`]
+    /// do, with the role the sender's certificate states (an operator's, decision 0295; `None`
+    /// when it states none). The transport only reads the role; what it allows is the handler's
+    /// decision. By default the role is not read: only a handler that serves operators needs it.
+    fn request_with_role(
+        &self,
+        from: Principal,
+        role: Option<Role>,
+        kind: MessageKind,
+        body: Vec<u8>,
+        sink: Option<crate::stream::Sink>,
+    ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
+        let _ = role;
+        match sink {
+            Some(sink) => self.request_streamed(from, kind, body, sink),
+            None => self.request(from, kind, body),
+        }
     }
 
     /// Takes a one-way message; nothing goes back.
@@ -131,8 +150,8 @@ pub(crate) struct ServeContext {
     pub(crate) principal: Principal,
 }
 
-/// The principal named by the certificate a connected peer presented.
-pub(crate) fn peer_principal(conn: &Connection) -> Result<Principal, String> {
+/// The principal named by the certificate a connected peer presented, and the role it states.
+pub(crate) fn peer_principal(conn: &Connection) -> Result<(Principal, Option<Role>), String> {
     let identity = conn
         .peer_identity()
         .ok_or_else(|| "peer presented no certificate".to_string())?;
@@ -142,7 +161,7 @@ pub(crate) fn peer_principal(conn: &Connection) -> Result<Principal, String> {
     let leaf = chain
         .first()
         .ok_or_else(|| "peer presented an empty chain".to_string())?;
-    Principal::from_certificate(leaf).map_err(|e| e.to_string())
+    Principal::from_certificate_with_role(leaf).map_err(|e| e.to_string())
 }
 
 /// Most connections (including ones still in their handshake) served at once; more are refused.
@@ -182,16 +201,16 @@ async fn handshake(incoming: quinn::Incoming, addr: SocketAddr, context: ServeCo
         }
         Err(_) => return handshake_refused(&context, addr, "no handshake before the deadline"),
     };
-    let principal = match peer_principal(&conn) {
-        Ok(p) => p,
+    let (principal, role) = match peer_principal(&conn) {
+        Ok(named) => named,
         Err(reason) => {
             conn.close(VarInt::from_u32(stop_denied), b"no principal");
             return handshake_refused(&context, addr, &reason);
         }
     };
-    tracing::debug!(peer = %addr, %principal, "accepted connection");
+    tracing::debug!(peer = %addr, %principal, ?role, "accepted connection");
     context.open.track(&conn, crate::open::Side::Accepted);
-    serve_connection(conn, addr, principal, context).await;
+    serve_connection(conn, addr, principal, role, context).await;
 }
 
 fn handshake_refused(context: &ServeContext, addr: SocketAddr, reason: &str) {
@@ -206,6 +225,7 @@ async fn serve_connection(
     conn: Connection,
     addr: SocketAddr,
     principal: Principal,
+    role: Option<Role>,
     context: ServeContext,
 ) {
     let permissions = Arc::new(permissions_for(&principal));
@@ -227,7 +247,7 @@ async fn serve_connection(
         tokio::select! {
             bi = conn.accept_bi() => match bi {
                 Ok((send, recv)) => {
-                    let job = serve_request(send, recv, addr, framing, permissions.clone(), context.clone());
+                    let job = serve_request(send, recv, addr, framing, permissions.clone(), role, context.clone());
                     tokio::spawn(async move { job.await; drop(permit) });
                 }
                 Err(e) => return closed(addr, &e),
@@ -296,49 +316,52 @@ async fn serve_request(
     addr: SocketAddr,
     framing: crate::version::Framing,
     permissions: Arc<Permissions>,
+    role: Option<Role>,
     context: ServeContext,
 ) {
-    let response: Response =
-        match read_checked(&mut recv, addr, framing, &permissions, &context).await {
-            Ok(_) if context.faults.is_cut_off(addr) => return stay_silent(&context).await,
-            Ok(header)
-                if crate::stream::may_stream(&header.kind)
-                    && crate::stream::asked(&mut recv, context.config.request_timeout()).await =>
-            {
+    let response: Response = match read_checked(&mut recv, addr, framing, &permissions, &context)
+        .await
+    {
+        Ok(_) if context.faults.is_cut_off(addr) => return stay_silent(&context).await,
+        Ok(header)
+            if crate::stream::may_stream(&header.kind)
+                && crate::stream::asked(&mut recv, context.config.request_timeout()).await =>
+        {
+            context
+                .counters
+                .requests_served
+                .fetch_add(1, Ordering::Relaxed);
+            let from = permissions.principal().clone();
+            let max = context.config.frame_bytes_max();
+            let (sink, rx) = crate::stream::Sink::open(max);
+            let job =
                 context
-                    .counters
-                    .requests_served
-                    .fetch_add(1, Ordering::Relaxed);
-                let from = permissions.principal().clone();
-                let max = context.config.frame_bytes_max();
-                let (sink, rx) = crate::stream::Sink::open(max);
-                let job = context
                     .handler
-                    .request_streamed(from, header.kind, header.body, sink);
-                let timeout = context.config.request_timeout();
-                match crate::stream::serve(&mut send, addr, max, timeout, rx, job).await {
-                    Some(response) => response,
-                    None => return,
-                }
+                    .request_with_role(from, role, header.kind, header.body, Some(sink));
+            let timeout = context.config.request_timeout();
+            match crate::stream::serve(&mut send, addr, max, timeout, rx, job).await {
+                Some(response) => response,
+                None => return,
             }
-            Ok(header) => {
-                context
-                    .counters
-                    .requests_served
-                    .fetch_add(1, Ordering::Relaxed);
-                let from = permissions.principal().clone();
-                let answer = context
-                    .handler
-                    .request(from, header.kind, header.body)
-                    .await;
-                answer.map_err(|reason| Refused { reason })
-            }
-            Err((code, reason)) => {
-                // Tell the sender to stop writing (a large frame may still be arriving), then answer.
-                let _ = recv.stop(VarInt::from_u32(code));
-                Err(Refused { reason })
-            }
-        };
+        }
+        Ok(header) => {
+            context
+                .counters
+                .requests_served
+                .fetch_add(1, Ordering::Relaxed);
+            let from = permissions.principal().clone();
+            let answer = context
+                .handler
+                .request_with_role(from, role, header.kind, header.body, None)
+                .await;
+            answer.map_err(|reason| Refused { reason })
+        }
+        Err((code, reason)) => {
+            // Tell the sender to stop writing (a large frame may still be arriving), then answer.
+            let _ = recv.stop(VarInt::from_u32(code));
+            Err(Refused { reason })
+        }
+    };
     answer(&mut send, addr, &response, &context).await;
 }
 

@@ -17,7 +17,7 @@ use rustls::server::danger::ClientCertVerifier;
 use rustls::sign::CertifiedKey;
 use time::OffsetDateTime;
 
-use crate::principal::Principal;
+use crate::principal::{Principal, Role};
 use crate::tls::{TlsError, provider};
 
 /// Most CA certificates trusted at once: the current CA and the one being switched to.
@@ -37,6 +37,8 @@ pub const why_bytes_max: usize = 256;
 pub struct CertInfo {
     /// The principal its `mesh://` URI SAN names, if it names exactly one well-formed one.
     pub principal: Option<Principal>,
+    /// The role it states, an operator's (decision 0295); `None` when it states none.
+    pub role: Option<Role>,
     /// The serial number, lowercase hex without leading zero bytes.
     pub serial: String,
     pub not_after: OffsetDateTime,
@@ -53,8 +55,10 @@ impl CertInfo {
         for b in &raw[skip.min(raw.len().saturating_sub(1))..] {
             serial.push_str(&format!("{b:02x}"));
         }
+        let named = Principal::from_certificate_with_role(der).ok();
         Ok(CertInfo {
-            principal: Principal::from_certificate(der).ok(),
+            principal: named.as_ref().map(|(principal, _)| principal.clone()),
+            role: named.and_then(|(_, role)| role),
             serial,
             not_after: cert.validity().not_after.to_datetime(),
         })
@@ -528,6 +532,7 @@ mod tests {
         let now = OffsetDateTime::now_utc();
         let cert = |days: i64| CertInfo {
             principal: Some(Principal::Replica(days as u64)),
+            role: None,
             serial: format!("{days}"),
             not_after: now + time::Duration::days(days),
         };

@@ -132,6 +132,17 @@ pub enum ApiError {
     /// Raft refused the proposal for a reason of its own.
     #[error("raft refused the proposal: {reason}")]
     RaftFailed { reason: String },
+    /// The operator's certificate grants a role below the one `command` needs (G10, decision
+    /// 0295); checked by the replica holding the operator's connection, before anything runs.
+    #[error(
+        "operator:{operator} holds role {held}, and `{command}` needs role {needed}; nothing was done. An admin with the CA key can issue a certificate with that role: `meshctl certs issue operator:{operator} --role {needed}`"
+    )]
+    Forbidden {
+        operator: String,
+        command: String,
+        needed: mesh_transport::Role,
+        held: mesh_transport::Role,
+    },
 }
 
 fn leader_name(leader: Option<u64>) -> String {
@@ -160,7 +171,7 @@ impl ApiError {
             | ApiError::LeaderUnreachable { .. }
             | ApiError::NoLease { .. }
             | ApiError::NotCommitted { .. } => Unavailable,
-            ApiError::StoreRefused { .. } => Refused,
+            ApiError::StoreRefused { .. } | ApiError::Forbidden { .. } => Refused,
             ApiError::LeaderAnswerUnreadable { .. }
             | ApiError::Storage { .. }
             | ApiError::Random { .. }
@@ -204,6 +215,7 @@ impl ApiError {
             ApiError::Timeout { .. } => "timeout",
             ApiError::ProposalTooLarge { .. } => "proposal_too_large",
             ApiError::RaftFailed { .. } => "raft_failed",
+            ApiError::Forbidden { .. } => "forbidden",
             ApiError::Apply(e) => e.cause(),
             ApiError::Settings(e) => e.cause(),
             ApiError::Push(e) => e.cause(),

@@ -86,6 +86,15 @@ fn samples() -> Vec<(ApiError, ErrorClass)> {
         (ApiError::ProposalTooLarge { bytes: 2, limit: 1 }, Failed),
         (ApiError::RaftFailed { reason: s("r") }, Failed),
         (
+            ApiError::Forbidden {
+                operator: s("o"),
+                command: s("c"),
+                needed: mesh_transport::Role::Admin,
+                held: mesh_transport::Role::Viewer,
+            },
+            Refused,
+        ),
+        (
             ApplyError::Invalid {
                 problems: vec![s("p")],
             }
