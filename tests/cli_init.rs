@@ -378,3 +378,59 @@ fn g10_init_issues_an_admin_and_certs_issue_and_renew_state_the_role_asked() {
     ]);
     assert!(!host.status.success(), "a host states no role");
 }
+
+#[test]
+fn secrets_on_disk_are_0600_in_0700_directories_after_init() {
+    // Issue 27 part 7: every directory init creates is 0700, every key in it 0600; a directory the
+    // operator made beforehand keeps its mode, and init says how to close it (decision 0296).
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("mesh");
+    let out = init(&dir, &["--replicas", "3", "--machines", "ace"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for sub in ["", "replica-1", "replica-3", "host-ace", "operator"] {
+        assert_eq!(mode(&dir.join(sub)), 0o700, "{sub}/");
+    }
+    for key in [
+        "ca.key",
+        "replica-2/key.pem",
+        "replica-2/signing.key",
+        "host-ace/key.pem",
+        "operator/key.pem",
+    ] {
+        assert_eq!(mode(&dir.join(key)), 0o600, "{key}");
+    }
+    let hidden: Vec<_> = walk(&dir)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(".mesh-tmp"))
+        .collect();
+    assert!(hidden.is_empty(), "temp files left: {hidden:?}");
+    let made = tmp.path().join("made-before");
+    std::fs::create_dir(&made).expect("mkdir");
+    std::fs::set_permissions(&made, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = init(&made, &["--replicas", "1", "--machines", "ace"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        mode(&made),
+        0o755,
+        "a directory init did not create keeps its mode"
+    );
+    assert!(
+        text(&out.stderr).contains(&format!("chmod 700 {}", made.display())),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(mode(&made.join("replica-1")), 0o700);
+    assert_eq!(mode(&made.join("ca.key")), 0o600);
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("list") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        }
+        out.push(path);
+    }
+    out
+}

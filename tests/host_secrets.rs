@@ -75,6 +75,11 @@ async fn secrets_are_0600_and_never_appear_in_logs_or_reports() {
     assert_eq!(read(&dir.join("secrets/p1")), secret);
     assert_eq!(mode(&dir.join("secrets/p1")), 0o600);
     assert_eq!(mode(&dir.join("secrets")), 0o700);
+    // Issue 27 part 7: the host's state (the declaration with its secrets, the mark) is 0600 in
+    // the root the agent created 0700.
+    assert_eq!(mode(&fx.root()), 0o700);
+    assert_eq!(mode(&fx.root().join("applied")), 0o600);
+    assert_eq!(mode(&fx.root().join("high_water")), 0o600);
     let provisions = read(&dir.join("provisions.toml"));
     assert!(provisions.contains("secrets/p1") && !provisions.contains(secret));
 

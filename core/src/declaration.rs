@@ -56,6 +56,7 @@ pub struct Declaration {
 pub fn retired_replicas(revoked: &BTreeMap<String, String>) -> std::collections::BTreeSet<u64> {
     revoked
         .keys()
+        // allow(empty-on-error): a row the store kept parsed as a principal; any other is no replica
         .filter_map(|key| key.strip_prefix("principal:replica:")?.parse().ok())
         .collect()
 }

@@ -164,6 +164,7 @@ pub fn open(path: &Path) -> Result<Database, MigrationError> {
 /// Opens the store and applies `migrations` (a prefix of [`MIGRATIONS`] in fixture tests, or a list with
 /// an injected failing step).
 pub(crate) fn open_with(path: &Path, migrations: &[Migration]) -> Result<Database, MigrationError> {
+    create_private(path)?;
     let db = Database::builder()
         .set_cache_size(store_cache_bytes)
         .create(path)
@@ -234,6 +235,36 @@ fn apply_one(db: &Database, migration: &Migration) -> Result<(), StepError> {
         meta.insert(tables::SCHEMA_VERSION_KEY, migration.version)?;
     }
     txn.commit()?;
+    Ok(())
+}
+
+/// Mode of the store file: it holds every minted secret.
+pub const store_file_mode: u32 = 0o600;
+
+/// Creates the store file 0600 before redb opens it, so it is never wider, even for an instant
+/// (redb creates a missing file with the process umask, 0644 outside systemd; an empty file it
+/// initialises as a new store). A store an earlier build left wider is tightened: the file is
+/// mesh's own (decision 0296).
+fn create_private(path: &Path) -> Result<(), MigrationError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let io = |action, e: std::io::Error| storage(path, action, redb::Error::Io(e));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(store_file_mode)
+        .open(path)
+        .map_err(|e| io("create", e))?;
+    let mode = file
+        .metadata()
+        .map_err(|e| io("read the mode of", e))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        tracing::warn!(path = %path.display(), mode = format!("{:o}", mode & 0o7777), "store file was readable by others; set to 0600");
+        file.set_permissions(std::fs::Permissions::from_mode(store_file_mode))
+            .map_err(|e| io("set the mode of", e))?;
+    }
     Ok(())
 }
 

@@ -419,3 +419,18 @@ fn migration_0010_refuses_a_requests_key_that_is_not_a_request_id_and_leaves_the
     let db = open_with(&path, &MIGRATIONS[..9]).expect("open at 0009 again");
     assert_eq!(schema_version(&db, &path).expect("version"), 9);
 }
+
+#[test]
+fn a_store_is_created_0600_and_one_left_wider_is_tightened() {
+    // Issue 27 part 7: the store holds every minted secret; redb alone would create it with the
+    // umask (0644 outside systemd).
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = store_path(&dir);
+    drop(open(&path).expect("created"));
+    assert_eq!(mode(&path), 0o600);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    drop(open(&path).expect("reopened"));
+    assert_eq!(mode(&path), 0o600);
+}

@@ -446,8 +446,18 @@ async fn wait_sole_holder(db: Arc<Database>, timeout: Duration) -> Result<(), Sh
     Ok(())
 }
 
+/// The store's directory, created 0700 with any missing parents (it holds the secrets the store
+/// keeps); an existing one keeps its mode, which meshd warns about at start (decision 0296).
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
 async fn open_store(dir: &Path) -> Result<Arc<Database>, StartError> {
-    std::fs::create_dir_all(dir).map_err(|source| StartError::Dir {
+    private_dir(dir).map_err(|source| StartError::Dir {
         path: dir.to_path_buf(),
         source,
     })?;
@@ -533,7 +543,7 @@ pub async fn restore<A: App>(
     if !voters.contains(&id) {
         return Err(RestoreError::NotAVoter { id, voters });
     }
-    std::fs::create_dir_all(dir).map_err(|source| RestoreError::Dir {
+    private_dir(dir).map_err(|source| RestoreError::Dir {
         path: dir.to_path_buf(),
         source,
     })?;

@@ -315,10 +315,8 @@ fn issue(ctx: Option<&Path>, args: &IssueArgs) -> Result<String, CliError> {
             Validity::days_from_now(args.days),
         )
         .map_err(|e| CliError::Usage(format!("certs issue: {e}")))?;
-    std::fs::create_dir_all(&sub_dir).map_err(|source| CliError::Write {
-        path: sub_dir.display().to_string(),
-        source,
-    })?;
+    // 0700, as every directory holding a key (decision 0296).
+    super::init::create_dir(&sub_dir)?;
     issued.write(&cert, &key).map_err(|e| CliError::Write {
         path: cert.display().to_string(),
         source: std::io::Error::other(e.to_string()),

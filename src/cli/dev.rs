@@ -7,6 +7,7 @@
 //! a SIGKILLed `dev` takes them along.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -303,10 +304,14 @@ fn fresh_temp_dir() -> Result<PathBuf, DevError> {
     getrandom::getrandom(&mut seed).map_err(|e| DevError::Step(e.to_string()))?;
     let tag = crate::host::config::encode_hex(&seed);
     let dir = std::env::temp_dir().join(format!("mesh-dev-{tag}"));
-    std::fs::create_dir(&dir).map_err(|source| DevError::Dir {
-        path: dir.display().to_string(),
-        source,
-    })?;
+    // 0700: init writes the mesh's keys into it (decision 0296).
+    std::fs::DirBuilder::new()
+        .mode(crate::durable::secret_dir_mode)
+        .create(&dir)
+        .map_err(|source| DevError::Dir {
+            path: dir.display().to_string(),
+            source,
+        })?;
     Ok(dir)
 }
 

@@ -12,9 +12,7 @@ use ed25519_dalek::SigningKey;
 use mesh_transport::{Ca, PkiError, Principal, Role, Validity, addr};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::context::{ContextFile, ContextTls};
@@ -32,7 +30,7 @@ pub const machines_max: usize = 1_000;
 /// How long the certificates `init` issues are valid, in days.
 pub const cert_validity_days: u32 = 825;
 /// Mode of private key files and the signing keys.
-pub const secret_file_mode: u32 = 0o600;
+pub const secret_file_mode: u32 = crate::durable::secret_file_mode;
 /// Mode of configs and genesis declarations.
 pub const public_file_mode: u32 = 0o644;
 /// How often a host reports when nothing happens, in the configs `init` writes.
@@ -603,27 +601,26 @@ pub(crate) fn write_toml<T: Serialize>(path: &Path, value: &T) -> Result<(), Ini
     write_new(path, text.as_bytes(), public_file_mode)
 }
 
-fn create_dir(dir: &Path) -> Result<(), InitError> {
-    std::fs::create_dir_all(dir).map_err(|source| InitError::Write {
-        path: dir.display().to_string(),
-        source,
-    })
+/// Creates `dir` 0700 for keys and secrets; an existing one is left as it is, with a warning when
+/// others may list it (decision 0296).
+pub(crate) fn create_dir(dir: &Path) -> Result<(), InitError> {
+    let loose = crate::durable::private_dir(dir).map_err(storage)?;
+    if let Some(loose) = loose {
+        super::warn(&loose.to_string());
+    }
+    Ok(())
 }
 
-/// Creates `path` with `mode` (never overwriting) and writes `bytes`.
+/// Creates `path` with `mode` (never overwriting), atomically: whole or not at all.
 pub(crate) fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InitError> {
-    let err = |source| InitError::Write {
-        path: path.display().to_string(),
-        source,
-    };
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
-        .map_err(err)?;
-    f.write_all(bytes).map_err(err)?;
-    f.sync_all().map_err(err)
+    crate::durable::write_new(path, bytes, mode).map_err(storage)
+}
+
+fn storage(e: crate::durable::StorageError) -> InitError {
+    InitError::Write {
+        path: e.path.display().to_string(),
+        source: e.source,
+    }
 }
 
 /// The lines `init` prints.

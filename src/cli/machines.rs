@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use ed25519_dalek::SigningKey;
 use mesh_transport::Ca;
 
-use super::init::{InitError, Layout, public_file_mode, write_host, write_new};
+use super::init::{InitError, Layout, create_dir, secret_file_mode, write_host, write_new};
 use super::render::{self, Via};
 use super::{CliError, Output, context};
 use crate::controller::api::{Body, PushView, Request};
@@ -84,16 +84,21 @@ pub fn run(ctx: Option<&Path>, cmd: &MachinesCommand) -> Result<Output, CliError
         operator: String::new(),
     };
     let written = write_host(&layout, &ca, name, args.address, &trusted).map_err(init_error)?;
-    let state = dir.join(format!("host-{name}")).join("state");
-    std::fs::create_dir_all(&state).map_err(|source| CliError::Write {
-        path: state.display().to_string(),
-        source,
-    })?;
-    let genesis = state.join(genesis_file_name);
-    write_new(&genesis, &envelope, public_file_mode).map_err(init_error)?;
+    let genesis = write_genesis(&dir.join(format!("host-{name}")), &envelope)?;
     Ok(Output::done(render_text(
         via, name, &written, &genesis, &cascade,
     )))
+}
+
+/// Writes the sealed genesis envelope into the host's state directory (`<host dir>/state`, its
+/// root): it carries the secrets minted for the machine, so 0600 in a 0700 directory, written
+/// whole, never over an existing one.
+fn write_genesis(host_dir: &Path, envelope: &[u8]) -> Result<PathBuf, CliError> {
+    let state = host_dir.join("state");
+    create_dir(&state).map_err(init_error)?;
+    let genesis = state.join(genesis_file_name);
+    write_new(&genesis, envelope, secret_file_mode).map_err(init_error)?;
+    Ok(genesis)
 }
 
 fn init_error(e: InitError) -> CliError {
@@ -144,4 +149,30 @@ fn render_text(via: Via, name: &str, config: &Path, genesis: &Path, cascade: &Pu
         out.push_str(&super::push::render_text(via, cascade));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).expect("stat").permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_genesis_envelope_is_0600_in_a_0700_state_directory() {
+        // Issue 27 part 7: the genesis envelope carries the secrets minted for the machine.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let host_dir = dir.path().join("host-ace");
+        let genesis = write_genesis(&host_dir, b"sealed").expect("written");
+        assert_eq!(std::fs::read(&genesis).expect("read"), b"sealed");
+        assert_eq!(mode(&genesis), 0o600);
+        assert_eq!(mode(&host_dir.join("state")), 0o700);
+        assert_eq!(mode(&host_dir), 0o700);
+        assert!(
+            write_genesis(&host_dir, b"again").is_err(),
+            "never overwritten"
+        );
+    }
 }

@@ -264,6 +264,11 @@ fn run_command(cli: Cli) -> Result<Output, CliError> {
 
 /// `--why` is required by every command that changes something; refused locally when missing or
 /// blank, so nothing reaches a replica without a reason.
+/// A warning that does not stop the command: on stderr, so `--json` output stays one document.
+pub fn warn(line: &str) {
+    eprintln!("meshctl: warning: {line}");
+}
+
 pub fn require_why(command: &str, why: Option<&str>) -> Result<String, CliError> {
     match why.map(str::trim) {
         Some(w) if !w.is_empty() => Ok(w.to_string()),

@@ -99,9 +99,16 @@ pub fn run(ctx: Option<&Path>, args: &PlanArgs) -> Result<Output, CliError> {
 fn write_plan(path: &Path, view: &PlanView) -> Result<(), CliError> {
     let text = serde_json::to_string_pretty(view)
         .map_err(|e| CliError::Render(format!("the plan as JSON: {e}")))?;
-    std::fs::write(path, text + "\n").map_err(|source| CliError::Write {
-        path: path.display().to_string(),
-        source,
+    // It reveals settings and env values: 0600, written whole (decision 0296).
+    super::snapshot::warn_if_loose(super::snapshot::parent_of(path))?;
+    crate::durable::write_atomic(
+        path,
+        (text + "\n").as_bytes(),
+        crate::durable::secret_file_mode,
+    )
+    .map_err(|e| CliError::Write {
+        path: e.path.display().to_string(),
+        source: e.source,
     })
 }
 
@@ -197,5 +204,31 @@ pub fn change_line(c: &PlannedChange) -> String {
         (Some(was), Some(now)) => format!("~ {m}: {i}: {was} => {now}"),
         (None, now) => format!("+ {m}: {i}{}", value(now)),
         (was, None) => format!("- {m}: {i}{}", value(was)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_saved_plan_is_0600_and_replaced_whole() {
+        // Issue 27 part 7: a plan reveals settings and env values.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("plan.json");
+        std::fs::write(&path, "old").expect("an older plan");
+        let view = PlanView {
+            target: PushTarget::All,
+            moves: Vec::new(),
+            revision: 4,
+            machines: Vec::new(),
+            mints: Vec::new(),
+            token: "t".into(),
+        };
+        write_plan(&path, &view).expect("written");
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(read_plan(&path).expect("read back").revision, 4);
     }
 }

@@ -245,10 +245,7 @@ pub fn init_add(dir: &Path, spec: &str) -> Result<String, CliError> {
         ))
     })?;
     let sub_dir = dir.join(&sub);
-    std::fs::create_dir_all(&sub_dir).map_err(|source| CliError::Write {
-        path: sub_dir.display().to_string(),
-        source,
-    })?;
+    super::init::create_dir(&sub_dir).map_err(CliError::Init)?;
     let cert = ca
         .issue(
             &Principal::Replica(id),

@@ -133,6 +133,10 @@ mod tests {
         assert_eq!(read_floor(dir.path()).expect("read"), 0);
         write_floor(dir.path(), 42).expect("write");
         assert_eq!(read_floor(dir.path()).expect("read"), 42);
+        // Issue 27 part 7: the floor file is 0600 like the store beside it.
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(floor_path(dir.path())).expect("stat");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         std::fs::write(floor_path(dir.path()), "x").expect("garble");
         assert!(matches!(
             read_floor(dir.path()),

@@ -99,7 +99,9 @@ pub async fn restore_with(
         });
     }
     // The marker is written before the store, so no crash leaves a restored store without it.
-    crate::durable::create_dir(dir, 0o700).map_err(FloorError::from)?;
+    if let Some(loose) = crate::durable::private_dir(dir).map_err(FloorError::from)? {
+        tracing::warn!(dir = %loose.dir.display(), "{loose}");
+    }
     if unproven {
         write_unproven(dir, term_floor)?;
     } else {

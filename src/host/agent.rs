@@ -116,7 +116,10 @@ impl Agent {
     /// Opens the state under the config's root: the high-water mark, the last applied declaration, the
     /// refusal counts and the report counter. Runs nothing until [`Agent::start`].
     pub fn open(config: HostConfig, sink: Arc<dyn ReportSink>) -> Result<Agent, HostError> {
-        durable::create_dir(config.root(), 0o700).map_err(StateError::from)?;
+        // The root holds the mark, the declaration (with its secrets) and the genesis envelope.
+        if let Some(loose) = durable::private_dir(config.root()).map_err(StateError::from)? {
+            tracing::warn!(dir = %loose.dir.display(), "{loose}");
+        }
         let files = StateFiles::new(config.root());
         let high_water = files.load_high_water()?;
         let applied = files.load_applied()?;

@@ -187,6 +187,10 @@ mod tests {
         };
         files.store_high_water(mark).expect("store");
         assert_eq!(files.load_high_water().expect("load"), Some(mark));
+        // Issue 27 part 7: the host's state files are 0600.
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(files.high_water_path()).expect("stat");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         std::fs::write(files.high_water_path(), b"epoch 4 seq").expect("corrupt");
         assert!(matches!(
             files.load_high_water(),

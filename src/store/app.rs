@@ -53,12 +53,15 @@ impl MeshApp {
     /// Opens the replica's store file in `dir` (migrating it), reads the domain state, and closes the
     /// file again so the Raft replica can open it. A new directory gives an empty state.
     pub fn open(dir: &std::path::Path) -> Result<Arc<MeshApp>, AppError> {
-        std::fs::create_dir_all(dir).map_err(|e| {
+        let loose = crate::durable::private_dir(dir).map_err(|e| {
             AppError::Other(format!(
                 "cannot create store directory {}: {e}",
                 dir.display()
             ))
         })?;
+        if let Some(loose) = loose {
+            tracing::warn!(dir = %loose.dir.display(), mode = format!("{:o}", loose.mode), "{loose}");
+        }
         let path = dir.join(mesh_raft::store_file_name);
         let db = mesh_migrations::open(&path)
             .map_err(|e| AppError::Other(format!("cannot open store {}: {e}", path.display())))?;
@@ -572,4 +575,24 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
 /// Decodes the state machine's answer to a proposal.
 pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome, mesh_codec::CodecError> {
     mesh_codec::decode("outcome", bytes)
+}
+
+#[cfg(test)]
+mod private_files {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_replica_store_is_0600_in_a_0700_directory() {
+        // Issue 27 part 7: the store directory is created 0700 (with any missing parent) and the
+        // store in it 0600, whatever the umask.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("var").join("replica-1");
+        MeshApp::open(&dir).expect("opened");
+        let mode =
+            |p: &std::path::Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&tmp.path().join("var")), 0o700);
+        assert_eq!(mode(&dir.join(mesh_raft::store_file_name)), 0o600);
+    }
 }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use crate::config::CheckedConfig;
 use crate::faults::{Faults, Verdict};
 use crate::frame::{self, FrameError, Header};
-use crate::open::{OpenConns, Side};
+use crate::open::{OpenConns, Side, close_untrusted};
 use crate::pki::{Identity, server_name};
 use crate::principal::Principal;
 use crate::serve::{Counters, Counts, Handler, ServeContext};
@@ -134,9 +134,16 @@ struct Message<'a> {
 /// before the answer came, it is asked again: refused, the request's stream is reset.
 pub type WriteGate<'a> = &'a (dyn Fn() -> Result<Duration, String> + Send + Sync);
 
+/// A dialled connection kept for later requests, with the peer's certificate it was opened with.
+struct Kept {
+    conn: Connection,
+    principal: Principal,
+    cert: Option<CertInfo>,
+}
+
 #[derive(Default)]
 struct PeerState {
-    conn: Option<(Connection, Principal)>,
+    conn: Option<Kept>,
     failures: u32,
     retry_at: Option<Instant>,
 }
@@ -244,8 +251,8 @@ impl Endpoint {
                 counters: Arc::new(Counters::default()),
                 faults: Arc::new(Faults::default()),
                 serving: Mutex::new(false),
+                open: Arc::new(OpenConns::new(live.clone())),
                 live,
-                open: Arc::new(OpenConns::default()),
             }),
         })
     }
@@ -355,18 +362,7 @@ impl Endpoint {
     fn recheck_open(&self) -> usize {
         let mut closed = 0;
         for (conn, side) in self.inner.open.all() {
-            let Some(chain) = conn.peer_identity().and_then(|id| {
-                id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
-                    .ok()
-            }) else {
-                continue;
-            };
-            if let Err(reason) = tls::recheck(&self.inner.live, &chain, side == Side::Dialled) {
-                tracing::warn!(peer = %conn.remote_address(), %reason, "closed an open connection");
-                conn.close(
-                    quinn::VarInt::from_u32(crate::serve::close_untrusted),
-                    reason.as_bytes(),
-                );
+            if self.inner.open.recheck(&conn, side).is_err() {
                 closed += 1;
             }
         }
@@ -764,9 +760,16 @@ impl Endpoint {
     ) -> Result<(Connection, Principal, bool), TransportError> {
         let slot = self.slot(addr)?;
         let mut state = slot.state.lock().await;
-        if let Some((conn, principal)) = &state.conn {
-            if conn.close_reason().is_none() {
-                return Ok((conn.clone(), principal.clone(), true));
+        if let Some(kept) = &state.conn {
+            if kept.conn.close_reason().is_none() {
+                // A TLS check happens at the handshake only: a kept connection is dropped once
+                // the peer's certificate has ended, and the dial below meets the peer's current
+                // one (renewed, or refused naming it).
+                let now = time::OffsetDateTime::now_utc();
+                match kept.cert.as_ref().and_then(|c| crate::trust::ended(c, now)) {
+                    None => return Ok((kept.conn.clone(), kept.principal.clone(), true)),
+                    Some(refusal) => close_untrusted(&kept.conn, &refusal.to_string()),
+                }
             }
             state.conn = None;
         }
@@ -790,7 +793,11 @@ impl Endpoint {
             Ok((conn, principal)) => {
                 state.failures = 0;
                 state.retry_at = None;
-                state.conn = Some((conn.clone(), principal.clone()));
+                state.conn = Some(Kept {
+                    conn: conn.clone(),
+                    principal: principal.clone(),
+                    cert: crate::serve::peer_cert(&conn),
+                });
                 Ok((conn, principal, false))
             }
             Err(e) => {
@@ -807,6 +814,8 @@ impl Endpoint {
         addr: SocketAddr,
         deadline: Instant,
     ) -> Result<(Connection, Principal), TransportError> {
+        // Before any verification: a trust change from here on is seen by `track` below.
+        let since = self.inner.open.since();
         let connecting = self
             .inner
             .quinn
@@ -826,7 +835,11 @@ impl Endpoint {
             }
         };
         self.inner.counters.dialled();
-        self.inner.open.track(&conn, Side::Dialled);
+        self.inner.faults.before_track().await;
+        self.inner
+            .open
+            .track(&conn, Side::Dialled, since)
+            .map_err(|reason| TransportError::HandshakeRefused { addr, reason })?;
         let (principal, _) = crate::serve::peer_principal(&conn)
             .map_err(|reason| TransportError::HandshakeRefused { addr, reason })?;
         tracing::debug!(peer = %addr, %principal, "connected");

@@ -71,6 +71,31 @@ pub struct Faults {
     duplicated: AtomicU64,
     /// Woken on every change of the faults, for requests waiting out a cut link.
     changed: tokio::sync::Notify,
+    /// Set by [`Faults::pause_next_track`]: the next connection to finish its handshake waits
+    /// before it is tracked, so a test can change the trust in that gap (decision 0297).
+    track_paused: AtomicBool,
+    track_pause: Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
+}
+
+/// The gap between one connection's handshake and its tracking, held open by a test: wait for
+/// [`TrackPause::reached`], change the trust, then [`TrackPause::release`] (or drop it).
+pub struct TrackPause {
+    reached: oneshot::Receiver<()>,
+    go: oneshot::Sender<()>,
+}
+
+impl TrackPause {
+    /// Waits until a connection has finished its handshake and waits to be tracked; false if
+    /// the endpoint went away first.
+    pub async fn reached(&mut self) -> bool {
+        (&mut self.reached).await.is_ok()
+    }
+
+    /// Lets the connection be tracked.
+    pub fn release(self) {
+        // allow(empty-on-error): the connection may have gone; nothing waits any more then
+        let _ = self.go.send(());
+    }
 }
 
 impl std::fmt::Debug for Faults {
@@ -82,6 +107,37 @@ impl std::fmt::Debug for Faults {
 }
 
 impl Faults {
+    /// Holds the next connection (served or dialled) between its handshake and its tracking.
+    pub fn pause_next_track(&self) -> TrackPause {
+        let (reached_tx, reached) = oneshot::channel();
+        let (go, go_rx) = oneshot::channel();
+        *self
+            .track_pause
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((reached_tx, go_rx));
+        self.track_paused.store(true, Ordering::SeqCst);
+        TrackPause { reached, go }
+    }
+
+    /// Where a connection waits when [`Faults::pause_next_track`] is set; one relaxed load
+    /// otherwise. The wait ends when the test releases it or drops its [`TrackPause`].
+    pub(crate) async fn before_track(&self) {
+        if !self.track_paused.load(Ordering::Relaxed) {
+            return;
+        }
+        let taken = self
+            .track_pause
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        self.track_paused.store(false, Ordering::SeqCst);
+        let Some((reached, go)) = taken else { return };
+        // allow(empty-on-error): a test that dropped its pause waits for nothing
+        let _ = reached.send(());
+        // allow(empty-on-error): a dropped pause releases the connection
+        let _ = go.await;
+    }
+
     fn with_peer<T>(&self, peer: SocketAddr, change: impl FnOnce(&mut PeerFaults) -> T) -> T {
         let mut peers = self
             .peers

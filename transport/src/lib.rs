@@ -17,7 +17,7 @@ pub mod writers;
 
 pub use config::{CheckedConfig, ConfigError, TransportConfig};
 pub use endpoint::{BindError, Endpoint, Peer, ReloadError, TransportError};
-pub use faults::Faults;
+pub use faults::{Faults, TrackPause};
 pub use frame::{Header, Refused, Response};
 pub use pki::{Ca, Identity, IssuedCert, PkiError, Validity};
 pub use principal::{Principal, PrincipalError, Role};

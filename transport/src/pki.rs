@@ -278,6 +278,11 @@ impl IssuedCert {
                 action: "replace",
                 source,
             })?;
+            sync_dir(path).map_err(|source| PkiError::Io {
+                path: path.display().to_string(),
+                action: "fsync the directory of",
+                source,
+            })?;
         }
         Ok(())
     }
@@ -438,30 +443,54 @@ fn pem_err(what: &str, e: rustls_pki_types::pem::Error) -> PkiError {
     }
 }
 
-/// Creates `path` with `mode` from the first instant (never wider, even briefly) and refuses to
-/// replace an existing file.
+/// Creates `path` with `mode` from the first instant (never wider, even briefly), atomically and
+/// durably, and refuses to replace an existing file: the bytes go to `.<name>.mesh-tmp` beside it,
+/// are synced, and appear under `path` by a hard link, which fails when something is there; then
+/// the directory is synced. (The same steps as the mesh crate's `durable::write_new`, which this
+/// crate sits below.)
 fn write_new_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), PkiError> {
     let shown = || path.display().to_string();
-    let mut file = OpenOptions::new()
+    let io = |action: &'static str| {
+        move |source| PkiError::Io {
+            path: shown(),
+            action,
+            source,
+        }
+    };
+    let mut name = std::ffi::OsString::from(".");
+    // allow(empty-on-error): no file name (`/`, `..`): still a hidden name, and the link fails
+    name.push(path.file_name().unwrap_or_default());
+    name.push(".mesh-tmp");
+    let tmp = path.with_file_name(name);
+    // A leftover from a crash may carry an older mode; start from nothing.
+    if let Err(e) = fs::remove_file(&tmp)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        return Err(io("remove a leftover beside")(e));
+    }
+    let written = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(mode)
-        .open(path)
-        .map_err(|source| match source.kind() {
-            std::io::ErrorKind::AlreadyExists => PkiError::Exists { path: shown() },
-            _ => PkiError::Io {
-                path: shown(),
-                action: "create",
-                source,
-            },
-        })?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(|source| PkiError::Io {
-            path: shown(),
-            action: "write",
-            source,
-        })
+        .open(&tmp)
+        .and_then(|mut file| file.write_all(bytes).and_then(|()| file.sync_all()));
+    let linked = written.and_then(|()| fs::hard_link(&tmp, path));
+    // allow(empty-on-error): the temp name is ours; a failed removal leaves a hidden file the next write removes
+    let _ = fs::remove_file(&tmp);
+    linked.map_err(|source| match source.kind() {
+        std::io::ErrorKind::AlreadyExists => PkiError::Exists { path: shown() },
+        _ => io("create")(source),
+    })?;
+    sync_dir(path).map_err(io("fsync the directory of"))
+}
+
+/// fsyncs the directory holding `path`, so a new name in it survives a crash.
+fn sync_dir(path: &Path) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    fs::File::open(dir).and_then(|d| d.sync_all())
 }
 
 fn read_pem_file(path: &Path, secret: bool) -> Result<String, PkiError> {

@@ -150,6 +150,15 @@ pub(crate) struct ServeContext {
     pub(crate) principal: Principal,
 }
 
+/// The certificate a connected peer presented, as refusals name it.
+pub(crate) fn peer_cert(conn: &Connection) -> Option<crate::trust::CertInfo> {
+    let chain = conn
+        .peer_identity()?
+        .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+        .ok()?;
+    crate::trust::CertInfo::from_der(chain.first()?).ok()
+}
+
 /// The principal named by the certificate a connected peer presented, and the role it states.
 pub(crate) fn peer_principal(conn: &Connection) -> Result<(Principal, Option<Role>), String> {
     let identity = conn
@@ -193,6 +202,8 @@ pub(crate) async fn accept_loop(endpoint: quinn::Endpoint, context: ServeContext
 async fn handshake(incoming: quinn::Incoming, addr: SocketAddr, context: ServeContext) {
     // The handshake itself is bounded by the QUIC idle timeout, and by the request timeout here.
     let timeout = context.config.request_timeout();
+    // Before any verification: a trust change from here on is seen by `track` below.
+    let since = context.open.since();
     let conn = match tokio::time::timeout(timeout, incoming).await {
         Ok(Ok(conn)) => conn,
         Ok(Err(e)) => {
@@ -209,7 +220,13 @@ async fn handshake(incoming: quinn::Incoming, addr: SocketAddr, context: ServeCo
         }
     };
     tracing::debug!(peer = %addr, %principal, ?role, "accepted connection");
-    context.open.track(&conn, crate::open::Side::Accepted);
+    context.faults.before_track().await;
+    if let Err(reason) = context
+        .open
+        .track(&conn, crate::open::Side::Accepted, since)
+    {
+        return handshake_refused(&context, addr, &reason);
+    }
     serve_connection(conn, addr, principal, role, context).await;
 }
 
@@ -240,12 +257,14 @@ async fn serve_connection(
     // Bounds requests in flight on this connection, counting handlers still running after
     // their stream's credit went back to the peer.
     let in_flight = Arc::new(Semaphore::new(streams as usize));
+    let cert = peer_cert(&conn);
     loop {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
         tokio::select! {
             bi = conn.accept_bi() => match bi {
+                Ok(_) if ended(cert.as_ref(), &conn) => return,
                 Ok((send, recv)) => {
                     let job = serve_request(send, recv, addr, framing, permissions.clone(), role, context.clone());
                     tokio::spawn(async move { job.await; drop(permit) });
@@ -253,6 +272,7 @@ async fn serve_connection(
                 Err(e) => return closed(addr, &e),
             },
             uni = conn.accept_uni() => match uni {
+                Ok(_) if ended(cert.as_ref(), &conn) => return,
                 Ok(recv) => {
                     let job = serve_one_way(recv, addr, framing, permissions.clone(), context.clone());
                     tokio::spawn(async move { job.await; drop(permit) });
@@ -261,6 +281,18 @@ async fn serve_connection(
             },
         }
     }
+}
+
+/// Whether the peer's certificate has ended while its connection was kept: then the connection
+/// is closed with the refusal naming it (decision 0297), and the request just opened is not
+/// served. Checked at each request, so no timer runs per connection.
+fn ended(cert: Option<&crate::trust::CertInfo>, conn: &Connection) -> bool {
+    let now = time::OffsetDateTime::now_utc();
+    let Some(refusal) = cert.and_then(|c| crate::trust::ended(c, now)) else {
+        return false;
+    };
+    crate::open::close_untrusted(conn, &refusal.to_string());
+    true
 }
 
 fn closed(addr: SocketAddr, e: &quinn::ConnectionError) {

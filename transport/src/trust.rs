@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use rustls::RootCertStore;
@@ -336,6 +337,10 @@ pub struct Live {
     key: RwLock<Arc<CertifiedKey>>,
     own: RwLock<Option<CertInfo>>,
     trust: RwLock<Arc<TrustSet>>,
+    /// Moves after every change of the trust (reload, deny list), once the new trust is in
+    /// place: a connection verified under an older generation is checked again when tracked
+    /// (decision 0297).
+    generation: AtomicU64,
     seen: Mutex<HashMap<Principal, CertInfo>>,
 }
 
@@ -387,6 +392,7 @@ impl Live {
             key: RwLock::new(certified(chain, key)?),
             own: RwLock::new(own),
             trust: RwLock::new(Arc::new(TrustSet::build(cas, DenyList::default())?)),
+            generation: AtomicU64::new(0),
             seen: Mutex::new(HashMap::new()),
         })
     }
@@ -406,6 +412,7 @@ impl Live {
         write(&self.key, key);
         write(&self.own, own);
         write(&self.trust, trust);
+        self.generation.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
@@ -419,6 +426,13 @@ impl Live {
             deny,
         };
         write(&self.trust, Arc::new(next));
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The trust's generation: read before a handshake starts, compared when its connection is
+    /// tracked. It moves only after the new trust is in place.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
     }
 
     pub(crate) fn key(&self) -> Arc<CertifiedKey> {
@@ -467,6 +481,17 @@ impl Live {
             seen.insert(principal, cert);
         }
     }
+}
+
+/// The refusal for a peer certificate whose validity ended at `now` while its connection stayed
+/// open (a TLS check happens only at the handshake, so a kept connection would outlive it).
+/// Compared in whole seconds, as webpki compares at a handshake: a connection dropped here is
+/// refused by the redial's handshake too, never let in again within the same second.
+pub fn ended(cert: &CertInfo, now: OffsetDateTime) -> Option<Refusal> {
+    (now.unix_timestamp() > cert.not_after.unix_timestamp()).then(|| Refusal::Expired {
+        cert: cert.clone(),
+        detail: "its validity ended while a connection it opened was kept".into(),
+    })
 }
 
 /// Certificates that end within `within` of `now`, soonest first: the expiry warning.
