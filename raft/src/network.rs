@@ -280,7 +280,7 @@ pub fn bind_to_sender(cert: NodeId, request: &RaftRequest) -> Result<(), Imposto
                     rpc.last_log_id
                         .and_then(|l| beyond("a vote request's last log id", l.leader_id.term))
                 })
-                .or_else(|| match id.voted_for {
+                .or(match id.voted_for {
                     Some(candidate) if candidate != cert => {
                         Some(Impostor::Candidate { cert, candidate })
                     }
