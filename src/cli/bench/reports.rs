@@ -192,8 +192,8 @@ pub struct HostStart {
 }
 
 impl HostStart {
-    /// From the machine's status: its last report's position, and `floor` (the run's start in
-    /// microseconds since the Unix epoch, so a later run starts above an earlier one's reports).
+    /// From the machine's status: its last report's position, and `floor` (the run's start, so a
+    /// later run starts above an earlier one's reports).
     pub fn of(m: &MachineView, floor: u64) -> HostStart {
         let (epoch, sequence, report_sequence, applied) = m.last_report.unwrap_or((0, 0, 0, None));
         HostStart {
@@ -265,13 +265,18 @@ pub async fn run(context: &Context, spec: &ReportsSpec) -> Result<Output, CliErr
         "meshctl bench --reports: issuing {} host certificates and dialling the leader",
         spec.hosts
     );
+    // The run's start in 1/64 ms since the Unix epoch: a later run starts above an earlier one's
+    // reports (a host sends far fewer than 64 a millisecond), and it stays below the counter bound
+    // controllers take (`epoch_max`, 2^48) until the year 2109.
     let floor = u64::try_from(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_err(|e| CliError::Render(format!("the clock is before 1970: {e}")))?
-            .as_micros(),
+            .as_millis()
+            .saturating_mul(64),
     )
-    .unwrap_or(u64::MAX / 2);
+    .unwrap_or(crate::core::envelope::epoch_max / 2)
+    .min(crate::core::envelope::epoch_max / 2);
     let starts: Vec<HostStart> = machines.iter().map(|m| HostStart::of(m, floor)).collect();
     let hosts = connect(context, &ca, starts, leader.1).await?;
     eprintln!(

@@ -1,0 +1,148 @@
+//! Bed for issue 27 with real `meshd`, `mesh-host` and `meshctl` processes (decision 0294), one
+//! bed for both stories to keep CI short: (a) `replicas remove` retires the replica: through it,
+//! a push exits non-zero, no host applies anything and no module's logs can be read; (e) a host
+//! whose mark on disk claims an epoch nothing signed fails its own line while `push --all` applies
+//! every other machine, and `status` names it, with no term moved.
+
+use mesh::core::envelope::Position;
+use mesh::host::state::StateFiles;
+use mesh_beds::{Bed, binaries, wait_ms_default};
+
+const pair: &str = include_str!("../beds/meshes/pair.toml");
+const machines: [&str; 2] = ["ace", "g14"];
+
+/// What each host holds as applied, from its own state files.
+fn applied(bed: &Bed) -> anyhow::Result<Vec<(String, Position)>> {
+    let mut out = Vec::new();
+    for machine in machines {
+        let record = StateFiles::new(&bed.host_root(machine))
+            .load_applied()?
+            .ok_or_else(|| anyhow::anyhow!("{machine} applied nothing"))?;
+        out.push((machine.to_string(), record.position));
+    }
+    Ok(out)
+}
+
+/// The term the leader's row of `status` shows.
+fn leader_term(bed: &Bed) -> anyhow::Result<u64> {
+    let status = bed.status()?;
+    status["replicas"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["leader"] == true))
+        .and_then(|r| r["epoch"].as_u64())
+        .ok_or_else(|| anyhow::anyhow!("no leader in {status}"))
+}
+
+/// The line of `machine` in a push's or status's text.
+fn line_of<'a>(text: &'a str, machine: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.trim_start().starts_with(machine))
+        .unwrap_or_default()
+}
+
+#[test]
+fn g2_g9_a_removed_replica_acts_on_no_host_and_one_hosts_unproven_mark_fails_only_its_line()
+-> anyhow::Result<()> {
+    let mut bed = Bed::start(binaries!(), 3, pair)?;
+    let run = trust_story(&mut bed);
+    run.map_err(|e| {
+        let tails: Vec<String> = (1..=3)
+            .map(|id| {
+                let log = bed.replica_log(id);
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+                format!("--- replica {id}:\n{tail}")
+            })
+            .collect();
+        e.context(tails.join("\n"))
+    })
+}
+
+fn trust_story(bed: &mut Bed) -> anyhow::Result<()> {
+    let leader = bed.leader_other_than(None)?;
+    bed.apply(pair, "first model")?;
+    bed.meshctl_ok(&["push", "--all", "--why", "first send"])?;
+    bed.wait_for("both hosts applied", wait_ms_default, || {
+        Ok((applied(bed).map(|a| a.len()).unwrap_or(0) == machines.len()).then_some(()))
+    })?;
+
+    // (a) A follower removed: retired in the same commit, the retirement pushed to both hosts.
+    let gone = (1..=3).find(|id| *id != leader).unwrap_or(1);
+    let removed = bed.meshctl_ok(&["replicas", "remove", &gone.to_string()])?;
+    anyhow::ensure!(
+        removed.stdout.contains(&format!("replica {gone} retired"))
+            && removed.stdout.contains("2 of 2 machines applied it"),
+        "replicas remove: {}",
+        removed.stdout
+    );
+    let before = applied(bed)?;
+    let through_gone = bed.context_for(gone)?;
+    let push = bed.meshctl_in(&through_gone, &["push", "--all", "--why", "removed"])?;
+    anyhow::ensure!(
+        push.code != Some(0),
+        "a push through the removed replica exited 0: {}{}",
+        push.stdout,
+        push.stderr
+    );
+    let logs = bed.meshctl_in(&through_gone, &["logs", "ace", "--lines", "1"])?;
+    anyhow::ensure!(
+        logs.code != Some(0),
+        "the removed replica read ace's logs: {}{}",
+        logs.stdout,
+        logs.stderr
+    );
+    anyhow::ensure!(
+        applied(bed)? == before,
+        "a host applied something after the removal"
+    );
+    // Stopped, and out of the bed's context.
+    bed.kill_replica(gone)?;
+
+    // (e) g14's mark claims an epoch nothing signed (edited on its disk).
+    let term_before = leader_term(bed)?;
+    bed.stop_host("g14")?;
+    StateFiles::new(&bed.host_root("g14")).store_high_water(Position {
+        epoch: 1_000_000,
+        sequence: 1,
+    })?;
+    bed.start_host("g14")?;
+    bed.meshctl_ok(&[
+        "settings",
+        "set",
+        "mesh",
+        "region=after-the-edit",
+        "--why",
+        "a change for both machines",
+    ])?;
+    let push = bed.meshctl(&["push", "--all", "--why", "with one bad mark"])?;
+    println!("push --all with g14's mark edited:\n{}{}", push.stdout, push.stderr);
+    anyhow::ensure!(
+        push.code == Some(1),
+        "push --all with one failed line exited {:?}: {}{}",
+        push.code,
+        push.stdout,
+        push.stderr
+    );
+    anyhow::ensure!(
+        line_of(&push.stdout, "ace").contains("applied"),
+        "ace was not applied: {}",
+        push.stdout
+    );
+    anyhow::ensure!(
+        line_of(&push.stdout, "g14").contains("nothing signed"),
+        "g14's line does not say its refusal is unproven: {}",
+        push.stdout
+    );
+    let status = bed.meshctl_ok(&["status"])?;
+    anyhow::ensure!(
+        status.stdout.contains("UNPROVEN REFUSAL"),
+        "status does not name the unproven refusal: {}",
+        status.stdout
+    );
+    let term_after = leader_term(bed)?;
+    anyhow::ensure!(
+        term_after == term_before,
+        "the term moved from {term_before} to {term_after} on one host's word"
+    );
+    bed.no_replica_panicked()
+}
