@@ -251,9 +251,21 @@ fn recover_after_losing_two(bed: &mut Bed) -> anyhow::Result<()> {
                 &format!("old cluster, try {attempt}"),
             ],
         )?;
+        println!(
+            "push through the old members, try {attempt}:\n{}{}",
+            old_push.stdout, old_push.stderr
+        );
         anyhow::ensure!(
             old_push.code != Some(0),
             "a push through the old members went through: {}{}",
+            old_push.stdout,
+            old_push.stderr
+        );
+        // What meshctl says through them: the hosts refuse them as left out by a recovery.
+        anyhow::ensure!(
+            old_push.stdout.contains("left out by a recovery")
+                || old_push.stderr.contains("left out by a recovery"),
+            "a push through the old members does not say their cluster was replaced: {}{}",
             old_push.stdout,
             old_push.stderr
         );

@@ -33,6 +33,15 @@ fn store_of(status: &Value) -> Value {
     serde_json::json!([status["revision"], status["epoch_floor"], machines])
 }
 
+/// The serial in one row of `certs list`: its first word of hex digits (the ROLE column before it
+/// is `-`, a role, or `admin (unstated)`).
+fn serial_in(line: &str) -> Option<String> {
+    line.split_whitespace()
+        .skip(1)
+        .find(|w| w.len() >= 8 && w.chars().all(|c| c.is_ascii_hexdigit()))
+        .map(str::to_string)
+}
+
 /// The serial `certs list` shows for `principal`, once a replica has seen its handshake.
 fn serial_of(bed: &Bed, principal: &str) -> anyhow::Result<String> {
     bed.wait_for(
@@ -44,8 +53,7 @@ fn serial_of(bed: &Bed, principal: &str) -> anyhow::Result<String> {
                 .stdout
                 .lines()
                 .find(|l| l.split_whitespace().next() == Some(principal))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .map(str::to_string))
+                .and_then(serial_in))
         },
     )
 }
@@ -116,11 +124,19 @@ fn g15_a_revoked_host_has_its_next_report_refused_and_nothing_else_changes() -> 
         report_sequence(&later, "ace") <= ace_then + 1,
         "ace reported after its certificate was revoked: {later}"
     );
-    // The store moved by the deny list only: same revision, floor, sends, holds and history.
+    // The store moved by the deny list only: same revision, floor, sends, holds and history,
+    // which now also shows the revocation with who and why (issue 27 part 5).
     assert_eq!(store_of(&later), store_of(&revoked_at));
-    assert_eq!(
-        bed.meshctl_ok(&["history", "--json"])?.json()?["answer"],
-        history
+    let after = bed.meshctl_ok(&["history", "--json"])?.json()?["answer"].clone();
+    let items = after["items"].as_array().cloned().unwrap_or_default();
+    let (revocations, rest): (Vec<Value>, Vec<Value>) =
+        items.into_iter().partition(|i| i["kind"] == "revocation");
+    assert_eq!(serde_json::json!({ "items": rest }), history);
+    assert!(
+        revocations.len() == 1
+            && revocations[0]["why"] == "disk stolen"
+            && revocations[0]["actor"] == "operator:bed",
+        "{revocations:?}"
     );
     let list = bed.meshctl_ok(&["certs", "list"])?.stdout;
     assert!(list.contains("deny list (1):"), "{list}");
@@ -165,8 +181,7 @@ fn own_serial(bed: &Bed, id: u64) -> anyhow::Result<String> {
     run.stdout
         .lines()
         .find(|l| l.contains("(this replica)"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .map(str::to_string)
+        .and_then(serial_in)
         .ok_or_else(|| anyhow::anyhow!("no own certificate in {}", run.stdout))
 }
 

@@ -1,5 +1,6 @@
-//! Bed for issue 27 with real `meshd`, `mesh-host` and `meshctl` processes (decision 0294), one
-//! bed for both stories to keep CI short: (a) `replicas remove` retires the replica: through it,
+//! Bed for issue 27 with real `meshd`, `mesh-host` and `meshctl` processes (decisions 0294, 0295),
+//! one bed for three stories to keep CI short: (c) a viewer certificate reads everything and
+//! changes nothing; (a) `replicas remove` retires the replica: through it,
 //! a push exits non-zero, no host applies anything and no module's logs can be read; (e) a host
 //! whose mark on disk claims an epoch nothing signed fails its own line while `push --all` applies
 //! every other machine, and `status` names it, with no term moved.
@@ -58,6 +59,88 @@ fn g2_g9_a_removed_replica_acts_on_no_host_and_one_hosts_unproven_mark_fails_onl
     })
 }
 
+/// How many history items the store holds, and its model revision.
+fn written(bed: &Bed) -> anyhow::Result<(u64, u64)> {
+    let history = bed.meshctl_ok(&["history", "--json"])?.json()?;
+    let items = history["answer"]["items"]
+        .as_array()
+        .map_or(0, |i| i.len() as u64);
+    let revision = bed.status()?["revision"].as_u64().unwrap_or(0);
+    Ok((items, revision))
+}
+
+fn viewer_reads_and_changes_nothing(bed: &Bed, leader: u64) -> anyhow::Result<()> {
+    let dir = bed.dir.display().to_string();
+    bed.meshctl_ok(&[
+        "certs",
+        "issue",
+        "operator:watcher",
+        "--role",
+        "viewer",
+        "--dir",
+        &dir,
+    ])?;
+    let watcher = bed.dir.join("context-watcher.toml");
+    let reads: [&[&str]; 7] = [
+        &["status"],
+        &["history"],
+        &["plan", "ace"],
+        &["settings", "show", "mesh"],
+        &["logs", "ace", "--lines", "1"],
+        &["certs", "list"],
+        &["replicas", "list"],
+    ];
+    for args in reads {
+        let run = bed.meshctl_in(&watcher, args)?;
+        anyhow::ensure!(
+            run.code == Some(0),
+            "a viewer could not {args:?}: {}{}",
+            run.stdout,
+            run.stderr
+        );
+    }
+    let before = written(bed)?;
+    let model = bed.dir.join("apply.toml").display().to_string();
+    let follower = (1..=3).find(|id| *id != leader).unwrap_or(1).to_string();
+    let backup = bed.dir.join("viewer.snap").display().to_string();
+    let writes: [&[&str]; 6] = [
+        &[
+            "settings",
+            "set",
+            "mesh",
+            "region=viewer",
+            "--why",
+            "a viewer's write",
+        ],
+        &["apply", "-f", &model, "--why", "a viewer's apply"],
+        &["push", "--all", "--why", "a viewer's push"],
+        &[
+            "certs",
+            "revoke",
+            "host:g14",
+            "--why",
+            "a viewer's revocation",
+        ],
+        &["replicas", "remove", &follower],
+        &["snapshot", "save", &backup],
+    ];
+    for args in writes {
+        let run = bed.meshctl_in(&watcher, args)?;
+        anyhow::ensure!(
+            run.code == Some(1) && run.stderr.contains("viewer"),
+            "a viewer's {args:?} was not refused by its role (exit {:?}): {}{}",
+            run.code,
+            run.stdout,
+            run.stderr
+        );
+    }
+    anyhow::ensure!(
+        written(bed)? == before,
+        "a viewer's refused request changed the store"
+    );
+    Ok(())
+}
+
 fn trust_story(bed: &mut Bed) -> anyhow::Result<()> {
     let leader = bed.leader_other_than(None)?;
     bed.apply(pair, "first model")?;
@@ -65,6 +148,9 @@ fn trust_story(bed: &mut Bed) -> anyhow::Result<()> {
     bed.wait_for("both hosts applied", wait_ms_default, || {
         Ok((applied(bed).map(|a| a.len()).unwrap_or(0) == machines.len()).then_some(()))
     })?;
+
+    // (c) A viewer certificate, issued by `certs issue`, reads everything and changes nothing.
+    viewer_reads_and_changes_nothing(bed, leader)?;
 
     // (a) A follower removed: retired in the same commit, the retirement pushed to both hosts.
     let gone = (1..=3).find(|id| *id != leader).unwrap_or(1);
@@ -74,6 +160,19 @@ fn trust_story(bed: &mut Bed) -> anyhow::Result<()> {
             && removed.stdout.contains("2 of 2 machines applied it"),
         "replicas remove: {}",
         removed.stdout
+    );
+    // The trust record shows it, and history says who retired it and why.
+    let list = bed.meshctl_ok(&["replicas", "list"])?.stdout;
+    anyhow::ensure!(
+        list.contains(&format!("{gone:<3} retired  by operator:bed")),
+        "replicas list does not show the retirement: {list}"
+    );
+    let history = bed.meshctl_ok(&["history"])?.stdout;
+    anyhow::ensure!(
+        history.contains(&format!(
+            "replica {gone} retired (its key and certificate)  by operator:bed"
+        )),
+        "history does not show the retirement: {history}"
     );
     let before = applied(bed)?;
     let through_gone = bed.context_for(gone)?;
@@ -115,7 +214,10 @@ fn trust_story(bed: &mut Bed) -> anyhow::Result<()> {
         "a change for both machines",
     ])?;
     let push = bed.meshctl(&["push", "--all", "--why", "with one bad mark"])?;
-    println!("push --all with g14's mark edited:\n{}{}", push.stdout, push.stderr);
+    println!(
+        "push --all with g14's mark edited:\n{}{}",
+        push.stdout, push.stderr
+    );
     anyhow::ensure!(
         push.code == Some(1),
         "push --all with one failed line exited {:?}: {}{}",

@@ -459,7 +459,7 @@ fn settings_set_json_lists_every_key_added_changed_and_removed() {
 }
 
 #[test]
-fn history_json_items_are_tagged_model_send_and_settings() {
+fn history_json_items_are_tagged_model_send_settings_and_revocation() {
     // Issue 13 part 2: {"kind": "send", ...} instead of {"Send": {...}}; digests as hex.
     let mut summary = Summary {
         machine: "ace".into(),
@@ -487,6 +487,23 @@ fn history_json_items_are_tagged_model_send_and_settings() {
             moves: vec!["db".into()],
         }),
         HistoryItem::Settings(settings_change(1, None, Some(&[("a", "1")]))),
+        // Issue 27 part 5: revocations and retirements, with who and why.
+        HistoryItem::Revocation(mesh::store::revoked::DenyEntry {
+            target: mesh::store::revoked::RevokedTarget::Principal("replica:3".into()),
+            why: "replica 3 removed from the cluster by operator:admin".into(),
+            actor: "operator:admin".into(),
+            epoch: 3,
+            time_ms: t0 + 2000,
+            by_model: false,
+        }),
+        HistoryItem::Revocation(mesh::store::revoked::DenyEntry {
+            target: mesh::store::revoked::RevokedTarget::Serial("0a1b".into()),
+            why: "disk stolen".into(),
+            actor: "operator:admin".into(),
+            epoch: 3,
+            time_ms: t0 + 3000,
+            by_model: false,
+        }),
     ];
     assert_fixture("history", via(), json::HistoryJson::new(&items));
 }

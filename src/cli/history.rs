@@ -130,13 +130,14 @@ pub fn parse_since(text: &str) -> Result<u64, String> {
 pub fn render_text(via: Via, items: &[HistoryItem]) -> String {
     let mut out = String::new();
     if items.is_empty() {
-        out.push_str("no model applies, sends or settings changes yet\n");
+        out.push_str("no model applies, sends, settings changes or revocations yet\n");
     }
     for item in items {
         match item {
             HistoryItem::Send(s) => out.push_str(&send_line(s)),
             HistoryItem::Settings(c) => out.push_str(&settings_line(c)),
             HistoryItem::Model(m) => out.push_str(&model_line(m)),
+            HistoryItem::Revocation(r) => out.push_str(&revocation_line(r)),
         }
     }
     out.push_str(&via.note());
@@ -158,6 +159,20 @@ fn send_line(s: &SendRecord) -> String {
         s.digest.short(),
         s.actor,
         s.why
+    )
+}
+
+fn revocation_line(r: &crate::store::revoked::DenyEntry) -> String {
+    let what = match crate::store::revoked::retired_replica(&r.target) {
+        Some(id) => format!("replica {id} retired (its key and certificate)"),
+        None => format!("{} revoked", r.target),
+    };
+    format!(
+        "{}  epoch {}  {what}  by {}: {}\n",
+        render::time_ms(r.time_ms),
+        r.epoch,
+        r.actor,
+        r.why
     )
 }
 

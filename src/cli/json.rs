@@ -884,13 +884,26 @@ pub struct HistoryJson {
     pub items: Vec<HistoryItemJson>,
 }
 
-/// One history entry, tagged `kind`: `model`, `send` or `settings`.
+/// One history entry, tagged `kind`: `model`, `send`, `settings` or `revocation`.
 #[derive(Debug, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum HistoryItemJson {
     Model(ModelJson),
     Send(SendJson),
     Settings(SettingsChangeJson),
+    Revocation(RevocationJson),
+}
+
+/// A revocation in force: `target` is `serial <hex>` or a principal (`replica:3`, `host:ace`);
+/// `retired_replica` names the replica it retired (decision 0294), else `null`.
+#[derive(Debug, Serialize)]
+pub struct RevocationJson {
+    pub target: String,
+    pub retired_replica: Option<u64>,
+    pub time: Time,
+    pub epoch: u64,
+    pub actor: String,
+    pub why: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -933,6 +946,14 @@ impl From<&HistoryItem> for HistoryItemJson {
             HistoryItem::Model(m) => HistoryItemJson::Model(ModelJson::from(m)),
             HistoryItem::Send(s) => HistoryItemJson::Send(SendJson::from(s)),
             HistoryItem::Settings(c) => HistoryItemJson::Settings(SettingsChangeJson::from(c)),
+            HistoryItem::Revocation(r) => HistoryItemJson::Revocation(RevocationJson {
+                target: r.target.to_string(),
+                retired_replica: crate::store::revoked::retired_replica(&r.target),
+                time: Time(r.time_ms),
+                epoch: r.epoch,
+                actor: r.actor.clone(),
+                why: r.why.clone(),
+            }),
         }
     }
 }

@@ -155,6 +155,15 @@ pub fn render_text(via: &Via, view: &ReplicasView) -> String {
             },
         ));
     }
+    for r in &view.retired {
+        out.push_str(&format!(
+            "{:<3} retired  by {} at {}: {}\n",
+            r.id,
+            r.actor,
+            crate::timefmt::utc_seconds(r.time_ms),
+            r.why
+        ));
+    }
     out.push_str(&via.note());
     out
 }

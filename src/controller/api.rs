@@ -457,10 +457,14 @@ pub struct HistoryPage {
     pub total: u64,
 }
 
-/// `meshctl history`: model applies, sends and settings changes, newest last.
+/// `meshctl history`: model applies, sends, settings changes and revocations, newest last.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum HistoryItem {
     Send(SendRecord),
     Settings(SettingsChange),
     Model(ModelChange),
+    /// A row of the deny list in force: a certificate or principal revoked, a replica retired
+    /// (`replica:N`, decision 0294), with who, why and when. A row a model apply lifted (its
+    /// machine came back) is gone from here too.
+    Revocation(crate::store::revoked::DenyEntry),
 }

@@ -38,6 +38,19 @@ pub struct ReplicasView {
     pub members: Vec<MemberView>,
     /// What the change did, one line each, in order (empty for `list`).
     pub done: Vec<String>,
+    /// The retired replicas (decision 0294), by id: trusted by nothing, their ids never again.
+    pub retired: Vec<RetiredView>,
+}
+
+/// One retired replica, from its row of the deny list.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetiredView {
+    pub id: u64,
+    pub why: String,
+    /// Who retired it (`operator:alice`, or the leader that found it outside the membership).
+    pub actor: String,
+    /// When, on the proposer's wall clock (ms since the Unix epoch).
+    pub time_ms: u64,
 }
 
 /// One member of the cluster.
@@ -300,6 +313,19 @@ impl Service {
                 })
                 .collect(),
             done,
+            retired: state
+                .revoked
+                .values()
+                .filter_map(|e| {
+                    let id = crate::store::revoked::retired_replica(&e.target)?;
+                    Some(RetiredView {
+                        id,
+                        why: e.why.clone(),
+                        actor: e.actor.clone(),
+                        time_ms: e.time_ms,
+                    })
+                })
+                .collect(),
         };
         Ok(Body::Replicas(view))
     }

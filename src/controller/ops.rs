@@ -381,7 +381,7 @@ impl Service {
         }))
     }
 
-    /// Every model apply, send and settings change, oldest first.
+    /// Every model apply, send, settings change and revocation in force, oldest first.
     pub(crate) fn history_items(&self) -> Result<Vec<HistoryItem>, ApiError> {
         let db = self.replica.database();
         let sends = MeshApp::sends(db, None).map_err(|e| storage("send records", &e))?;
@@ -396,6 +396,9 @@ impl Service {
         }
         for c in changes {
             items.push((c.time_ms, HistoryItem::Settings(c)));
+        }
+        for entry in self.state()?.revoked.values() {
+            items.push((entry.time_ms, HistoryItem::Revocation(entry.clone())));
         }
         items.sort_by_key(|(t, _)| *t);
         Ok(items.into_iter().map(|(_, i)| i).collect())
@@ -684,6 +687,7 @@ fn item_time(item: &HistoryItem) -> u64 {
         HistoryItem::Send(s) => s.time_ms,
         HistoryItem::Settings(c) => c.time_ms,
         HistoryItem::Model(m) => m.time_ms,
+        HistoryItem::Revocation(r) => r.time_ms,
     }
 }
 

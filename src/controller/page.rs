@@ -311,6 +311,16 @@ fn history(out: &mut String, items: &[HistoryItem]) {
                 &m.actor,
                 &m.why,
             ),
+            HistoryItem::Revocation(r) => (
+                r.time_ms,
+                r.epoch,
+                match crate::store::revoked::retired_replica(&r.target) {
+                    Some(id) => format!("replica {id} retired"),
+                    None => format!("{} revoked", r.target),
+                },
+                &r.actor,
+                &r.why,
+            ),
         };
         let _ = writeln!(
             out,

@@ -472,6 +472,11 @@ impl Service {
         let answer = match answer {
             Ok(a) => a,
             Err(e @ TransportError::Gated { .. }) => return HostAnswer::Gated(e.to_string()),
+            // The host refused the handshake (a revoked or retired certificate, decision 0294):
+            // no stream was opened, so no byte of the envelope left.
+            Err(e @ TransportError::HandshakeRefused { .. }) => {
+                return HostAnswer::NotSent(format!("not sent: {e}"));
+            }
             Err(e) => return HostAnswer::Unconfirmed(e.to_string()),
         };
         match mesh_codec::decode::<EnvelopeReply>(envelope_reply_what, &answer) {
