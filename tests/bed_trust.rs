@@ -3,7 +3,8 @@
 //! changes nothing; (a) `replicas remove` retires the replica: through it,
 //! a push exits non-zero, no host applies anything and no module's logs can be read; (e) a host
 //! whose mark on disk claims an epoch nothing signed fails its own line while `push --all` applies
-//! every other machine, and `status` names it, with no term moved.
+//! every other machine, and `status` names it, with no term moved; (d) a host replaying its
+//! genuine proof with another digest moves no term.
 
 use mesh::core::envelope::Position;
 use mesh::host::state::StateFiles;
@@ -141,6 +142,84 @@ fn viewer_reads_and_changes_nothing(bed: &Bed, leader: u64) -> anyhow::Result<()
     Ok(())
 }
 
+/// Sends ace's own report, its genuine proof beside another digest, with ace's certificate to
+/// every replica, as a host replaying its proof would; the leader's term and floor stay.
+fn host_replays_its_proof_with_another_digest(bed: &Bed) -> anyhow::Result<()> {
+    use mesh::core::declaration::Digest;
+    use mesh::core::report::Report;
+    use mesh::core::wire::{ReportReply, report_reply_what, report_what};
+    use mesh_transport::{Endpoint, Identity, MessageKind, TransportConfig};
+    let record = StateFiles::new(&bed.host_root("ace"))
+        .load_applied()?
+        .ok_or_else(|| anyhow::anyhow!("ace applied nothing"))?;
+    let proof = record
+        .proof
+        .ok_or_else(|| anyhow::anyhow!("ace keeps no proof"))?;
+    let term = leader_term(bed)?;
+    let floor = bed.status()?["epoch_floor"].as_u64().unwrap_or(0);
+    anyhow::ensure!(
+        proof.header.epoch == term,
+        "ace holds {:?}, the term is {term}",
+        proof.header
+    );
+    let replayed = Report {
+        machine: "ace".into(),
+        epoch: proof.header.epoch,
+        sequence: proof.header.sequence,
+        report_sequence: 1 << 40,
+        applied: Some(Digest([0xab; 32])),
+        modules: vec![],
+        refused_older: 0,
+        last_refusal: None,
+        proof: Some(proof),
+    };
+    let identity = Identity::load(
+        &bed.dir.join("ca.pem"),
+        &bed.dir.join("host-ace").join("cert.pem"),
+        &bed.dir.join("host-ace").join("key.pem"),
+    )?;
+    let config = TransportConfig::default()
+        .check()
+        .map_err(|e| anyhow::anyhow!("transport config: {e}"))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut filed = 0;
+    runtime.block_on(async {
+        let endpoint = Endpoint::bind("127.0.0.1:0".parse()?, &identity, config)?;
+        for (_, addr) in &bed.layout.replicas {
+            let body = mesh_codec::encode(report_what, &replayed)?;
+            let kind = MessageKind::Report {
+                machine: "ace".into(),
+            };
+            let answer = endpoint
+                .request(*addr, kind, body, std::time::Duration::from_secs(5))
+                .await;
+            if let Ok(bytes) = answer
+                && let Ok(ReportReply::Filed { .. }) =
+                    mesh_codec::decode::<ReportReply>(report_reply_what, &bytes)
+            {
+                filed += 1;
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    anyhow::ensure!(
+        filed == 1,
+        "the leader did not take the replayed report ({filed} filed)"
+    );
+    anyhow::ensure!(
+        leader_term(bed)? == term,
+        "the leader left its term on a replayed proof"
+    );
+    let floor_after = bed.status()?["epoch_floor"].as_u64().unwrap_or(0);
+    anyhow::ensure!(
+        floor_after == floor,
+        "the floor moved from {floor} to {floor_after}"
+    );
+    Ok(())
+}
+
 fn trust_story(bed: &mut Bed) -> anyhow::Result<()> {
     let leader = bed.leader_other_than(None)?;
     bed.apply(pair, "first model")?;
@@ -155,6 +234,7 @@ fn trust_story(bed: &mut Bed) -> anyhow::Result<()> {
     // (a) A follower removed: retired in the same commit, the retirement pushed to both hosts.
     let gone = (1..=3).find(|id| *id != leader).unwrap_or(1);
     let removed = bed.meshctl_ok(&["replicas", "remove", &gone.to_string()])?;
+    println!("replicas remove {gone}:\n{}", removed.stdout);
     anyhow::ensure!(
         removed.stdout.contains(&format!("replica {gone} retired"))
             && removed.stdout.contains("2 of 2 machines applied it"),
@@ -164,7 +244,7 @@ fn trust_story(bed: &mut Bed) -> anyhow::Result<()> {
     // The trust record shows it, and history says who retired it and why.
     let list = bed.meshctl_ok(&["replicas", "list"])?.stdout;
     anyhow::ensure!(
-        list.contains(&format!("{gone:<3} retired  by operator:bed")),
+        list.contains(&format!("retired replica {gone}  by operator:bed")),
         "replicas list does not show the retirement: {list}"
     );
     let history = bed.meshctl_ok(&["history"])?.stdout;
@@ -196,6 +276,9 @@ fn trust_story(bed: &mut Bed) -> anyhow::Result<()> {
     );
     // Stopped, and out of the bed's context.
     bed.kill_replica(gone)?;
+
+    // (d) ace replays its genuine proof beside another digest: no term moves.
+    host_replays_its_proof_with_another_digest(bed)?;
 
     // (e) g14's mark claims an epoch nothing signed (edited on its disk).
     let term_before = leader_term(bed)?;

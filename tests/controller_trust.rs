@@ -61,6 +61,12 @@ async fn g2_g3_a_second_replica_certificate_claiming_another_members_id_is_refus
         .find(|id| *id != leader && *id != poser)
         .expect("a third replica");
     let term = bed.term(leader);
+    // Every replica follows the leader's term before anything is forged (a follower that has not
+    // heard the first heartbeat yet is still at term 0).
+    wait_until("every replica in the leader's term", || {
+        std::future::ready([1, 2, 3].iter().all(|id| bed.term(*id) == term))
+    })
+    .await;
     let forged = term + 2000;
     let timings = bed.service(victim).replica().config().timings();
     let endpoint = bed.endpoint_as(&Principal::Replica(poser));
@@ -271,5 +277,132 @@ async fn g2_a_removed_replicas_key_and_certificate_make_no_host_apply_anything()
     assert_eq!(agent.high_water().await, mark, "ace's mark moved");
     let again = bed.push(leader, "ace", &[]).await.expect("push");
     assert!(applied_on_ace(&again), "{again:?}");
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promise_1_a_removal_pushes_no_change_an_operator_has_not_pushed() {
+    // Decision 0294: the retirement is pushed at once only when it is all a push would send. With
+    // an applied model not pushed yet, `replicas remove` pushes nothing (that change would take
+    // effect unseen) and says how to carry the retirement; the operator's push then does.
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    bed.apply(leader, &one_module()).await;
+    let pushed = bed.push(leader, "ace", &[]).await.expect("push");
+    assert!(applied_on_ace(&pushed), "{pushed:?}");
+    let mut changed = one_module();
+    changed.modules.insert("w2".into(), sleeper("w2", "ace"));
+    bed.apply(leader, &changed).await;
+    let agent = &bed.hosts["ace"].agent;
+    let mark = agent.high_water().await;
+
+    let gone = bed.follower(leader);
+    let Body::Replicas(view) = bed.ok(leader, &Request::ReplicasRemove { id: gone }).await else {
+        panic!("not a replicas answer")
+    };
+    assert!(
+        view.done
+            .iter()
+            .any(|l| l.starts_with("not pushed:") && l.contains("ace")),
+        "{:?}",
+        view.done
+    );
+    assert!(
+        view.retired.iter().any(|r| r.id == gone),
+        "{:?}",
+        view.retired
+    );
+    assert_eq!(agent.high_water().await, mark, "the removal pushed ace");
+
+    let pushed = bed.push(leader, "ace", &[]).await.expect("push");
+    assert!(applied_on_ace(&pushed), "{pushed:?}");
+    let (_, declaration) = agent.applied().await.expect("applied");
+    assert!(retired_replicas(&declaration.revoked).contains(&gone));
+    assert_eq!(
+        declaration.modules.len(),
+        2,
+        "the operator's change went with it"
+    );
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g10_a_forward_or_a_report_claiming_another_id_than_its_certificate_is_refused_and_counted()
+{
+    // Issue 27 part 1 for the other kinds: a replica certificate forwarding as another replica,
+    // a host certificate reporting as another machine (in the frame or in the body).
+    use mesh::controller::api::{Answer, ApiError, Forwarded, RequestId};
+    use mesh::core::report::Report;
+    use mesh::core::wire::report_what;
+    let bed = Bed::start(&["ace"], &[]).await;
+    let leader = bed.wait_leader().await;
+    let poser = bed.follower(leader);
+    let other = [1, 2, 3]
+        .into_iter()
+        .find(|id| *id != leader && *id != poser)
+        .expect("a third replica");
+    let revision_before = bed.term(leader);
+
+    let forwarded = Forwarded {
+        actor: "operator:alice".into(),
+        via: other,
+        id: RequestId([7; 16]),
+        request: Request::Status,
+    };
+    let body = mesh_codec::encode("forwarded request", &forwarded).expect("encode");
+    let bytes = bed
+        .endpoint_as(&Principal::Replica(poser))
+        .request(
+            bed.addrs[&leader],
+            MessageKind::Forward,
+            body,
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("an answer");
+    let answer: Answer = mesh_codec::decode("answer", &bytes).expect("decode");
+    assert!(
+        matches!(&answer.body, Err(ApiError::BadRequest { reason })
+            if reason.contains(&format!("replica {poser} forwarded a request claiming to come via {other}"))),
+        "{answer:?}"
+    );
+
+    let g14 = bed.endpoint_as(&Principal::Host("g14".into()));
+    let report = |machine: &str| Report {
+        machine: machine.into(),
+        epoch: 0,
+        sequence: 0,
+        report_sequence: 1,
+        applied: None,
+        modules: vec![],
+        refused_older: 0,
+        last_refusal: None,
+        proof: None,
+    };
+    for (frame, body) in [("ace", "ace"), ("g14", "ace")] {
+        let encoded = mesh_codec::encode(report_what, &report(body)).expect("encode");
+        let kind = MessageKind::Report {
+            machine: frame.into(),
+        };
+        let sent = g14
+            .request(bed.addrs[&leader], kind, encoded, Duration::from_secs(5))
+            .await;
+        assert!(
+            matches!(&sent, Err(TransportError::Refused { .. })),
+            "host:g14 reporting frame {frame} body {body}: {sent:?}"
+        );
+    }
+    let metrics = bed.service(leader).metrics_text().expect("metrics");
+    for counted in [
+        "mesh_impostor_messages_total{kind=\"forward\"} 1",
+        "mesh_impostor_messages_total{kind=\"report\"} 1",
+    ] {
+        assert!(metrics.contains(counted), "{counted} in:\n{metrics}");
+    }
+    assert!(
+        bed.hosts["ace"].agent.high_water().await.is_none(),
+        "nothing was sent"
+    );
+    assert_eq!(bed.term(leader), revision_before);
     bed.shutdown().await;
 }

@@ -157,7 +157,7 @@ pub fn render_text(via: &Via, view: &ReplicasView) -> String {
     }
     for r in &view.retired {
         out.push_str(&format!(
-            "{:<3} retired  by {} at {}: {}\n",
+            "retired replica {}  by {} at {}: {}\n",
             r.id,
             r.actor,
             crate::timefmt::utc_seconds(r.time_ms),

@@ -466,11 +466,25 @@ impl Service {
                 Err(e) => done.push(format!("the push of the key did not finish: {e}")),
             }
         }
-        // 3. A learner, caught up.
-        self.replica
+        // 3. A learner, caught up. An add that fails here leaves nothing trusted (issue 27): the
+        // key this call committed leaves the state again (the next push carries that); one a
+        // leader change cuts off is retired by the next leader (`retire_outsiders`).
+        if let Err(e) = self
+            .replica
             .add_learner_caught_up(id, &addr, Duration::from_millis(member_catch_up_ms))
             .await
-            .map_err(membership)?;
+        {
+            if !known {
+                let drop = Command::SetSigner {
+                    replica: id,
+                    key: None,
+                };
+                if let Err(undone) = self.propose(term, None, actor, drop).await {
+                    tracing::warn!(replica = self.id, new = id, error = %undone, "the failed add's key stays in the state; the next leader retires it");
+                }
+            }
+            return Err(membership(e));
+        }
         done.push(format!(
             "replica {id} added as a learner at {addr} and caught up"
         ));
@@ -566,8 +580,10 @@ impl Service {
     }
 
     /// Retires `ids` (decision 0294): for each, one `Command::Revoke` of `replica:<id>`, which
-    /// revokes its certificate and drops its added key in the same commit; then a push of the
-    /// machines behind carries the retirement to every host at once. Says what it did.
+    /// revokes its certificate and drops its added key in the same commit; then, when no machine
+    /// had a change pending before (so the retirement is all a push would send), a push of the machines
+    /// behind carries it to every host at once. A machine with other changes pending is not
+    /// pushed behind the operator's back (promise 1): the answer says to push. Says what it did.
     pub(crate) async fn retire(
         &self,
         term: u64,
@@ -577,6 +593,7 @@ impl Service {
         lines: &Sink,
     ) -> Result<Vec<String>, ApiError> {
         let mut done = Vec::new();
+        let pending = self.changed_now()?;
         for id in ids {
             let target = RevokedTarget::Principal(format!("replica:{id}"));
             self.propose(
@@ -594,6 +611,14 @@ impl Service {
             ));
         }
         if ids.is_empty() {
+            return Ok(done);
+        }
+        if !pending.is_empty() {
+            done.push(format!(
+                "not pushed: {} already had changes pending ({}); `meshctl plan --behind`, then `meshctl push --behind` carries the retirement with them",
+                if pending.len() == 1 { "1 machine" } else { "machines" },
+                pending.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
+            ));
             return Ok(done);
         }
         let push_id = RequestId(random_id()?);

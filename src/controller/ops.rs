@@ -629,6 +629,23 @@ pub(crate) fn settings_refused(scope: &Scope, e: ApiError) -> ApiError {
     }
 }
 
+impl Service {
+    /// The machines a push would now send something other than their last send (a change,
+    /// a first send, mints or grants pending; by [`lags`]); one whose last send is only not
+    /// confirmed yet is not among them.
+    pub(crate) fn changed_now(&self) -> Result<BTreeSet<String>, ApiError> {
+        let state = self.state()?;
+        let lags = self
+            .work
+            .with(&state, |work| lags(work.cache(), &known_of(&state)))?;
+        Ok(lags
+            .into_iter()
+            .filter(|(_, l)| l.changed || !l.mints.is_empty() || !l.grants.is_empty())
+            .map(|(m, _)| m)
+            .collect())
+    }
+}
+
 /// Machines a push would still change, by the one definition of behind ([`lags`]).
 fn behind_of(state: &DomainState, cache: &DigestCache) -> BTreeSet<String> {
     lags(cache, &known_of(state))
