@@ -241,13 +241,15 @@ fn trust_story(bed: &mut Bed) -> anyhow::Result<()> {
         "replicas remove: {}",
         removed.stdout
     );
-    // The trust record shows it, and history says who retired it and why.
-    let list = bed.meshctl_ok(&["replicas", "list"])?.stdout;
+    // The trust record shows it, and history says who retired it and why (asked of the leader:
+    // the removed replica still runs, first in the bed's context, and knows no leader now).
+    let through_leader = bed.context_for(leader)?;
+    let list = bed.meshctl_in(&through_leader, &["replicas", "list"])?.stdout;
     anyhow::ensure!(
         list.contains(&format!("retired replica {gone}  by operator:bed")),
         "replicas list does not show the retirement: {list}"
     );
-    let history = bed.meshctl_ok(&["history"])?.stdout;
+    let history = bed.meshctl_in(&through_leader, &["history"])?.stdout;
     anyhow::ensure!(
         history.contains(&format!(
             "replica {gone} retired (its key and certificate)  by operator:bed"
