@@ -244,7 +244,9 @@ fn trust_story(bed: &mut Bed) -> anyhow::Result<()> {
     // The trust record shows it, and history says who retired it and why (asked of the leader:
     // the removed replica still runs, first in the bed's context, and knows no leader now).
     let through_leader = bed.context_for(leader)?;
-    let list = bed.meshctl_in(&through_leader, &["replicas", "list"])?.stdout;
+    let list = bed
+        .meshctl_in(&through_leader, &["replicas", "list"])?
+        .stdout;
     anyhow::ensure!(
         list.contains(&format!("retired replica {gone}  by operator:bed")),
         "replicas list does not show the retirement: {list}"

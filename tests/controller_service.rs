@@ -648,7 +648,6 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
     // G9: one host certificate claiming epoch u64::MAX must not raise the floor (every later
     // election would overflow); the claim is refused and the cluster goes on. A claim carrying
     // the signed header of an envelope from a trusted replica does raise it.
-    use mesh::core::declaration::Declaration;
     use mesh::core::envelope::{open_with_proof, seal};
     use mesh::core::report::Report;
     use mesh::core::wire::ReportReply;
@@ -691,19 +690,7 @@ async fn g9_an_epoch_a_host_cannot_prove_is_refused_and_a_proven_one_raises_the_
         Some(PushOutcome::Applied { .. })
     ));
     let proven_epoch = before + 5;
-    let envelope = Envelope {
-        machine: "ace".into(),
-        epoch: proven_epoch,
-        sequence: 1,
-        signer: 2,
-        moves: vec![],
-        declaration: Declaration {
-            machine: "ace".into(),
-            modules: vec![],
-            revoked: Default::default(),
-            signers: Default::default(),
-        },
-    };
+    let envelope = bare_envelope("ace", proven_epoch, 1, 2);
     let wire = seal(&envelope, &replica_key(2)).expect("seal");
     let trusted = BTreeMap::from([(2, replica_key(2).verifying_key())]);
     let (_, proof) = open_with_proof(&wire, &trusted, "ace", None).expect("open");

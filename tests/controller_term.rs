@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 use controller_common::*;
 use mesh::controller::api::{Body, PushOutcome};
-use mesh::core::declaration::Declaration;
-use mesh::core::envelope::{Envelope, seal};
+use mesh::core::envelope::seal;
 use mesh::core::model::Mesh;
 use mesh::core::wire::{EnvelopeReply, envelope_reply_what};
 use mesh_transport::{MessageKind, Peer, Principal};
@@ -53,19 +52,7 @@ async fn pushed_once() -> (Bed, u64, u64) {
 /// `epoch.sequence` straight to the host; ace applies it and will report the epoch with the
 /// signed header as its proof.
 async fn ace_applies_another_leaderships(bed: &Bed, epoch: u64, sequence: u64) {
-    let envelope = Envelope {
-        machine: "ace".into(),
-        epoch,
-        sequence,
-        signer: 2,
-        moves: vec![],
-        declaration: Declaration {
-            machine: "ace".into(),
-            modules: vec![],
-            revoked: Default::default(),
-            signers: Default::default(),
-        },
-    };
+    let envelope = bare_envelope("ace", epoch, sequence, 2);
     let sealed = seal(&envelope, &replica_key(2)).expect("seal");
     let other = bed.endpoint_as(&Principal::Replica(2));
     let host = Peer::expecting(

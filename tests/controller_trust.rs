@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use controller_common::*;
 use mesh::controller::api::{Body, PushOutcome, Request};
-use mesh::core::declaration::{Declaration, Digest, retired_replicas};
+use mesh::core::declaration::{Digest, retired_replicas};
 use mesh::core::envelope::{Envelope, seal};
 use mesh::core::model::Mesh;
 use mesh::core::wire::{EnvelopeReply, envelope_reply_what};
@@ -248,19 +248,7 @@ async fn g2_a_removed_replicas_key_and_certificate_make_no_host_apply_anything()
     .await;
     let mark = agent.high_water().await;
 
-    let forged = Envelope {
-        machine: "ace".into(),
-        epoch: term + 100,
-        sequence: 1,
-        signer: gone,
-        moves: vec![],
-        declaration: Declaration {
-            machine: "ace".into(),
-            modules: vec![],
-            revoked: Default::default(),
-            signers: Default::default(),
-        },
-    };
+    let forged = bare_envelope("ace", term + 100, 1, gone);
     // Over a connection ace trusts (the leader's certificate), the retired key is not trusted.
     let through_leader = send_to_ace(&bed, &Principal::Replica(leader), &forged).await;
     assert!(

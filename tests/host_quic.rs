@@ -129,6 +129,13 @@ async fn send_envelope(
     Ok(mesh_codec::decode(envelope_reply_what, &answer).expect("an envelope reply"))
 }
 
+/// The same envelope from replica 1's certificate, which signed it, is applied.
+async fn applies_from_replica_1(pki: &Pki, host: SocketAddr, wire: &[u8]) {
+    let replica = endpoint(pki, &Principal::Replica(1));
+    let reply = send_envelope(&replica, host, wire).await.expect("answered");
+    assert!(matches!(reply, EnvelopeReply::Applied { .. }), "{reply:?}");
+}
+
 fn log_of(fx: &Fixture) -> std::path::PathBuf {
     fx.dir.path().join("mesh-host.log")
 }
@@ -216,11 +223,7 @@ async fn g10_envelope_from_a_host_or_operator_certificate_is_refused_and_nothing
     );
     assert!(agent.status().await.is_empty(), "a module started");
 
-    let replica = endpoint(&pki, &Principal::Replica(1));
-    let reply = send_envelope(&replica, addr, &wire)
-        .await
-        .expect("answered");
-    assert!(matches!(reply, EnvelopeReply::Applied { .. }), "{reply:?}");
+    applies_from_replica_1(&pki, addr, &wire).await;
     agent.shutdown().await;
 }
 
@@ -255,11 +258,7 @@ async fn g2_an_envelope_signed_by_one_replica_and_sent_with_another_replicas_cer
     );
     assert!(agent.status().await.is_empty(), "a module started");
 
-    let replica = endpoint(&pki, &Principal::Replica(1));
-    let reply = send_envelope(&replica, addr, &wire)
-        .await
-        .expect("answered");
-    assert!(matches!(reply, EnvelopeReply::Applied { .. }), "{reply:?}");
+    applies_from_replica_1(&pki, addr, &wire).await;
     agent.shutdown().await;
 }
 

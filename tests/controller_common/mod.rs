@@ -53,6 +53,29 @@ pub struct Bed {
     pub operator: Endpoint,
 }
 
+/// An envelope for `machine` at `epoch.sequence` signed as replica `signer`, declaring nothing:
+/// what a test forges or replays by hand.
+pub fn bare_envelope(
+    machine: &str,
+    epoch: u64,
+    sequence: u64,
+    signer: u64,
+) -> mesh::core::envelope::Envelope {
+    mesh::core::envelope::Envelope {
+        machine: machine.into(),
+        epoch,
+        sequence,
+        signer,
+        moves: vec![],
+        declaration: mesh::core::declaration::Declaration {
+            machine: machine.into(),
+            modules: vec![],
+            revoked: Default::default(),
+            signers: Default::default(),
+        },
+    }
+}
+
 pub fn replica_key(id: u64) -> SigningKey {
     SigningKey::from_bytes(&[id as u8 + 40; 32])
 }
