@@ -463,7 +463,10 @@ impl Service {
                     ));
                 }
                 Ok(_) => {}
-                Err(e) => done.push(format!("the push of the key did not finish: {e}")),
+                Err(e) => {
+                    tracing::warn!(replica = self.id, new = id, error = %e, "the push of the new replica's key did not finish");
+                    done.push(format!("the push of the key did not finish: {e}"));
+                }
             }
         }
         // 3. A learner, caught up. An add that fails here leaves nothing trusted (issue 27): the
