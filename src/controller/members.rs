@@ -191,26 +191,6 @@ pub(crate) fn outsiders(
         .collect()
 }
 
-#[cfg(test)]
-mod retire_tests {
-    use super::*;
-
-    #[test]
-    fn g2_g9_a_leader_retires_every_trusted_replica_outside_the_membership_and_never_a_member() {
-        // Decision 0294: after `meshd recover --force-new-cluster` on replica 1, replicas 2 and 3
-        // (founding keys) are outside; a failed add left key 5 without a member; 4 is a learner
-        // being added (a member) and 6 is retired already.
-        let members = BTreeSet::from([1, 4]);
-        let retired = BTreeSet::from([6]);
-        let trusted = [1, 2, 3, 5, 6, 4];
-        assert_eq!(
-            outsiders(trusted, &members, &retired),
-            BTreeSet::from([2, 3, 5])
-        );
-        assert!(outsiders([1, 2, 3], &BTreeSet::from([1, 2, 3]), &retired).is_empty());
-    }
-}
-
 /// The machines of the model that were sent a declaration but have not confirmed one carrying
 /// replica `id`'s `key` (by their last send and its report, or by this push's answer), sorted.
 fn key_missing_on(
@@ -693,4 +673,24 @@ fn random_id() -> Result<[u8; 16], ApiError> {
         what: "making the key push's request id".into(),
     })?;
     Ok(id)
+}
+
+#[cfg(test)]
+mod retire_tests {
+    use super::*;
+
+    #[test]
+    fn g2_g9_a_leader_retires_every_trusted_replica_outside_the_membership_and_never_a_member() {
+        // Decision 0294: after `meshd recover --force-new-cluster` on replica 1, replicas 2 and 3
+        // (founding keys) are outside; a failed add left key 5 without a member; 4 is a learner
+        // being added (a member) and 6 is retired already.
+        let members = BTreeSet::from([1, 4]);
+        let retired = BTreeSet::from([6]);
+        let trusted = [1, 2, 3, 5, 6, 4];
+        assert_eq!(
+            outsiders(trusted, &members, &retired),
+            BTreeSet::from([2, 3, 5])
+        );
+        assert!(outsiders([1, 2, 3], &BTreeSet::from([1, 2, 3]), &retired).is_empty());
+    }
 }

@@ -566,18 +566,13 @@ impl PushEngine {
     fn pump(&mut self, now: Instant) -> Vec<Action> {
         let mut out = Vec::new();
         if self.stopped.is_none() && self.work_remains() && !self.renewing {
-            if self.reconfirm_from.is_some() {
-                self.renewing = true;
-                out.push(Action::ConfirmLease);
-            }
-        }
-        if self.stopped.is_none() && self.work_remains() && !self.renewing {
             // From its half on the lease is renewed; one already closed is taken again by a
             // fresh quorum round of the same term (the replica may have been paused past it
             // and another leader elected: then that round fails or answers another term, and
             // the push stops). Nothing is proposed or sent until a lease is confirmed
             // (decision 0270).
-            if now >= self.lease.renew_at() {
+            // After an unproven older refusal, a round that begins now, whatever the lease's age.
+            if now >= self.lease.renew_at() || self.reconfirm_from.is_some() {
                 self.renewing = true;
                 out.push(Action::ConfirmLease);
             }
