@@ -243,18 +243,6 @@ pub enum Impostor {
     },
 }
 
-impl Impostor {
-    /// The replica whose certificate sent the request.
-    pub fn cert(&self) -> NodeId {
-        match self {
-            Impostor::From { cert, .. }
-            | Impostor::Candidate { cert, .. }
-            | Impostor::Leader { cert, .. }
-            | Impostor::TermBeyond { cert, .. } => *cert,
-        }
-    }
-}
-
 /// Binds a Raft request to the certificate it came with (issue 27): its `from`, a vote's
 /// candidate, an append's or a snapshot's leader must be the replica `cert` names, and no term it
 /// carries may be above [`term_max`]. A vote that names no one (a leader stepping down in a

@@ -46,10 +46,17 @@ pub struct IssueArgs {
     /// also certificates, replicas and backups). No default: say what it may do.
     #[arg(long)]
     pub role: Role,
+    #[command(flatten)]
+    pub issuer: IssuerArgs,
+}
+
+/// Where a certificate is issued from, for `certs issue` and `certs renew` alike.
+#[derive(Debug, clap::Args)]
+pub struct IssuerArgs {
     /// The directory `meshctl init` wrote; defaults to the context file's directory.
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// The CA certificate to issue from (default: DIR/ca.pem).
+    /// The CA certificate to issue from (default: DIR/ca.pem). During a CA switch, the new CA's.
     #[arg(long)]
     pub ca_cert: Option<PathBuf>,
     /// The CA key to issue from (default: DIR/ca.key).
@@ -64,18 +71,8 @@ pub struct IssueArgs {
 pub struct RenewArgs {
     /// `replica:<id>`, `host:<machine>` or `operator:<name>`.
     pub principal: String,
-    /// The directory `meshctl init` wrote; defaults to the context file's directory.
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// The CA certificate to issue from (default: DIR/ca.pem). During a CA switch, the new CA's.
-    #[arg(long)]
-    pub ca_cert: Option<PathBuf>,
-    /// The CA key to issue from (default: DIR/ca.key).
-    #[arg(long)]
-    pub ca_key: Option<PathBuf>,
-    /// How long the new certificate is valid, in days.
-    #[arg(long, default_value_t = super::init::cert_validity_days)]
-    pub days: u32,
+    #[command(flatten)]
+    pub issuer: IssuerArgs,
     /// An operator's new role (`viewer`, `operator`, `admin`); without it the renewed certificate
     /// states the role the current one states.
     #[arg(long)]
@@ -159,8 +156,7 @@ fn renew(ctx: Option<&Path>, args: &RenewArgs) -> Result<String, CliError> {
             "certs renew: --role is for operator certificates; {principal}'s states none"
         )));
     }
-    let ca_files = (args.ca_cert.as_ref(), args.ca_key.as_ref());
-    let issuer = Issuer::load(ctx, "certs renew", args.dir.as_ref(), ca_files, args.days)?;
+    let issuer = Issuer::load(ctx, "certs renew", &args.issuer)?;
     let (dir, ca_cert, ca) = (issuer.dir, issuer.ca_cert, issuer.ca);
     // An operator `certs issue` made is in operator-<name>/, init's own in operator/.
     let issued_dir = dir.join(operator_sub(&principal));
@@ -190,7 +186,7 @@ fn renew(ctx: Option<&Path>, args: &RenewArgs) -> Result<String, CliError> {
         role = args.role.or(current.role());
     }
     let issued = ca
-        .issue_with_role(&principal, role, Validity::days_from_now(args.days))
+        .issue_with_role(&principal, role, Validity::days_from_now(args.issuer.days))
         .map_err(|e| CliError::Usage(format!("certs renew: {e}")))?;
     let info =
         mesh_transport::Identity::from_pem(ca.cert_pem(), issued.cert_pem(), issued.key_pem())
@@ -241,13 +237,8 @@ struct Issuer {
 
 impl Issuer {
     /// The CA in `dir` (default: the context file's directory), or at `ca_cert` and `ca_key`.
-    fn load(
-        ctx: Option<&Path>,
-        what: &str,
-        dir: Option<&PathBuf>,
-        (ca_cert, ca_key): (Option<&PathBuf>, Option<&PathBuf>),
-        days: u32,
-    ) -> Result<Issuer, CliError> {
+    fn load(ctx: Option<&Path>, what: &str, args: &IssuerArgs) -> Result<Issuer, CliError> {
+        let (dir, ca_cert, ca_key, days) = (&args.dir, &args.ca_cert, &args.ca_key, args.days);
         if days == 0 || days > renew_days_max {
             return Err(CliError::Usage(format!(
                 "{what}: --days must be 1..={renew_days_max}"
@@ -257,8 +248,8 @@ impl Issuer {
             Some(d) => d.clone(),
             None => context_dir(&context::resolve(ctx)?),
         };
-        let ca_cert = ca_cert.cloned().unwrap_or_else(|| dir.join("ca.pem"));
-        let ca_key = ca_key.cloned().unwrap_or_else(|| dir.join("ca.key"));
+        let ca_cert = ca_cert.clone().unwrap_or_else(|| dir.join("ca.pem"));
+        let ca_key = ca_key.clone().unwrap_or_else(|| dir.join("ca.key"));
         let ca = Ca::load(&ca_cert, &ca_key).map_err(|e| {
             CliError::Usage(format!(
                 "{what}: cannot load the CA ({}, {}): {e}; pass --dir with the directory `meshctl init` wrote, or --ca-cert/--ca-key",
@@ -292,8 +283,7 @@ fn issue(ctx: Option<&Path>, args: &IssueArgs) -> Result<String, CliError> {
         )));
     };
     let context = context::resolve(ctx)?;
-    let ca_files = (args.ca_cert.as_ref(), args.ca_key.as_ref());
-    let issuer = Issuer::load(ctx, "certs issue", args.dir.as_ref(), ca_files, args.days)?;
+    let issuer = Issuer::load(ctx, "certs issue", &args.issuer)?;
     let sub = operator_sub(&principal);
     let sub_dir = issuer.dir.join(&sub);
     let (cert, key) = (sub_dir.join("cert.pem"), sub_dir.join("key.pem"));
@@ -312,7 +302,7 @@ fn issue(ctx: Option<&Path>, args: &IssueArgs) -> Result<String, CliError> {
         .issue_with_role(
             &principal,
             Some(args.role),
-            Validity::days_from_now(args.days),
+            Validity::days_from_now(args.issuer.days),
         )
         .map_err(|e| CliError::Usage(format!("certs issue: {e}")))?;
     // 0700, as every directory holding a key (decision 0296).

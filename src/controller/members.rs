@@ -346,7 +346,7 @@ impl Service {
         if let Some(entry) = self
             .state()?
             .revoked
-            .get(&format!("principal:replica:{id}"))
+            .get(&RevokedTarget::retiring(id).key())
         {
             return Err(MembersError::Retired {
                 id,
@@ -578,7 +578,7 @@ impl Service {
         let mut done = Vec::new();
         let pending = self.changed_now()?;
         for id in ids {
-            let target = RevokedTarget::Principal(format!("replica:{id}"));
+            let target = RevokedTarget::retiring(*id);
             self.propose(
                 term,
                 None,

@@ -181,6 +181,13 @@ pub(crate) fn revoke(
     })
 }
 
+impl RevokedTarget {
+    /// The revocation that retires replica `id` (decision 0294): its principal `replica:<id>`.
+    pub fn retiring(id: u64) -> RevokedTarget {
+        RevokedTarget::Principal(format!("replica:{id}"))
+    }
+}
+
 /// The replica a revocation retires: `Some(id)` for the principal `replica:<id>`.
 pub fn retired_replica(target: &RevokedTarget) -> Option<u64> {
     match target {

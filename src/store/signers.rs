@@ -36,7 +36,7 @@ pub(crate) fn set_signer(
         Some(key) => {
             if state
                 .revoked
-                .contains_key(&format!("principal:replica:{replica}"))
+                .contains_key(&super::revoked::RevokedTarget::retiring(replica).key())
             {
                 return Err(Refusal::Invalid(format!(
                     "replica {replica} was retired (removed, or left out of a recovered cluster): its id is never trusted again; add the replica under a new id (`meshctl init --add-replica <new id> ...`)"
