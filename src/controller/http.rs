@@ -2,10 +2,13 @@
 //! (`page.rs`), `/metrics` in the Prometheus text format (`metrics.rs`), `/healthz`. HTTP/1.1 on
 //! the read-only server of `crate::readonly_http` (every wait bounded), a whole connection within
 //! `http_connection_ms_max`, at most `http_connections_max` at once.
-//! It reads what `status` and `history` answer; it changes nothing.
+//! It reads what `status` and `history` answer; it changes nothing. The page is drawn at most
+//! once per `page_fresh_ms_max` however many ask (anyone who can reach the port may), from the
+//! newest `history_rows_max` history items only, so a flood of requests costs one render a second.
 
 use std::net::SocketAddr;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
@@ -13,7 +16,7 @@ use tokio::net::TcpListener;
 
 use super::api::{Body, HistoryItem, StatusView};
 use super::metrics::RaftNow;
-use super::page::{Page, render};
+use super::page::{Page, history_rows_max, render};
 use super::service::Service;
 pub use crate::readonly_http::metrics_content_type;
 use crate::readonly_http::{Answer, Limits, Server, text, with_type};
@@ -22,6 +25,32 @@ use crate::readonly_http::{Answer, Limits, Server, text, with_type};
 pub const http_connections_max: usize = 32;
 /// How long one connection may last, request and answer together.
 pub const http_connection_ms_max: u64 = 15_000;
+/// How long a drawn status page is served again before it is drawn anew: requests within it get
+/// the same page, and requests while it is being drawn wait for that one drawing.
+pub const page_fresh_ms_max: u64 = 1_000;
+
+/// The last page drawn and when. Locked while drawing, so concurrent requests share one drawing.
+#[derive(Default)]
+struct PageCache(tokio::sync::Mutex<Option<(Instant, Arc<str>)>>);
+
+impl PageCache {
+    /// The page drawn at or after `now - page_fresh_ms_max`, or the one `draw` draws now. A failed
+    /// drawing is not kept: the next request tries again.
+    async fn get<F>(&self, now: Instant, draw: F) -> Result<Arc<str>, String>
+    where
+        F: Future<Output = Result<String, String>>,
+    {
+        let mut last = self.0.lock().await;
+        if let Some((at, page)) = last.as_ref()
+            && now.saturating_duration_since(*at) < Duration::from_millis(page_fresh_ms_max)
+        {
+            return Ok(page.clone());
+        }
+        let page: Arc<str> = draw.await?.into();
+        *last = Some((now, page.clone()));
+        Ok(page)
+    }
+}
 
 /// Why the HTTP server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -48,9 +77,11 @@ impl HttpServer {
             connections_max: http_connections_max,
             connection_ms_max: http_connection_ms_max,
         };
+        let cache = Arc::new(PageCache::default());
         let server = Server::start(listener, limits, move |request| {
             let service = service.clone();
-            async move { respond(&service, request).await }
+            let cache = cache.clone();
+            async move { respond(&service, &cache, request).await }
         })
         .map_err(bind)?;
         tracing::info!(addr = %server.local_addr(), "serving the status page and /metrics over HTTP");
@@ -67,13 +98,13 @@ impl HttpServer {
     }
 }
 
-async fn respond(service: &Weak<Service>, request: Request<Incoming>) -> Answer {
+async fn respond(service: &Weak<Service>, cache: &PageCache, request: Request<Incoming>) -> Answer {
     let Some(service) = service.upgrade() else {
         return text(StatusCode::SERVICE_UNAVAILABLE, "the replica is stopping\n");
     };
     match request.uri().path() {
-        "/" => match status_page(&service).await {
-            Ok(html) => with_type(StatusCode::OK, html, "text/html; charset=utf-8"),
+        "/" => match cache.get(Instant::now(), status_page(&service)).await {
+            Ok(html) => with_type(StatusCode::OK, html.to_string(), "text/html; charset=utf-8"),
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
         },
         "/metrics" => match service.metrics_text() {
@@ -97,7 +128,7 @@ async fn status_page(service: &Service) -> Result<String, String> {
         Ok(_) => return Err("status answered something else; this is a bug".into()),
         Err(e) => return Err(format!("cannot read the status: {e}")),
     };
-    let history: Vec<HistoryItem> = match service.history_items() {
+    let history: Vec<HistoryItem> = match service.recent_history_items(history_rows_max) {
         Ok(items) => items,
         Err(e) => return Err(format!("cannot read the history: {e}")),
     };
@@ -130,5 +161,44 @@ fn raft_now(service: &Service) -> RaftNow {
         leader: m.state == openraft::ServerState::Leader && m.current_leader == Some(service.id()),
         last_log_index: m.last_log_index.unwrap_or(0),
         last_applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn the_status_page_is_drawn_at_most_once_per_freshness_window_however_many_ask() {
+        // Issue 23 part 4: anyone who reaches the HTTP port may ask for `/`, and drawing it asks
+        // every replica and reads the store: requests within `page_fresh_ms_max` share one
+        // drawing, concurrent ones included, and a failed drawing is not served again.
+        let cache = Arc::new(PageCache::default());
+        let drawn = Arc::new(AtomicUsize::new(0));
+        let draw = |drawn: Arc<AtomicUsize>| async move {
+            let n = drawn.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::task::yield_now().await;
+            Ok::<_, String>(format!("page {n}"))
+        };
+        let t0 = Instant::now();
+        let asks: Vec<_> = (0..50)
+            .map(|_| {
+                let (cache, drawn) = (cache.clone(), drawn.clone());
+                tokio::spawn(async move { cache.get(t0, draw(drawn)).await })
+            })
+            .collect();
+        for ask in asks {
+            assert_eq!(&*ask.await.expect("joined").expect("page"), "page 1");
+        }
+        assert_eq!(drawn.load(Ordering::SeqCst), 1, "50 requests, one drawing");
+        let within = t0 + Duration::from_millis(page_fresh_ms_max - 1);
+        assert_eq!(&*cache.get(within, draw(drawn.clone())).await.expect("page"), "page 1");
+        let after = t0 + Duration::from_millis(page_fresh_ms_max);
+        assert_eq!(&*cache.get(after, draw(drawn.clone())).await.expect("page"), "page 2");
+        let failed = after + Duration::from_millis(page_fresh_ms_max);
+        let refused = cache.get(failed, async { Err("store unreadable".to_string()) }).await;
+        assert_eq!(refused.expect_err("failed drawing"), "store unreadable");
+        assert_eq!(&*cache.get(failed, draw(drawn.clone())).await.expect("page"), "page 3");
     }
 }

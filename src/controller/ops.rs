@@ -404,6 +404,28 @@ impl Service {
         Ok(items.into_iter().map(|(_, i)| i).collect())
     }
 
+    /// The `n` newest history items, oldest first, as [`Service::history_items`] orders them,
+    /// read without going through the whole history (what the status page shows).
+    pub(crate) fn recent_history_items(&self, n: usize) -> Result<Vec<HistoryItem>, ApiError> {
+        let db = self.replica.database();
+        let recent = MeshApp::recent_history(db, n).map_err(|e| storage("history", &e))?;
+        let mut items: Vec<(u64, HistoryItem)> = Vec::new();
+        items.extend(recent.models.into_iter().map(|m| (m.time_ms, HistoryItem::Model(m))));
+        items.extend(recent.sends.into_iter().map(|s| (s.time_ms, HistoryItem::Send(s))));
+        items.extend(
+            recent
+                .settings
+                .into_iter()
+                .map(|c| (c.time_ms, HistoryItem::Settings(c))),
+        );
+        for entry in self.state()?.revoked.values() {
+            items.push((entry.time_ms, HistoryItem::Revocation(entry.clone())));
+        }
+        items.sort_by_key(|(t, _)| *t);
+        let skip = items.len().saturating_sub(n);
+        Ok(items.into_iter().skip(skip).map(|(_, i)| i).collect())
+    }
+
     /// `Request::SnapshotChunk`: a consistent backup `meshd restore` takes, a chunk at a time.
     /// The backup is taken once, at the first chunk, and held until the next one is taken or
     /// [`backup_held_ms`] pass, so every chunk comes from the same view of the store.

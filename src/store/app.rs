@@ -93,6 +93,27 @@ impl MeshApp {
         Ok(out)
     }
 
+    /// The newest `n` of each kind of history, for a view that shows only the latest rows (the
+    /// status page): model applies and settings changes read backwards from their ends, and at
+    /// most `n` sends found by reading each machine's newest sends until they are older than the
+    /// `n` newest kept. It decodes about one send per machine plus `n`, however long the history.
+    pub fn recent_history(db: &redb::Database, n: usize) -> Result<RecentHistory, AppError> {
+        let txn = db.begin_read()?;
+        let mut recent = RecentHistory::default();
+        for row in txn.open_table(tables::MODEL_HISTORY)?.iter()?.rev().take(n) {
+            let (_, v) = row?;
+            recent.models.push(mesh_codec::decode("model change", v.value())?);
+        }
+        for row in txn.open_table(tables::SETTINGS_HISTORY)?.iter()?.rev().take(n) {
+            let (_, v) = row?;
+            recent.settings.push(mesh_codec::decode("settings change", v.value())?);
+        }
+        recent.sends = newest_sends(&txn, n)?;
+        recent.models.reverse();
+        recent.settings.reverse();
+        Ok(recent)
+    }
+
     /// Every model apply, oldest first.
     pub fn model_history(db: &redb::Database) -> Result<Vec<ModelChange>, AppError> {
         let txn = db.begin_read()?;
@@ -471,6 +492,60 @@ fn read_uploads(txn: &ReadTransaction, state: &mut DomainState) -> Result<(), Ap
     Ok(())
 }
 
+/// What [`MeshApp::recent_history`] reads: at most `n` of each kind, oldest first.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecentHistory {
+    pub models: Vec<ModelChange>,
+    pub settings: Vec<SettingsChange>,
+    pub sends: Vec<SendRecord>,
+}
+
+/// The `n` newest sends of every machine together, oldest first. Sends are keyed by machine and
+/// sequence, so each machine's newest come last in its key range; a machine is read backwards only
+/// while its sends could still be among the `n` newest. Machines are found by jumping past each
+/// one's range, not by reading every row.
+fn newest_sends(txn: &ReadTransaction, n: usize) -> Result<Vec<SendRecord>, AppError> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    use std::ops::Bound;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let table = txn.open_table(tables::SENDS)?;
+    // The newest kept so far, the oldest of them on top: (time, machine, sequence) keys them.
+    let mut kept: BinaryHeap<Reverse<(u64, String, u64)>> = BinaryHeap::new();
+    let mut records: std::collections::HashMap<(String, u64), SendRecord> = Default::default();
+    let mut next = table.first()?.map(|(k, _)| k.value().0.to_string());
+    while let Some(machine) = next.take() {
+        let range = (machine.as_str(), 0)..=(machine.as_str(), u64::MAX);
+        for row in table.range::<(&str, u64)>(range)?.rev() {
+            let (key, value) = row?;
+            let record: SendRecord = mesh_codec::decode("send record", value.value())?;
+            let full = kept.len() >= n;
+            if full && kept.peek().is_some_and(|Reverse(k)| record.time_ms <= k.0) {
+                break;
+            }
+            let id = (machine.clone(), key.value().1);
+            kept.push(Reverse((record.time_ms, id.0.clone(), id.1)));
+            records.insert(id, record);
+            if kept.len() > n
+                && let Some(Reverse((_, m, seq))) = kept.pop()
+            {
+                records.remove(&(m, seq));
+            }
+        }
+        let past = (Bound::Excluded((machine.as_str(), u64::MAX)), Bound::Unbounded);
+        next = table
+            .range::<(&str, u64)>(past)?
+            .next()
+            .transpose()?
+            .map(|(k, _)| k.value().0.to_string());
+    }
+    let mut sends: Vec<SendRecord> = records.into_values().collect();
+    sends.sort_by_key(|s| s.time_ms);
+    Ok(sends)
+}
+
 fn read_models(txn: &ReadTransaction) -> Result<Vec<ModelChange>, AppError> {
     let mut out = Vec::new();
     for row in txn.open_table(tables::MODEL_HISTORY)?.iter()? {
@@ -594,5 +669,92 @@ mod private_files {
         assert_eq!(mode(&dir), 0o700);
         assert_eq!(mode(&tmp.path().join("var")), 0o700);
         assert_eq!(mode(&dir.join(mesh_raft::store_file_name)), 0o600);
+    }
+}
+
+#[cfg(test)]
+mod recent {
+    use super::*;
+
+    fn send(machine: &str, sequence: u64, time_ms: u64) -> SendRecord {
+        SendRecord {
+            machine: machine.into(),
+            epoch: 2,
+            sequence,
+            digest: crate::core::declaration::Digest([0; 32]),
+            summary: Default::default(),
+            why: String::new(),
+            actor: "op".into(),
+            time_ms,
+            moves: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_page_history_is_the_newest_of_the_whole_history_read_from_the_ends() {
+        // Issue 23 part 4: the status page reads only the newest rows, yet they are exactly the
+        // newest of everything: machines whose sends interleave in time, one machine far behind,
+        // one with every recent send, model and settings rows past the count.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let db = mesh_migrations::open(&tmp.path().join("store")).expect("store");
+        let txn = db.begin_write().expect("txn");
+        {
+            let mut sends = txn.open_table(tables::SENDS).expect("sends");
+            let mut put = |s: SendRecord| {
+                let bytes = mesh_codec::encode("send record", &s).expect("encode");
+                sends
+                    .insert((s.machine.as_str(), s.sequence), bytes.as_slice())
+                    .expect("insert");
+            };
+            for seq in 1..=30 {
+                put(send("ace", seq, seq * 10)); // 10..300
+                put(send("g14", seq, seq * 10 + 5)); // 15..305
+            }
+            for seq in 1..=5 {
+                put(send("old", seq, seq)); // older than everything
+            }
+            for seq in 1..=12 {
+                put(send("zz", seq, 1000 + seq)); // the newest of all
+            }
+            let mut models = txn.open_table(tables::MODEL_HISTORY).expect("models");
+            let mut settings = txn.open_table(tables::SETTINGS_HISTORY).expect("settings");
+            for i in 0..40u64 {
+                let m = ModelChange {
+                    revision: i,
+                    why: String::new(),
+                    actor: "op".into(),
+                    epoch: 2,
+                    time_ms: i,
+                    changes: Vec::new(),
+                };
+                let bytes = mesh_codec::encode("model change", &m).expect("encode");
+                models.insert(i, bytes.as_slice()).expect("insert");
+                let c = SettingsChange {
+                    id: i,
+                    scope: Scope::Mesh,
+                    before: None,
+                    after: None,
+                    why: String::new(),
+                    actor: "op".into(),
+                    epoch: 2,
+                    time_ms: i,
+                };
+                let bytes = mesh_codec::encode("settings change", &c).expect("encode");
+                settings.insert(i, bytes.as_slice()).expect("insert");
+            }
+        }
+        txn.commit().expect("commit");
+        fn tail<T>(mut v: Vec<T>, n: usize) -> Vec<T> {
+            v.split_off(v.len().saturating_sub(n))
+        }
+        for n in [0, 1, 12, 20, 500] {
+            let recent = MeshApp::recent_history(&db, n).expect("recent");
+            let all_sends = MeshApp::sends(&db, None).expect("sends");
+            assert_eq!(recent.sends, tail(all_sends, n), "sends, n = {n}");
+            let all_models = MeshApp::model_history(&db).expect("models");
+            assert_eq!(recent.models, tail(all_models, n), "models, n = {n}");
+            let all_settings = MeshApp::settings_history(&db).expect("settings");
+            assert_eq!(recent.settings, tail(all_settings, n), "settings, n = {n}");
+        }
     }
 }
