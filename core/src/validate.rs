@@ -286,7 +286,9 @@ pub fn declaration_sizes(mesh: &Mesh) -> Vec<DeclarationSize> {
     let mut pending = Pending::default();
     for machine in world.machine_names() {
         // allow(empty-on-error): a machine that does not compose wants nothing here; see above
-        let wanted = compose(&world, machine).map(|c| c.wanted).unwrap_or_default();
+        let wanted = compose(&world, machine)
+            .map(|c| c.wanted)
+            .unwrap_or_default();
         for request in &wanted {
             pending.insert(mint(request, placeholder.clone()));
         }
@@ -462,10 +464,10 @@ mod tests {
             from: "db".into(),
         });
         let mut model = mesh(vec![provider, consumer]);
-        model
-            .settings
-            .layers
-            .insert(Scope::Mesh, [("region".to_string(), "eu".to_string())].into());
+        model.settings.layers.insert(
+            Scope::Mesh,
+            [("region".to_string(), "eu".to_string())].into(),
+        );
         let world = World::new(model.clone(), []);
         let wanted = compose(&world, "g14").expect("composes").wanted;
         assert_eq!(wanted.len(), 1);

@@ -217,6 +217,7 @@ impl Service {
                 work,
                 reveal: &reveal,
                 secret: &mut secret,
+                frame_bytes_max: self.endpoint.config().frame_bytes_max(),
             };
             PushEngine::begin(now, begin)
         })?;
