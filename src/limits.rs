@@ -42,7 +42,7 @@ pub const envelope_wrapping_bytes_max: usize = 64 * 1024;
 /// Largest frame an envelope of a valid model can need, in bytes: a declaration of
 /// [`declaration_bytes_max`] with the fullest deny list and every signer, wrapped. Every
 /// replica's and host's `frame_bytes_max` must be at least this ([`check_frame_limit`], at
-/// load), so whatever `validate` accepts can be delivered; about 11.5 MiB, under the default
+/// load), so whatever `validate` accepts can be delivered; about 7.5 MiB, under the default
 /// 16 MiB frame.
 pub const envelope_frame_bytes_max: usize =
     declaration_bytes_max + deny_list_bytes_max + signers_bytes_max + envelope_wrapping_bytes_max;

@@ -13,8 +13,12 @@ use super::settings::{Scope, check_key, check_value, printable};
 
 /// Largest encoded model (machines, modules, settings), in bytes. A model larger than one
 /// proposal reaches the store in chunks and is made current by one small commit (decision 0185),
-/// so this bounds what every replica holds in memory and in its store, not a proposal.
-pub const model_bytes_max: usize = 128 * 1024 * 1024;
+/// so this bounds what every replica holds in memory and in its store, not a proposal. At it a
+/// model is accepted; over it `check`, `apply`, the controller and the state machine refuse it.
+/// Measured (decision 0298, docs/benchmarks.md): three debug-build replicas on the shared 2-core
+/// machine applied 8 MiB in the term they started in, and 16 MiB with four elections; 128 MiB
+/// before issue 23 was never carried.
+pub const model_bytes_max: usize = 8 * 1024 * 1024;
 
 /// Largest declaration a model may compose for one machine, in bytes as encoded: its modules with
 /// their effective settings, the provisions they consume (each secret counted at its minted
@@ -22,9 +26,10 @@ pub const model_bytes_max: usize = 128 * 1024 * 1024;
 /// `apply`, the controller and the state machine refuse the model, naming the machine and its
 /// largest module. Its envelope adds the deny list and signers every declaration carries, the
 /// header and two signatures: the root crate's `envelope_frame_bytes_max`, which every replica's
-/// and host's `frame_bytes_max` must allow, and which stays well under the default 16 MiB frame
-/// (decision 0298).
-pub const declaration_bytes_max: usize = 8 * 1024 * 1024;
+/// and host's `frame_bytes_max` must allow, and which stays well under the default 16 MiB frame.
+/// Half of [`model_bytes_max`], so that one machine cannot take the whole model and a model
+/// refused for one is refused for that reason alone (decision 0298).
+pub const declaration_bytes_max: usize = 4 * 1024 * 1024;
 
 /// What a problem is about, so the mesh-file parser can point at where it was written.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
