@@ -290,11 +290,11 @@ pub fn declaration_sizes(mesh: &Mesh) -> Vec<DeclarationSize> {
     let placeholder = "0".repeat(minted_secret_chars);
     let mut pending = Pending::default();
     for machine in world.machine_names() {
-        // allow(empty-on-error): a machine that does not compose wants nothing here; see above
-        let wanted = compose(&world, machine)
-            .map(|c| c.wanted)
-            .unwrap_or_default();
-        for request in &wanted {
+        // A machine that does not compose is left out (see above): compose names its problem.
+        let Ok(composed) = compose(&world, machine) else {
+            continue;
+        };
+        for request in &composed.wanted {
             pending.insert(mint(request, placeholder.clone()));
         }
     }
