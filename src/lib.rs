@@ -8,6 +8,7 @@ pub use mesh_core as core;
 pub mod durable;
 pub mod hex;
 pub mod host;
+pub mod limits;
 pub mod logging;
 pub mod readonly_http;
 pub mod store;

@@ -206,14 +206,18 @@ fn check_and_apply_refuse_control_characters_and_oversized_values_in_settings() 
 fn check_and_apply_refuse_a_model_over_model_bytes_max() {
     // Issue 9: the encoded model is over model_bytes_max: the error says the size, the limit and
     // the way out, before anything is sent.
+    // The content is spread over machines, each declaration within declaration_bytes_max
+    // (issue 23), so the model's size is the one rule broken.
     let dir = tempfile::tempdir().expect("temp dir");
-    let blob = "x".repeat(mesh::core::validate::model_bytes_max);
-    let (check, apply) = check_and_apply(
-        &dir,
-        &format!(
-            "[machines.ace]\naddress = \"127.0.0.1\"\n[modules.a]\nmachine = \"ace\"\ncommand = \"sh\"\nfiles = {{ \"blob\" = \"{blob}\" }}\n"
-        ),
-    );
+    let part = mesh::core::validate::declaration_bytes_max / 2;
+    let mut file = String::new();
+    for i in 0..mesh::core::validate::model_bytes_max.div_ceil(part) {
+        let blob = "x".repeat(part);
+        file.push_str(&format!(
+            "[machines.m{i}]\naddress = \"127.0.0.1\"\n[modules.a{i}]\nmachine = \"m{i}\"\ncommand = \"sh\"\nfiles = {{ \"blob\" = \"{blob}\" }}\n"
+        ));
+    }
+    let (check, apply) = check_and_apply(&dir, &file);
     assert_eq!(check, apply);
     assert_eq!(check.lines().count(), 1, "{check}");
     let limit = mesh::core::validate::model_bytes_max;
@@ -221,4 +225,40 @@ fn check_and_apply_refuse_a_model_over_model_bytes_max() {
         check.contains("model: the model encodes to ") && check.contains(&format!("bytes, over the limit of {limit} bytes a model may have (model_bytes_max); make it smaller")),
         "{check}"
     );
+}
+
+#[test]
+fn check_and_apply_refuse_a_module_file_over_declaration_bytes_max_naming_machine_module_size_and_limit()
+ {
+    // Issue 23: a module file that makes g14's declaration larger than any envelope may carry
+    // is refused by check and apply alike, in one line at the module, naming the machine, the
+    // module, the declaration's size and the limit, before anything is sent or stored.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let limit = mesh::core::validate::declaration_bytes_max;
+    let blob = "x".repeat(limit);
+    let (check, apply) = check_and_apply(
+        &dir,
+        &example_with(&format!(
+            "[modules.big]\nmachine = \"g14\"\ncommand = \"sh\"\nfiles = {{ \"blob\" = \"{blob}\" }}\n"
+        )),
+    );
+    assert_eq!(check, apply);
+    assert_eq!(check.lines().count(), 1, "{check}");
+    let want = format!(
+        "modules.big: the declaration of machine g14 would encode to {} bytes, over the limit of {limit} bytes one machine's declaration may have (declaration_bytes_max), so its envelope could not be delivered; module `big` is its largest part (",
+        size_of_g14(&check)
+    );
+    assert!(check.contains(&want), "{want}\nin\n{check}");
+}
+
+/// The size the refusal names, checked to be over the limit by the caller's `want`.
+fn size_of_g14(line: &str) -> usize {
+    let after = line
+        .split("would encode to ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse::<usize>().ok());
+    let size = after.unwrap_or_else(|| panic!("no size in {line}"));
+    assert!(size > mesh::core::validate::declaration_bytes_max, "{line}");
+    size
 }

@@ -804,3 +804,23 @@ impl Bed {
         std::fs::read_to_string(path).unwrap_or_default()
     }
 }
+
+/// `base` (a mesh file) with machines `size-0`, `size-1`… added, each running one module with a
+/// file of at most half of `declaration_bytes_max`, until the file's contents add up to `bytes`:
+/// a model of about that size whose every declaration is deliverable (issue 23).
+pub fn sized_model(base: &str, bytes: usize) -> String {
+    let part = mesh::core::validate::declaration_bytes_max / 2;
+    let mut text = base.to_string();
+    let mut left = bytes;
+    let mut i = 0;
+    while left > 0 {
+        let here = left.min(part);
+        text.push_str(&format!(
+            "\n[machines.size-{i}]\naddress = \"127.0.0.1\"\n\n[modules.sized-{i}]\nmachine = \"size-{i}\"\ncommand = \"sleep\"\nargs = [\"600\"]\nfiles = {{ \"blob\" = \"{}\" }}\n",
+            "x".repeat(here)
+        ));
+        left -= here;
+        i += 1;
+    }
+    text
+}

@@ -6,7 +6,7 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// Largest value the codec will decode, in bytes: a replica's snapshot (a model of up to 128 MiB
+/// Largest value the codec will decode, in bytes: a replica's snapshot (a model of up to 8 MiB, decision 0298,
 /// and up to 256 MiB of staged uploads, decision 0185) fits. Frames have their own, smaller limit
 /// in transport.
 pub const value_bytes_max: usize = 512 * 1024 * 1024;
@@ -77,6 +77,36 @@ pub fn encode<T: Serialize + ?Sized>(what: &'static str, value: &T) -> Result<Ve
     Ok(out)
 }
 
+/// How many bytes [`encode`] would give `value`, counted without holding them: sizing a large
+/// value against a limit (a declaration against `declaration_bytes_max`) allocates nothing.
+pub fn encoded_len<T: Serialize + ?Sized>(
+    what: &'static str,
+    value: &T,
+) -> Result<usize, CodecError> {
+    let mut counter = Counter(0);
+    bincode::serde::encode_into_std_write(value, &mut counter, config()).map_err(|e| {
+        CodecError::Encode {
+            what,
+            reason: e.to_string(),
+        }
+    })?;
+    Ok(counter.0)
+}
+
+/// A writer that only counts what it is given.
+struct Counter(usize);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Decodes exactly one value from `bytes`; trailing bytes are an error, never ignored.
 pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, CodecError> {
     if bytes.len() > value_bytes_max {
@@ -123,6 +153,17 @@ pub fn decode_prefix<T: DeserializeOwned>(
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn encoded_len_is_the_length_encode_gives() {
+        // Issue 23: limits are checked on the counted length; it must be the real one.
+        let mut m = BTreeMap::new();
+        for i in 0..300u32 {
+            m.insert(format!("key-{i}"), "v".repeat(i as usize * 7));
+        }
+        let bytes = encode("map", &m).expect("encode");
+        assert_eq!(encoded_len("map", &m).expect("counts"), bytes.len());
+    }
 
     #[test]
     fn round_trip_is_exact_and_canonical() {

@@ -466,6 +466,10 @@ fn id_of(parts: [&str; 5]) -> String {
     format!("p-{}", &hex.as_str()[..12])
 }
 
+/// Characters of a minted secret: the controller draws 32 random bytes and writes them in hex.
+/// Sizing a declaration before its provisions are minted counts a secret this long.
+pub const minted_secret_chars: usize = 64;
+
 /// Makes a provision from a request and a secret the caller generated; core never generates one.
 pub fn mint(request: &MintRequest, secret: String) -> Provision {
     Provision {

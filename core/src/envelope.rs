@@ -217,6 +217,29 @@ pub fn seal(envelope: &Envelope, key: &SigningKey) -> Result<Vec<u8>, SealError>
     Ok(mesh_codec::encode("sealed envelope", &sealed)?)
 }
 
+/// How many bytes [`seal`] gives `envelope`, counted without signing or holding them: the
+/// encoded envelope, its two ed25519 signatures (64 bytes each) and their length prefixes.
+pub fn sealed_bytes_len(envelope: &Envelope) -> Result<usize, mesh_codec::CodecError> {
+    let body = mesh_codec::encoded_len("envelope", envelope)?;
+    let shell = Sealed {
+        body: Vec::new(),
+        signature: vec![0; Signature::BYTE_SIZE],
+        header_signature: vec![0; Signature::BYTE_SIZE],
+    };
+    let empty = mesh_codec::encoded_len("sealed envelope", &shell)?;
+    Ok(empty - length_prefix_bytes(0) + length_prefix_bytes(body) + body)
+}
+
+/// The codec's length prefix for `len` (bincode's variable-width integer).
+fn length_prefix_bytes(len: usize) -> usize {
+    match len {
+        0..=250 => 1,
+        251..=0xFFFF => 3,
+        0x1_0000..=0xFFFF_FFFF => 5,
+        _ => 9,
+    }
+}
+
 /// Checks wire bytes against the host's trust: a known signer whose signature verifies over the body,
 /// the host's own machine name, and a position above `accepted`. Decodes the body only after the
 /// signature verifies. Pure: the caller persists the new high-water mark before applying.
@@ -323,6 +346,26 @@ mod tests {
 
     fn trust(id: u64, k: &SigningKey) -> BTreeMap<u64, VerifyingKey> {
         BTreeMap::from([(id, k.verifying_key())])
+    }
+
+    #[test]
+    fn sealed_bytes_len_is_the_length_seal_gives_across_prefix_widths() {
+        // Issue 23: the push checks an envelope's size against the frame limit before it
+        // records the send, by counting; the count must be what is sealed.
+        let k = key(1);
+        for content in [0usize, 100, 250, 251, 300, 65_000, 65_536, 70_000] {
+            let mut e = envelope("ace", 3, 9, 1);
+            e.moves = vec!["m".repeat(content % 97)];
+            e.declaration
+                .revoked
+                .insert("k".into(), "x".repeat(content));
+            let sealed = seal(&e, &k).expect("seals");
+            assert_eq!(
+                sealed_bytes_len(&e).expect("counts"),
+                sealed.len(),
+                "{content}"
+            );
+        }
     }
 
     #[test]

@@ -458,6 +458,12 @@ impl Reader<'_> {
 
     fn module(&mut self, name: &str, at: Range<usize>, t: &DeTable<'_>) -> Option<Module> {
         let field = format!("modules.{name}");
+        let subject = Subject::Module {
+            module: name.to_string(),
+        };
+        self.spans
+            .subjects
+            .insert(subject, (field.clone(), at.clone()));
         self.known_keys(
             t,
             &field,

@@ -5,7 +5,7 @@ use super::*;
 use crate::compose::{World, compose};
 use crate::plan::{DigestCache, PlanInput, Target, plan};
 use crate::settings::setting_value_bytes_max;
-use crate::validate::model_bytes_max;
+use crate::validate::{declaration_bytes_max, model_bytes_max};
 use proptest::prelude::*;
 
 const example: &str = include_str!("../../examples/mesh.toml");
@@ -336,17 +336,31 @@ fn a_setting_value_over_setting_value_bytes_max_is_refused_naming_the_limit() {
 #[test]
 fn a_model_over_model_bytes_max_is_refused_with_its_size_the_limit_and_the_way_out() {
     // Issue 9: a file whose encoded model is over model_bytes_max (decision 0185) is refused
-    // at check and apply with its size, the limit and what to do, not at the replica.
+    // at check and apply with its size, the limit and what to do, not at the replica. The
+    // content is spread over machines, each declaration within declaration_bytes_max (issue 23),
+    // so the model's size is the only rule broken.
     let file = |bytes: usize| {
-        format!(
-            "[machines.ace]\naddress = \"127.0.0.1\"\n[modules.a]\nmachine = \"ace\"\ncommand = \"sh\"\nfiles = {{ \"big\" = \"{}\" }}\n",
-            "x".repeat(bytes)
-        )
+        // Parts of a power of two: the last one is as wide with 4096 bytes less.
+        let part = declaration_bytes_max / 2;
+        let mut text = String::new();
+        let mut left = bytes;
+        let mut i = 0;
+        while left > 0 {
+            let here = left.min(part);
+            text.push_str(&format!(
+                "[machines.m{i}]\naddress = \"127.0.0.1\"\n[modules.a{i}]\nmachine = \"m{i}\"\ncommand = \"sh\"\nfiles = {{ \"big\" = \"{}\" }}\n",
+                "x".repeat(here)
+            ));
+            left -= here;
+            i += 1;
+        }
+        text
     };
-    assert_eq!(errors(&file(model_bytes_max - 1024)), Vec::<String>::new());
+    // 4096 bytes under the limit leaves room for the machines' and modules' own bytes.
+    assert_eq!(errors(&file(model_bytes_max - 4096)), Vec::<String>::new());
     let got = errors(&file(model_bytes_max));
-    let mesh = parse_mesh("m", &file(model_bytes_max - 1024)).expect("parses");
-    let size = mesh_codec::encode("model", &mesh).expect("encodes").len() + 1024;
+    let mesh = parse_mesh("m", &file(model_bytes_max - 4096)).expect("parses");
+    let size = mesh_codec::encode("model", &mesh).expect("encodes").len() + 4096;
     assert_eq!(
         got,
         [format!(

@@ -1,18 +1,35 @@
 //! The rules a model keeps wherever it comes from (a mesh file, an operator's request, a committed
 //! proposal): no two modules of a machine listen on one address, every settings scope names what the
-//! model has, every setting passes the settings rule, and the encoded model is within `model_bytes_max`.
+//! model has, every setting passes the settings rule, the encoded model is within `model_bytes_max`
+//! and every machine's composed declaration within `declaration_bytes_max`.
 //! `meshctl check` and `meshctl apply` (through the mesh-file parser), the controller before it
 //! proposes and the state machine at apply all call [`validate`]: there is one copy of each rule.
 
 use std::collections::BTreeMap;
 
+use super::compose::{Pending, World, compose, compose_with, mint, minted_secret_chars};
 use super::model::{Mesh, Module, Probe};
 use super::settings::{Scope, check_key, check_value, printable};
 
 /// Largest encoded model (machines, modules, settings), in bytes. A model larger than one
 /// proposal reaches the store in chunks and is made current by one small commit (decision 0185),
-/// so this bounds what every replica holds in memory and in its store, not a proposal.
-pub const model_bytes_max: usize = 128 * 1024 * 1024;
+/// so this bounds what every replica holds in memory and in its store, not a proposal. At it a
+/// model is accepted; over it `check`, `apply`, the controller and the state machine refuse it.
+/// Measured (decision 0298, docs/benchmarks.md): three debug-build replicas on the shared 2-core
+/// machine applied 8 MiB in the term they started in, and 16 MiB with four elections; 128 MiB
+/// before issue 23 was never carried.
+pub const model_bytes_max: usize = 8 * 1024 * 1024;
+
+/// Largest declaration a model may compose for one machine, in bytes as encoded: its modules with
+/// their effective settings, the provisions they consume (each secret counted at its minted
+/// length) and the grants they issue. At it a model is still accepted; one byte over and `check`,
+/// `apply`, the controller and the state machine refuse the model, naming the machine and its
+/// largest module. Its envelope adds the deny list and signers every declaration carries, the
+/// header and two signatures: the root crate's `envelope_frame_bytes_max`, which every replica's
+/// and host's `frame_bytes_max` must allow, and which stays well under the default 16 MiB frame.
+/// Half of [`model_bytes_max`], so that one machine cannot take the whole model and a model
+/// refused for one is refused for that reason alone (decision 0298).
+pub const declaration_bytes_max: usize = 4 * 1024 * 1024;
 
 /// What a problem is about, so the mesh-file parser can point at where it was written.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -24,6 +41,10 @@ pub enum Subject {
     },
     /// A module's tcp readiness probe.
     Probe {
+        module: String,
+    },
+    /// A module as a whole.
+    Module {
         module: String,
     },
     /// A settings scope.
@@ -47,6 +68,7 @@ impl std::fmt::Display for Subject {
         match self {
             Subject::Port { module, index } => write!(f, "modules.{module}.provides[{index}].port"),
             Subject::Probe { module } => write!(f, "modules.{module}.ready.tcp"),
+            Subject::Module { module } => write!(f, "modules.{module}"),
             Subject::Scope(scope) => write!(f, "settings.\"{scope}\""),
             Subject::SettingKey { scope, key } | Subject::SettingValue { scope, key } => {
                 write!(f, "settings.\"{scope}\".{}", printable(key))
@@ -93,6 +115,7 @@ pub fn validate(mesh: &Mesh) -> Result<(), Invalid> {
     listen_conflicts(mesh, &mut problems);
     settings_problems(mesh, &mut problems);
     size_problem(mesh, &mut problems);
+    declaration_problems(mesh, &mut problems);
     if problems.is_empty() {
         Ok(())
     } else {
@@ -247,6 +270,88 @@ fn size_problem(mesh: &Mesh, out: &mut Vec<Problem>) {
     });
 }
 
+/// What one machine's declaration weighs as composed, and its heaviest module.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeclarationSize {
+    pub machine: String,
+    /// The encoded declaration, without the deny list and signers (not part of the model).
+    pub bytes: usize,
+    /// The module whose part of the declaration is largest, and that part's encoded bytes.
+    pub largest: Option<(String, usize)>,
+}
+
+/// Every machine's declaration as compose gives it from `mesh`, sized without holding its bytes.
+/// Provisions not minted yet are counted as minted (a secret of [`minted_secret_chars`]), so the
+/// size is what the push will send, whatever has been minted so far; settings are the effective
+/// values compose resolves from the model. A machine that does not compose is left out: compose
+/// names that problem where it runs.
+pub fn declaration_sizes(mesh: &Mesh) -> Vec<DeclarationSize> {
+    let world = World::new(mesh.clone(), []);
+    let placeholder = "0".repeat(minted_secret_chars);
+    let mut pending = Pending::default();
+    for machine in world.machine_names() {
+        // A machine that does not compose is left out (see above): compose names its problem.
+        let Ok(composed) = compose(&world, machine) else {
+            continue;
+        };
+        for request in &composed.wanted {
+            pending.insert(mint(request, placeholder.clone()));
+        }
+    }
+    let mut out = Vec::new();
+    for machine in world.machine_names() {
+        let Ok(composed) = compose_with(&world, &pending, machine) else {
+            continue;
+        };
+        let declaration = composed.declaration;
+        let mut largest: Option<(String, usize)> = None;
+        for module in &declaration.modules {
+            let bytes = encoded_len("declared module", module);
+            if largest.as_ref().is_none_or(|(_, most)| bytes > *most) {
+                largest = Some((module.name.clone(), bytes));
+            }
+        }
+        out.push(DeclarationSize {
+            machine: machine.clone(),
+            bytes: encoded_len("declaration", &declaration),
+            largest,
+        });
+    }
+    out
+}
+
+/// A declaration is plain strings, vectors and ordered maps: counting its encoding cannot fail
+/// (bincode limits only decoding). Counted as too large to send if it ever did.
+fn encoded_len<T: serde::Serialize>(what: &'static str, value: &T) -> usize {
+    mesh_codec::encoded_len(what, value).unwrap_or(usize::MAX)
+}
+
+/// Every machine's composed declaration against [`declaration_bytes_max`]: a model the push could
+/// never deliver is refused before it is stored (issue 23).
+fn declaration_problems(mesh: &Mesh, out: &mut Vec<Problem>) {
+    for size in declaration_sizes(mesh) {
+        if size.bytes <= declaration_bytes_max {
+            continue;
+        }
+        let (subject, largest) = match &size.largest {
+            Some((module, bytes)) => (
+                Subject::Module {
+                    module: module.clone(),
+                },
+                format!("module `{module}` is its largest part ({bytes} bytes)"),
+            ),
+            None => (Subject::Model, "it has no module".to_string()),
+        };
+        out.push(Problem {
+            subject,
+            message: format!(
+                "the declaration of machine {} would encode to {} bytes, over the limit of {declaration_bytes_max} bytes one machine's declaration may have (declaration_bytes_max), so its envelope could not be delivered; {largest}: move large `files` contents onto a mount the module reads, or place modules on other machines",
+                size.machine, size.bytes
+            ),
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,6 +403,88 @@ mod tests {
         match validate(mesh) {
             Ok(()) => vec![],
             Err(e) => e.problems.iter().map(|p| p.subject.to_string()).collect(),
+        }
+    }
+
+    fn with_file(mut m: Module, bytes: usize) -> Module {
+        m.files.insert("blob".into(), "x".repeat(bytes));
+        m
+    }
+
+    fn size_of(mesh: &Mesh, machine: &str) -> usize {
+        declaration_sizes(mesh)
+            .into_iter()
+            .find(|s| s.machine == machine)
+            .map(|s| s.bytes)
+            .expect("the machine is sized")
+    }
+
+    #[test]
+    fn a_declaration_over_declaration_bytes_max_is_refused_naming_machine_module_size_and_limit() {
+        // Issue 23: a model whose declaration for g14 could not be delivered is refused, naming
+        // the machine, its largest module, the size and the limit; ace's small one is fine.
+        let big = mesh(vec![
+            with_file(module("big", "g14", None, None), declaration_bytes_max),
+            with_file(module("small", "g14", None, None), 1000),
+            module("other", "ace", None, None),
+        ]);
+        let size = size_of(&big, "g14");
+        let err = validate(&big).expect_err("refused");
+        assert_eq!(err.problems.len(), 1, "{err}");
+        let p = &err.problems[0];
+        assert_eq!(p.subject.to_string(), "modules.big");
+        let want = format!(
+            "the declaration of machine g14 would encode to {size} bytes, over the limit of {declaration_bytes_max} bytes one machine's declaration may have (declaration_bytes_max), so its envelope could not be delivered; module `big` is its largest part ("
+        );
+        assert!(p.message.starts_with(&want), "{}", p.message);
+        assert!(p.message.ends_with("move large `files` contents onto a mount the module reads, or place modules on other machines"), "{}", p.message);
+    }
+
+    #[test]
+    fn a_declaration_of_exactly_declaration_bytes_max_is_accepted_and_one_byte_more_is_not() {
+        // Issue 23: the limit is inclusive, and what is counted moves byte for byte with the
+        // content (the length prefix of a file this large does not change width).
+        let sized = |bytes: usize| mesh(vec![with_file(module("big", "g14", None, None), bytes)]);
+        let probe = declaration_bytes_max - 4096;
+        let overhead = size_of(&sized(probe), "g14") - probe;
+        let exact = declaration_bytes_max - overhead;
+        assert_eq!(size_of(&sized(exact), "g14"), declaration_bytes_max);
+        assert_eq!(validate(&sized(exact)), Ok(()));
+        let over = validate(&sized(exact + 1)).expect_err("one byte over");
+        assert_eq!(over.problems[0].subject.to_string(), "modules.big");
+    }
+
+    #[test]
+    fn a_declaration_is_sized_as_the_push_composes_it_with_minted_secrets_and_grants() {
+        // Issue 23: the size counted before anything is minted is the size of the declaration
+        // the push sends once it is: provisions with their secrets, grants with their hashes,
+        // effective settings.
+        use crate::compose::{World, compose, compose_with, declaration_bytes, mint};
+        use crate::model::Need;
+        let mut provider = module("db", "ace", Some(5432), None);
+        provider.provides[0].kind = "sql".into();
+        let mut consumer = module("app", "g14", None, None);
+        consumer.consumes.push(Need {
+            kind: "sql".into(),
+            from: "db".into(),
+        });
+        let mut model = mesh(vec![provider, consumer]);
+        model.settings.layers.insert(
+            Scope::Mesh,
+            [("region".to_string(), "eu".to_string())].into(),
+        );
+        let world = World::new(model.clone(), []);
+        let wanted = compose(&world, "g14").expect("composes").wanted;
+        assert_eq!(wanted.len(), 1);
+        let minted = mint(&wanted[0], "f".repeat(minted_secret_chars));
+        let world = World::new(model.clone(), [minted]);
+        for machine in ["ace", "g14"] {
+            let sent = compose_with(&world, &Pending::default(), machine).expect("composes");
+            assert_eq!(
+                size_of(&model, machine),
+                declaration_bytes(&sent.declaration).len(),
+                "{machine}"
+            );
         }
     }
 

@@ -185,6 +185,7 @@ impl ReplicaConfig {
             .unwrap_or_default()
             .check()
             .map_err(|e| invalid("transport", e.to_string()))?;
+        crate::limits::check_frame_limit(&transport).map_err(|e| invalid("transport", e))?;
         let http = match &raw.http {
             None => None,
             Some(text) => Some(parse_http(text).map_err(|p| invalid("http", p))?),
@@ -536,6 +537,26 @@ heartbeat_ms = 100
             let e = ReplicaConfig::parse(&text, f, b).expect_err("refused");
             assert!(e.to_string().contains(key), "{key}: {e}");
         }
+    }
+
+    #[test]
+    fn a_frame_limit_too_small_for_the_largest_envelope_is_refused_at_load() {
+        // Issue 23: a replica whose frames could not carry every envelope a valid model gives
+        // a host does not start, saying what it needs; the needed limit itself is fine.
+        let f = Path::new("r.toml");
+        let b = Path::new(".");
+        let need = crate::limits::envelope_frame_bytes_max;
+        let small = format!("{example}[transport]\nframe_bytes_max = {}\n", need - 1);
+        let e = ReplicaConfig::parse(&small, f, b).expect_err("refused");
+        assert!(
+            e.to_string().contains(&format!(
+                "frame_bytes_max = {} is under the {need} bytes",
+                need - 1
+            )),
+            "{e}"
+        );
+        let enough = format!("{example}[transport]\nframe_bytes_max = {need}\n");
+        ReplicaConfig::parse(&enough, f, b).expect("the needed limit is enough");
     }
 
     #[test]

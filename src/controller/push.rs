@@ -37,8 +37,9 @@ use crate::store::command::{Applied, Command};
 
 pub(crate) use super::engine::known_of;
 
-/// Bytes of randomness in a minted secret (hex-encoded, so twice as many characters).
-pub const secret_bytes: usize = 32;
+/// Bytes of randomness in a minted secret (hex-encoded, so twice as many characters: the
+/// `minted_secret_chars` validate counts when it sizes a declaration).
+pub const secret_bytes: usize = crate::core::compose::minted_secret_chars / 2;
 /// How long a push waits for the push before it on the same leader to finish.
 pub const push_queue_wait_ms: u64 = 60_000;
 
@@ -216,6 +217,7 @@ impl Service {
                 work,
                 reveal: &reveal,
                 secret: &mut secret,
+                frame_bytes_max: self.endpoint.config().frame_bytes_max(),
             };
             PushEngine::begin(now, begin)
         })?;

@@ -167,6 +167,7 @@ impl HostConfig {
             .unwrap_or_default()
             .check()
             .map_err(|e| invalid("transport", e.to_string()))?;
+        crate::limits::check_frame_limit(&transport).map_err(|e| invalid("transport", e))?;
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         Ok(HostConfig {
             name: raw.name,
@@ -390,6 +391,11 @@ mod tests {
         let bad_transport = text("[transport]\nframe_bytes_max = 1");
         let e = HostConfig::parse(&bad_transport, f, Path::new(".")).expect_err("refused");
         assert!(e.to_string().contains("frame_bytes_max"), "{e}");
+        // Issue 23: in the transport's range, but too small for the largest envelope.
+        let need = crate::limits::envelope_frame_bytes_max;
+        let small = text(&format!("[transport]\nframe_bytes_max = {}", need - 1));
+        let e = HostConfig::parse(&small, f, Path::new(".")).expect_err("refused");
+        assert!(e.to_string().contains("envelope_frame_bytes_max"), "{e}");
         let bad_name = text("").replace("\"ace\"", "\"a/b\"");
         let e = HostConfig::parse(&bad_name, f, Path::new(".")).expect_err("refused");
         assert!(e.to_string().contains("`name`"), "{e}");

@@ -445,6 +445,9 @@ pub enum PushError {
     /// The store refused the push's mints or send records (`what`).
     #[error("the store refused this push's {what}: {reason}; nothing was sent")]
     StoreRefused { what: String, reason: String },
+    /// A genesis whose envelope would be over the transport's frame limit: nothing recorded.
+    #[error("the envelope of {machine} cannot be kept: {reason}")]
+    EnvelopeTooLarge { machine: String, reason: String },
     /// The engine stopped with nothing in flight and no answer: a bug.
     #[error("the push engine of term {epoch} stopped without answering; this is a bug, report it")]
     EngineStopped { epoch: u64 },
@@ -467,7 +470,8 @@ impl PushError {
             PushError::NoReason
             | PushError::UnknownMachine { .. }
             | PushError::DoesNotCompose { .. }
-            | PushError::MoveNotApplicable { .. } => ErrorClass::Invalid,
+            | PushError::MoveNotApplicable { .. }
+            | PushError::EnvelopeTooLarge { .. } => ErrorClass::Invalid,
             PushError::Busy { .. } => ErrorClass::Unavailable,
             PushError::PlanMoved { .. }
             | PushError::AlreadyRan { .. }
@@ -488,6 +492,7 @@ impl PushError {
             PushError::AlreadyRan { .. } => "push.already_ran",
             PushError::StoreRefused { .. } => "push.store_refused",
             PushError::EngineStopped { .. } => "push.engine_stopped",
+            PushError::EnvelopeTooLarge { .. } => "push.envelope_too_large",
         }
     }
 }

@@ -22,9 +22,10 @@ use super::api::{ApiError, PlanView, PushError, PushLine, PushOutcome, PushTarge
 use super::planview::{Reveal, plan_view, what_moved};
 use crate::core::compose::MintRequest;
 use crate::core::envelope::{Envelope, Position};
-use crate::core::plan::{Hold, Known, PlanError, PlanInput, PushPlan, Target, plan};
+use crate::core::plan::{Hold, Known, PlanError, PlanInput, PlannedSend, PushPlan, Target, plan};
 use crate::core::report::ModuleState;
 use crate::core::summary::summarize;
+use crate::limits::envelope_frame_bytes;
 use crate::store::command::{Applied, Command, HeldMount, RequestId, SendRecord};
 use crate::store::state::DomainState;
 
@@ -103,6 +104,8 @@ pub(crate) struct Begin<'a> {
     pub(crate) reveal: &'a Reveal,
     /// A fresh secret per mint; `None` when the random source failed.
     pub(crate) secret: &'a mut dyn FnMut(&MintRequest) -> Option<String>,
+    /// The transport's frame limit: an envelope over it is never recorded (issue 23).
+    pub(crate) frame_bytes_max: usize,
 }
 
 /// What happened, fed to [`PushEngine::handle`] with the time it happened.
@@ -227,6 +230,8 @@ pub(crate) struct PushEngine {
     /// Sends handed out and not answered: their index and the lease end they went out under.
     in_flight: BTreeMap<String, (usize, Instant)>,
     lines: Vec<Option<PushLine>>,
+    /// Machines whose envelope the transport would refuse: not recorded, their line failed.
+    undeliverable: Vec<PushLine>,
     stopped: Option<String>,
 }
 
@@ -270,6 +275,7 @@ impl PushEngine {
             queue: VecDeque::new(),
             in_flight: BTreeMap::new(),
             lines: vec![],
+            undeliverable: vec![],
             stopped: None,
         }
     }
@@ -285,6 +291,7 @@ impl PushEngine {
     pub(crate) fn machines(&self) -> Vec<String> {
         let mut machines: Vec<String> = self.plan.sends.iter().map(|s| s.machine.clone()).collect();
         machines.extend(holds_by_machine(&self.plan.holds).into_keys());
+        machines.extend(self.undeliverable.iter().map(|l| l.machine.clone()));
         machines
     }
 
@@ -671,15 +678,7 @@ impl PushEngine {
     }
 
     fn envelope(&self, index: usize) -> Envelope {
-        let (send, record) = (&self.plan.sends[index], &self.records[index]);
-        Envelope {
-            machine: send.machine.clone(),
-            epoch: record.epoch,
-            sequence: record.sequence,
-            signer: self.signer,
-            moves: record.moves.clone(),
-            declaration: send.declaration.clone(),
-        }
+        envelope_of(&self.plan.sends[index], &self.records[index], self.signer)
     }
 
     /// A stopped push answers once nothing is in flight: before its records were committed (or
@@ -715,11 +714,20 @@ impl PushEngine {
             out.push(Action::Line(line.clone()));
             lines.push(line);
         }
+        self.settle_undeliverable(&mut lines, out);
         self.step = Step::Done;
         out.push(Action::Answer(Ok(PushView {
             epoch: self.lease.epoch,
             lines,
         })));
+    }
+
+    /// The lines of the machines never recorded because their envelope is over the frame limit.
+    fn settle_undeliverable(&mut self, lines: &mut Vec<PushLine>, out: &mut Vec<Action>) {
+        for line in std::mem::take(&mut self.undeliverable) {
+            out.push(Action::Line(line.clone()));
+            lines.push(line);
+        }
     }
 
     fn finish(&mut self, out: &mut Vec<Action>) {
@@ -735,6 +743,7 @@ impl PushEngine {
             out.push(Action::Line(line.clone()));
             lines.push(line);
         }
+        self.settle_undeliverable(&mut lines, out);
         self.step = Step::Done;
         out.push(Action::Answer(Ok(PushView {
             epoch: self.lease.epoch,
@@ -763,6 +772,7 @@ fn prepare(b: Begin<'_>) -> Result<PushEngine, ApiError> {
         work,
         reveal,
         secret,
+        frame_bytes_max,
     } = b;
     check_why(&job.why)?;
     let target = target_of(state, job.target.clone())?;
@@ -801,7 +811,8 @@ fn prepare(b: Begin<'_>) -> Result<PushEngine, ApiError> {
             what: "minting secrets".into(),
         });
     }
-    let records = send_records(
+    let mut planned = planned;
+    let mut records = send_records(
         lease.epoch,
         actor,
         &job.why,
@@ -810,6 +821,17 @@ fn prepare(b: Begin<'_>) -> Result<PushEngine, ApiError> {
         state,
         &planned,
     );
+    let undeliverable = drop_undeliverable(&mut planned, &mut records, signer, frame_bytes_max);
+    if let Some(kept) = job.keep.as_deref()
+        && let Some(line) = undeliverable.iter().find(|l| l.machine == kept)
+        && let PushOutcome::Failed { error, .. } = &line.outcome
+    {
+        return Err(PushError::EnvelopeTooLarge {
+            machine: kept.to_string(),
+            reason: error.clone(),
+        }
+        .into());
+    }
     let mut holds = VecDeque::new();
     for (machine, held) in holds_by_machine(&planned.holds) {
         holds.push_back(Command::SetHolds {
@@ -851,8 +873,78 @@ fn prepare(b: Begin<'_>) -> Result<PushEngine, ApiError> {
         queue,
         in_flight: BTreeMap::new(),
         lines,
+        undeliverable,
         stopped: None,
     })
+}
+
+/// The envelope of one planned send under its record.
+fn envelope_of(send: &PlannedSend, record: &SendRecord, signer: u64) -> Envelope {
+    Envelope {
+        machine: send.machine.clone(),
+        epoch: record.epoch,
+        sequence: record.sequence,
+        signer,
+        moves: record.moves.clone(),
+        declaration: send.declaration.clone(),
+    }
+}
+
+/// Takes out of the plan every send whose envelope, sealed and framed, would be over the
+/// transport's `frame_bytes_max` (issue 23): the transport would refuse it at every try, so it is
+/// never recorded (a recorded send that can never arrive leaves the machine behind for good).
+/// Each gets a failed line saying why. `validate` refuses models that could give one; this is
+/// the check at the send itself.
+fn drop_undeliverable(
+    planned: &mut PushPlan,
+    records: &mut Vec<SendRecord>,
+    signer: u64,
+    frame_bytes_max: usize,
+) -> Vec<PushLine> {
+    let mut lines = Vec::new();
+    let mut index = 0;
+    while index < planned.sends.len() {
+        let envelope = envelope_of(&planned.sends[index], &records[index], signer);
+        let Some(error) = too_large(&envelope, frame_bytes_max) else {
+            index += 1;
+            continue;
+        };
+        let send = planned.sends.remove(index);
+        records.remove(index);
+        lines.push(PushLine {
+            machine: send.machine,
+            outcome: PushOutcome::Failed {
+                reason: send.reason.to_string(),
+                error,
+            },
+        });
+    }
+    lines
+}
+
+/// Why `envelope` cannot be sent under `frame_bytes_max`, naming its largest module; `None` when
+/// it fits.
+fn too_large(envelope: &Envelope, frame_bytes_max: usize) -> Option<String> {
+    let bytes = match envelope_frame_bytes(envelope) {
+        Ok(bytes) if bytes <= frame_bytes_max => return None,
+        Ok(bytes) => bytes,
+        Err(e) => return Some(format!("not recorded: the envelope cannot be encoded: {e}")),
+    };
+    let mut largest: Option<(&str, usize)> = None;
+    for module in &envelope.declaration.modules {
+        // allow(empty-on-error): a module that cannot be counted is not named as the largest
+        let size = mesh_codec::encoded_len("declared module", module).unwrap_or(0);
+        if largest.is_none_or(|(_, most)| size > most) {
+            largest = Some((&module.name, size));
+        }
+    }
+    let part = match largest {
+        Some((module, size)) => format!("module `{module}` is its largest part ({size} bytes); "),
+        None => String::new(),
+    };
+    Some(format!(
+        "not recorded: its envelope would be a frame of {bytes} bytes, over the limit of {frame_bytes_max} bytes (frame_bytes_max), so the transport would refuse it; {part}make the machine's declaration smaller (move large `files` contents onto a mount the module reads), apply and push again"
+    ))
 }
 
 /// One record per send, each at the machine's next sequence (G4: the store refuses any other).

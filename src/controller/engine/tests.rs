@@ -63,6 +63,17 @@ fn begin(
     lease: Lease,
     now: Instant,
 ) -> (PushEngine, Vec<Action>) {
+    begin_framed(state, job, lease, now, 16 * 1024 * 1024)
+}
+
+/// [`begin`] with the transport's frame limit at `frame_bytes_max`.
+fn begin_framed(
+    state: &DomainState,
+    job: PushJob,
+    lease: Lease,
+    now: Instant,
+    frame_bytes_max: usize,
+) -> (PushEngine, Vec<Action>) {
     let state = Arc::new(state.clone());
     let mut work = Work::default();
     work.refresh(&state).expect("the fixture composes");
@@ -81,6 +92,7 @@ fn begin(
         work: &work,
         reveal: &Reveal::none(),
         secret: &mut secret,
+        frame_bytes_max,
     };
     PushEngine::begin(now, begin)
 }
@@ -197,6 +209,68 @@ fn g4_every_proposal_carries_the_leases_epoch_and_records_come_before_any_send()
             .all(|o| matches!(o, PushOutcome::Applied { .. }))
     );
     assert!(engine.is_done());
+}
+
+#[test]
+fn an_envelope_over_the_frame_limit_is_never_recorded_and_its_line_says_why() {
+    // Issue 23: a send the transport would refuse is not recorded (a recorded send that can
+    // never arrive leaves its machine behind for good); its line fails naming the size, the
+    // limit and the largest module, and the other machines go out as usual. A genesis of such
+    // a machine answers an error and proposes nothing.
+    let t0 = Instant::now();
+    let mut mesh = Mesh::default();
+    for m in ["ace", "g14"] {
+        mesh.machines.insert(m.into(), machine(m));
+    }
+    mesh.modules.insert("small".into(), sleeper("small", "ace"));
+    let mut big = sleeper("big", "g14");
+    big.files.insert("blob".into(), "x".repeat(4096));
+    mesh.modules.insert("big".into(), big);
+    let state = state_of(mesh);
+    let limit = 2048;
+    let (mut engine, first) =
+        begin_framed(&state, job(PushTarget::All), lease_at(7, t0), t0, limit);
+    let p = proposals(&first);
+    let [(7, Some(3), Command::RecordSends { sends: records })] = p.as_slice() else {
+        panic!("expected the send records: {first:?}");
+    };
+    let recorded: Vec<&str> = records.iter().map(|r| r.machine.as_str()).collect();
+    assert_eq!(recorded, ["ace"], "g14's send is not recorded");
+    let out = engine.handle(t0, records_committed());
+    let sent: Vec<&str> = sends(&out)
+        .iter()
+        .map(|(e, _)| e.machine.as_str())
+        .collect();
+    assert_eq!(sent, ["ace"]);
+    let done = engine.handle(t0, applied("ace"));
+    let view = answer(&done).expect("answers").as_ref().expect("ok");
+    let got = lines(view);
+    assert!(
+        matches!(got.get("ace"), Some(PushOutcome::Applied { .. })),
+        "{got:?}"
+    );
+    let Some(PushOutcome::Failed { error, .. }) = got.get("g14") else {
+        panic!("g14's line fails: {got:?}");
+    };
+    assert!(
+        error.starts_with("not recorded: its envelope would be a frame of ")
+            && error.contains(&format!(
+                "bytes, over the limit of {limit} bytes (frame_bytes_max)"
+            ))
+            && error.contains("module `big` is its largest part"),
+        "{error}"
+    );
+
+    let genesis = PushJob {
+        keep: Some("g14".into()),
+        ..job(named("g14"))
+    };
+    let (_, out) = begin_framed(&state, genesis, lease_at(7, t0), t0, limit);
+    assert!(
+        matches!(answer(&out), Some(Err(ApiError::Push(PushError::EnvelopeTooLarge { machine, .. }))) if machine == "g14"),
+        "{out:?}"
+    );
+    assert!(proposals(&out).is_empty());
 }
 
 #[test]
@@ -861,6 +935,7 @@ fn bad_input_and_a_failed_random_source_propose_nothing() {
         work: &work,
         reveal: &Reveal::none(),
         secret: &mut broken,
+        frame_bytes_max: 16 * 1024 * 1024,
     };
     let (_, out) = PushEngine::begin(t0, begin);
     assert!(
