@@ -36,6 +36,13 @@ use crate::{BasicNode, NodeId, Raft, Timings, TypeConfig};
 /// Largest snapshot bytes carried in one request; bigger chunks are split.
 pub const snapshot_chunk_bytes_max: usize = 1024 * 1024;
 
+/// Most bytes of log entries in one append-entries message (issue 23 part 1): a follower catching up
+/// gets them a bounded piece at a time and answers each within the heartbeat, instead of storing
+/// hundreds of full entries (512 × a 64 KiB upload chunk is 32 MiB) while the election timer runs.
+/// One entry is always sent, whatever its size (`batch_bytes_max` bounds it). The rest of the batch
+/// follows at once: the answer is a partial success up to the last entry sent.
+pub const append_bytes_max: usize = 1024 * 1024;
+
 /// One Raft RPC as it crosses the wire, with who sent it and the timings it runs.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct RaftRequest {
@@ -714,6 +721,22 @@ impl QuicConnection {
     }
 }
 
+/// How many of `entries`, from the first, fit in `bytes_max` encoded bytes: at least one (a single
+/// entry is bounded by the batch limit), and all of them when they fit or cannot be sized.
+pub fn entries_within(entries: &[openraft::Entry<TypeConfig>], bytes_max: usize) -> usize {
+    let mut bytes = 0usize;
+    for (i, entry) in entries.iter().enumerate() {
+        let Ok(len) = mesh_codec::encoded_len("log entry", entry) else {
+            return entries.len();
+        };
+        bytes = bytes.saturating_add(len);
+        if bytes > bytes_max {
+            return i.max(1);
+        }
+    }
+    entries.len()
+}
+
 /// How a call failed, before it is shaped into the error type of one RPC.
 enum Failed {
     /// openraft backs off before retrying.
@@ -740,9 +763,18 @@ impl RaftNetwork<TypeConfig> for QuicConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        let mut rpc = rpc;
+        let sent = entries_within(&rpc.entries, append_bytes_max);
+        let cut = sent < rpc.entries.len();
+        rpc.entries.truncate(sent);
+        let last_sent = rpc.entries.last().map(|e| e.log_id);
         let entries = rpc.entries.len() as u64;
         let reply = self.call(RaftCall::AppendEntries(rpc), &option).await;
         match reply {
+            // The follower has everything sent: openraft sends the rest from there.
+            Ok(RaftReply::AppendEntries(Ok(AppendEntriesResponse::Success))) if cut => {
+                Ok(AppendEntriesResponse::PartialSuccess(last_sent))
+            }
             Ok(RaftReply::AppendEntries(r)) => r.map_err(|e| self.remote(e)),
             Ok(_) => Err(self.wrong_reply("append-entries").into_rpc()),
             // Halve the batch; a single entry over the frame limit is a configuration error that
@@ -952,5 +984,40 @@ mod binding_tests {
             bind_to_sender(3, &request(3, RaftCall::AppendEntries(rpc))),
             Err(Impostor::TermBeyond { .. })
         ));
+    }
+}
+
+#[cfg(test)]
+mod append_bound {
+    use super::*;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    fn entry(index: u64, bytes: usize) -> openraft::Entry<TypeConfig> {
+        openraft::Entry {
+            log_id: openraft::LogId::new(CommittedLeaderId::new(2, 1), index),
+            payload: EntryPayload::Normal(crate::Command(vec![vec![7; bytes]])),
+        }
+    }
+
+    #[test]
+    fn an_append_carries_at_most_append_bytes_max_of_entries_and_always_one() {
+        // Issue 23 part 1: a follower catching up is sent a bounded piece, answered within the
+        // heartbeat, not 512 upload chunks at once; a single entry larger than the bound still goes.
+        let chunk = 64 * 1024;
+        let many: Vec<_> = (1..=512).map(|i| entry(i, chunk)).collect();
+        let sent = entries_within(&many, append_bytes_max);
+        assert!(sent >= 1 && sent < many.len(), "{sent} of 512 chunks");
+        let bytes: usize = many[..sent]
+            .iter()
+            .map(|e| mesh_codec::encoded_len("entry", e).expect("sized"))
+            .sum();
+        assert!(bytes <= append_bytes_max, "{bytes} bytes sent");
+        let one_more = mesh_codec::encoded_len("entry", &many[sent]).expect("sized");
+        assert!(bytes + one_more > append_bytes_max, "the piece is as large as it may be");
+        let huge = vec![entry(1, 4 * append_bytes_max), entry(2, 10)];
+        assert_eq!(entries_within(&huge, append_bytes_max), 1);
+        let small: Vec<_> = (1..=100).map(|i| entry(i, 100)).collect();
+        assert_eq!(entries_within(&small, append_bytes_max), 100);
+        assert_eq!(entries_within(&[], append_bytes_max), 0);
     }
 }
