@@ -265,35 +265,37 @@ pub struct OverCap {
     pub who: String,
     /// The cap's value.
     pub max: usize,
+    /// The cap's name, as its constant and [`ConnLimits`] field are named.
+    pub field: &'static str,
 }
 
 impl fmt::Display for OverCap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (who, max) = (&self.who, self.max);
+        let (who, max, field) = (&self.who, self.max, self.field);
         match self.cap {
             Cap::Handshakes => write!(
                 f,
-                "handshake from {who} refused: {max} handshakes in progress (handshakes_max); dial again after a backoff"
+                "handshake from {who} refused: {max} handshakes in progress ({field}); dial again after a backoff"
             ),
             Cap::HandshakesPerIp => write!(
                 f,
-                "handshake from {who} refused: {max} handshakes in progress from that IP (handshakes_per_ip_max); dial fewer at once"
+                "handshake from {who} refused: {max} handshakes in progress from that IP ({field}); dial fewer at once"
             ),
             Cap::PerPrincipal => write!(
                 f,
-                "connection refused: {who} already holds {max} connections here (its cap per principal); one kept connection per process is enough, so look for a runaway process with this certificate, and revoke it with `meshctl certs revoke` if it is not yours"
+                "connection refused: {who} already holds {max} connections here ({field}); one kept connection per process is enough, so look for a runaway process with this certificate, and revoke it with `meshctl certs revoke` if it is not yours"
             ),
             Cap::PerAddress => write!(
                 f,
-                "connection refused: {who} already holds {max} connections here from one socket (connections_per_address_max); a process needs one connection per server, so close the idle ones"
+                "connection refused: {who} already holds {max} connections here from one socket ({field}); a process needs one connection per server, so close the idle ones"
             ),
             Cap::Reserve => write!(
                 f,
-                "connection refused: {who} may not use the last slots of {max} (connections_reserved_min), kept for replicas and admin operators; too many hosts or operators are connected, find who with `meshctl status` and revoke a runaway certificate"
+                "connection refused: {who} may not take the last {max} slots ({field}), kept for replicas and admin operators; too many hosts or operators are connected: see mesh_connections_open in /metrics, and revoke a runaway certificate with `meshctl certs revoke`"
             ),
             Cap::Total => write!(
                 f,
-                "connection refused: all {max} connection slots are in use (connections_max); find who holds them and revoke a runaway certificate with `meshctl certs revoke`"
+                "connection refused: all {max} connection slots are in use ({field}); see mesh_connections_open in /metrics, and revoke a runaway certificate with `meshctl certs revoke`"
             ),
         }
     }
@@ -368,23 +370,28 @@ impl Table {
     /// came back with a token (then a Retry is not allowed, and not needed).
     pub fn incoming(&mut self, addr: SocketAddr, validated: bool) -> Incoming {
         let l = &self.limits;
-        let over = |cap, max| {
+        let over = |cap, max, field| {
             Incoming::Refuse(OverCap {
                 cap,
                 who: addr.to_string(),
                 max,
+                field,
             })
         };
         if !validated && self.handshakes >= l.handshakes_without_retry_max {
             return Incoming::Retry;
         }
         if self.handshakes >= l.handshakes_max {
-            return over(Cap::Handshakes, l.handshakes_max);
+            return over(Cap::Handshakes, l.handshakes_max, "handshakes_max");
         }
         if validated {
             let from_ip = self.handshakes_by_ip.get(&addr.ip()).copied().unwrap_or(0);
             if from_ip >= l.handshakes_per_ip_max {
-                return over(Cap::HandshakesPerIp, l.handshakes_per_ip_max);
+                return over(
+                    Cap::HandshakesPerIp,
+                    l.handshakes_per_ip_max,
+                    "handshakes_per_ip_max",
+                );
             }
             *self.handshakes_by_ip.entry(addr.ip()).or_insert(0) += 1;
         }
@@ -412,31 +419,43 @@ impl Table {
     ) -> Result<Holder, OverCap> {
         let l = &self.limits;
         let reserved = is_reserved(principal, role);
-        let over = |cap, max| OverCap {
+        let over = |cap, max, field| OverCap {
             cap,
             who: principal.to_string(),
             max,
+            field,
         };
-        let principal_max = match principal {
-            Principal::Replica(_) => l.connections_per_replica_max,
-            Principal::Host(_) => l.connections_per_host_max,
-            Principal::Operator(_) => l.connections_per_operator_max,
+        let (principal_max, field) = match principal {
+            Principal::Replica(_) => (l.connections_per_replica_max, "connections_per_replica_max"),
+            Principal::Host(_) => (l.connections_per_host_max, "connections_per_host_max"),
+            Principal::Operator(_) => (
+                l.connections_per_operator_max,
+                "connections_per_operator_max",
+            ),
         };
         if self.by_principal.get(principal).copied().unwrap_or(0) >= principal_max {
-            return Err(over(Cap::PerPrincipal, principal_max));
+            return Err(over(Cap::PerPrincipal, principal_max, field));
         }
         if self.by_address.get(&addr).copied().unwrap_or(0) >= l.connections_per_address_max {
             return Err(OverCap {
                 who: format!("{principal} at {addr}"),
-                ..over(Cap::PerAddress, l.connections_per_address_max)
+                ..over(
+                    Cap::PerAddress,
+                    l.connections_per_address_max,
+                    "connections_per_address_max",
+                )
             });
         }
         if self.open >= l.connections_max {
-            return Err(over(Cap::Total, l.connections_max));
+            return Err(over(Cap::Total, l.connections_max, "connections_max"));
         }
         let unreserved_max = l.connections_max - l.connections_reserved_min;
         if !reserved && self.open_unreserved >= unreserved_max {
-            return Err(over(Cap::Reserve, l.connections_max));
+            return Err(over(
+                Cap::Reserve,
+                l.connections_reserved_min,
+                "connections_reserved_min",
+            ));
         }
         self.open += 1;
         if !reserved {
