@@ -59,6 +59,15 @@ fn serving_limited(pki: &Pki, limits: ConnLimits) -> Endpoint {
 
 /// A client config presenting a fresh certificate for `principal` stating `role`.
 fn client_config(pki: &Pki, principal: &Principal, role: Option<Role>) -> quinn::ClientConfig {
+    client_config_with(pki, principal, role, &config())
+}
+
+fn client_config_with(
+    pki: &Pki,
+    principal: &Principal,
+    role: Option<Role>,
+    config: &mesh_transport::CheckedConfig,
+) -> quinn::ClientConfig {
     let issued = pki
         .ca
         .issue_with_role(principal, role, Validity::days_from_now(1))
@@ -66,7 +75,7 @@ fn client_config(pki: &Pki, principal: &Principal, role: Option<Role>) -> quinn:
     let ca = CertificateDer::from_pem_slice(pki.ca.cert_pem().as_bytes()).expect("ca pem");
     let chain = vec![CertificateDer::from_pem_slice(issued.cert_pem().as_bytes()).expect("cert")];
     let key = PrivateKeyDer::from_pem_slice(issued.key_pem().as_bytes()).expect("key pem");
-    mesh_transport::tls::client_config_from_parts(&ca, chain, key, &config()).expect("client")
+    mesh_transport::tls::client_config_from_parts(&ca, chain, key, config).expect("client")
 }
 
 /// A QUIC client socket of its own, to dial from one source address.
@@ -257,7 +266,9 @@ async fn stalled_handshakes(pki: &Pki, server: SocketAddr, n: usize) -> tokio::n
         .await
         .expect("capture");
     let mut client = socket();
-    client.set_default_client_config(client_config(pki, &host("ghost"), None));
+    // Its idle timeout, which the server reads in the first flight, outlasts the test too.
+    let config = patient();
+    client.set_default_client_config(client_config_with(pki, &host("ghost"), None, &config));
     let target = capture.local_addr().expect("capture addr");
     let dials: Vec<_> = (0..n)
         .map(|_| {
