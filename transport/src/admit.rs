@@ -291,11 +291,11 @@ impl fmt::Display for OverCap {
             ),
             Cap::Reserve => write!(
                 f,
-                "connection refused: {who} may not take the last {max} slots ({field}), kept for replicas and admin operators; too many hosts or operators are connected: see mesh_connections_open in /metrics, and revoke a runaway certificate with `meshctl certs revoke`"
+                "connection refused: {who} may not take the last {max} slots ({field}), kept for replicas and admin operators; too many hosts or operators are connected: see mesh_connections_open (mesh_host_connections_open on a host) in /metrics, and revoke a runaway certificate with `meshctl certs revoke`"
             ),
             Cap::Total => write!(
                 f,
-                "connection refused: all {max} connection slots are in use ({field}); see mesh_connections_open in /metrics, and revoke a runaway certificate with `meshctl certs revoke`"
+                "connection refused: all {max} connection slots are in use ({field}); see mesh_connections_open (mesh_host_connections_open on a host) in /metrics, and revoke a runaway certificate with `meshctl certs revoke`"
             ),
         }
     }
