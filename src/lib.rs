@@ -2,6 +2,7 @@
 //! `controller`, `host` and `cli` are the shells that move bytes and call it.
 
 pub mod cli;
+pub mod conn_metrics;
 pub mod controller;
 // The pure domain is its own crate (core/, decision 0130); `crate::core::…` paths name it.
 pub use mesh_core as core;

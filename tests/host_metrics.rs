@@ -56,7 +56,7 @@ async fn host_metrics_count_envelopes_by_outcome_reports_and_modules_by_state() 
     let fx = Fixture::new();
     let agent = Arc::new(fx.agent());
     agent.start().await.expect("start");
-    let server = MetricsServer::start("127.0.0.1:0".parse().expect("addr"), &agent)
+    let server = MetricsServer::start("127.0.0.1:0".parse().expect("addr"), &agent, None)
         .await
         .expect("metrics server");
     let addr = server.local_addr();

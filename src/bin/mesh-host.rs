@@ -74,7 +74,9 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!(machine = %agent.config().name(), listen = %endpoint.local_addr(),
                 "listening for envelopes");
             let metrics = match agent.config().http() {
-                Some(addr) => Some(MetricsServer::start(addr, &agent).await?),
+                Some(addr) => {
+                    Some(MetricsServer::start(addr, &agent, Some(endpoint.clone())).await?)
+                }
                 None => None,
             };
             let reconcile = {

@@ -149,7 +149,8 @@ impl Service {
     pub fn metrics_text(&self) -> Result<String, std::fmt::Error> {
         let (expiring, seconds_left) = self.cert_gauges();
         self.metrics.certs(expiring, seconds_left);
-        self.metrics.encode(&raft_now(self))
+        self.metrics
+            .encode(&raft_now(self), &self.endpoint.counts().conns)
     }
 }
 

@@ -13,6 +13,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::api::{ApiError, Body, PushOutcome, Request};
+use crate::conn_metrics::ConnMetrics;
 
 /// One label, fixed at compile time: counters never take a label value from input.
 type Label = [(&'static str, &'static str); 1];
@@ -50,6 +51,7 @@ pub struct Metrics {
     last_applied_index: Gauge,
     certs_expiring: Gauge,
     cert_seconds_left: Gauge,
+    conns: ConnMetrics,
 }
 
 impl Default for Metrics {
@@ -60,8 +62,11 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        // The endpoint's admission counts (decision 0300), set at each scrape.
+        let conns = ConnMetrics::register(&mut registry, "mesh");
         let mut m = Metrics {
-            registry: Registry::default(),
+            registry,
             commits: Family::default(),
             pushes: Family::default(),
             sends: Family::default(),
@@ -78,6 +83,7 @@ impl Metrics {
             last_applied_index: Gauge::default(),
             certs_expiring: Gauge::default(),
             cert_seconds_left: Gauge::default(),
+            conns,
         };
         // Every known series exists from the start at 0, so a rate over the first event is right.
         for word in ["applied", "refused", "failed"] {
@@ -272,8 +278,13 @@ impl Metrics {
         self.cert_seconds_left.set(seconds_left.unwrap_or(i64::MAX));
     }
 
-    /// The text exposition, with Raft's numbers as of now.
-    pub(crate) fn encode(&self, raft: &RaftNow) -> Result<String, std::fmt::Error> {
+    /// The text exposition, with Raft's numbers and the endpoint's connection counts as of now.
+    pub(crate) fn encode(
+        &self,
+        raft: &RaftNow,
+        conns: &mesh_transport::ConnCounts,
+    ) -> Result<String, std::fmt::Error> {
+        self.conns.set(conns);
         self.term.set(gauge_value(raft.term));
         self.leader.set(i64::from(raft.leader));
         self.last_log_index.set(gauge_value(raft.last_log_index));
@@ -328,11 +339,48 @@ mod tests {
     use super::*;
 
     #[test]
+    fn connection_counts_show_handshakes_open_connections_and_refusals_by_cap() {
+        // Decision 0300: /metrics shows the endpoint's admission counts.
+        let m = Metrics::new();
+        let conns = mesh_transport::ConnCounts {
+            handshakes_in_progress: 3,
+            connections_open: 7,
+            retries_sent: 4,
+            refused_per_principal: 2,
+            refused_reserve: 1,
+            ..Default::default()
+        };
+        let text = m.encode(&RaftNow::default(), &conns).expect("encode");
+        for line in [
+            "\nmesh_handshakes_in_progress 3\n",
+            "\nmesh_connections_open 7\n",
+            "\nmesh_handshake_retries_total 4\n",
+            "\nmesh_connections_refused_total{cap=\"per_principal\"} 2\n",
+            "\nmesh_connections_refused_total{cap=\"reserve\"} 1\n",
+            "\nmesh_connections_refused_total{cap=\"full\"} 0\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        // Set again from a later snapshot, a counter follows the endpoint's, not doubles it.
+        let later = mesh_transport::ConnCounts {
+            refused_per_principal: 5,
+            ..conns
+        };
+        let text = m.encode(&RaftNow::default(), &later).expect("encode");
+        assert!(
+            text.contains("\nmesh_connections_refused_total{cap=\"per_principal\"} 5\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn certificate_gauges_say_how_many_expire_soon_and_when_the_first_does() {
         // Rotation: /metrics warns before a certificate in the cluster expires.
         let m = Metrics::new();
         m.certs(2, Some(86_400));
-        let text = m.encode(&RaftNow::default()).expect("encode");
+        let text = m
+            .encode(&RaftNow::default(), &Default::default())
+            .expect("encode");
         assert!(text.contains("\nmesh_certificates_expiring 2\n"), "{text}");
         assert!(
             text.contains("\nmesh_certificate_seconds_left 86400\n"),

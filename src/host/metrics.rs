@@ -136,6 +136,7 @@ impl ReportCounters {
 /// Every metric of one host.
 pub struct HostMetrics {
     registry: Registry,
+    conns: crate::conn_metrics::ConnMetrics,
     modules: Family<Label, Gauge>,
     restarts: Gauge,
     queue: Gauge,
@@ -145,8 +146,12 @@ impl HostMetrics {
     /// The registry over `envelopes` and `reports` (the agent's counters) and the gauges filled
     /// at scrape time.
     pub fn new(envelopes: &EnvelopeCounters, reports: &ReportCounters) -> HostMetrics {
+        let mut registry = Registry::default();
+        // The host endpoint's admission counts (decision 0300), set at each scrape.
+        let conns = crate::conn_metrics::ConnMetrics::register(&mut registry, "mesh_host");
         let mut m = HostMetrics {
-            registry: Registry::default(),
+            registry,
+            conns,
             modules: Family::default(),
             restarts: Gauge::default(),
             queue: Gauge::default(),
@@ -208,12 +213,15 @@ impl HostMetrics {
         m
     }
 
-    /// The text exposition, with `modules` and the queue length as of now.
+    /// The text exposition, with `modules`, the queue length and the endpoint's connection
+    /// counts as of now.
     pub fn encode(
         &self,
         modules: &[ModuleStatus],
         queued: usize,
+        conns: &mesh_transport::ConnCounts,
     ) -> Result<String, std::fmt::Error> {
+        self.conns.set(conns);
         for state in module_states {
             let count = modules.iter().filter(|m| m.state.word() == state).count();
             self.modules
@@ -251,14 +259,17 @@ pub struct MetricsServer(Server);
 struct Scrape {
     agent: Weak<Agent>,
     metrics: HostMetrics,
+    /// The endpoint whose connection counts are shown; none, they stay at 0.
+    endpoint: Option<mesh_transport::Endpoint>,
 }
 
 impl MetricsServer {
     /// Listens on `addr` and serves `agent`'s metrics (held weakly: a scrape never keeps a
-    /// stopping host alive).
+    /// stopping host alive) and `endpoint`'s connection counts.
     pub async fn start(
         addr: SocketAddr,
         agent: &Arc<Agent>,
+        endpoint: Option<mesh_transport::Endpoint>,
     ) -> Result<MetricsServer, MetricsError> {
         let bind = |source| MetricsError::Bind { addr, source };
         let listener = TcpListener::bind(addr).await.map_err(bind)?;
@@ -266,6 +277,7 @@ impl MetricsServer {
         let scrape = Arc::new(Scrape {
             agent: Arc::downgrade(agent),
             metrics,
+            endpoint,
         });
         let limits = Limits {
             connections_max: http_connections_max,
@@ -305,7 +317,11 @@ fn respond(scrape: &Scrape, request: Request<Incoming>) -> Answer {
                     );
                 }
             };
-            match scrape.metrics.encode(&agent.modules_now(), queued) {
+            let conns = match &scrape.endpoint {
+                Some(endpoint) => endpoint.counts().conns,
+                None => mesh_transport::ConnCounts::default(),
+            };
+            match scrape.metrics.encode(&agent.modules_now(), queued, &conns) {
                 Ok(body) => with_type(StatusCode::OK, body, metrics_content_type),
                 Err(e) => text(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -354,8 +370,15 @@ mod tests {
                 5,
             ),
         ];
-        let text = m.encode(&modules, 4).expect("encode");
+        let conns = mesh_transport::ConnCounts {
+            connections_open: 2,
+            ..Default::default()
+        };
+        let text = m.encode(&modules, 4, &conns).expect("encode");
         for line in [
+            "mesh_host_connections_open 2",
+            "mesh_host_handshakes_in_progress 0",
+            "mesh_host_connections_refused_total{cap=\"per_principal\"} 0",
             "mesh_host_envelopes_received_total 1",
             "mesh_host_envelopes_accepted_total 0",
             "mesh_host_envelopes_refused_total{reason=\"stopping\"} 1",

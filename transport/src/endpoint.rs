@@ -11,6 +11,7 @@ use std::time::Duration;
 use quinn::{Connection, ConnectionError};
 use tokio::time::Instant;
 
+use crate::admit::{Admission, CheckedLimits};
 use crate::config::CheckedConfig;
 use crate::faults::{Faults, Verdict};
 use crate::frame::{self, FrameError, Header};
@@ -283,6 +284,12 @@ impl Endpoint {
     /// Starts accepting connections and hands every permitted message to `handler`.
     /// Returns `false` (and changes nothing) if this endpoint already serves.
     pub fn serve(&self, handler: Arc<dyn Handler>) -> bool {
+        self.serve_limited(handler, CheckedLimits::default())
+    }
+
+    /// [`Endpoint::serve`] with other admission limits than the defaults (decision 0300): for
+    /// tests, so a handful of connections reach a cap.
+    pub fn serve_limited(&self, handler: Arc<dyn Handler>, limits: CheckedLimits) -> bool {
         let mut serving = self
             .inner
             .serving
@@ -298,6 +305,7 @@ impl Endpoint {
             faults: self.inner.faults.clone(),
             handler,
             open: self.inner.open.clone(),
+            admission: Arc::new(Admission::new(limits, self.inner.counters.clone())),
             principal: self.inner.principal.clone(),
         };
         tokio::spawn(crate::serve::accept_loop(self.inner.quinn.clone(), context));

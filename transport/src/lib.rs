@@ -1,6 +1,7 @@
 //! QUIC with mutual TLS: the PKI, principals taken from certificates, framed messages, the writers table and fault hooks. Knows nothing of Raft or the domain.
 
 pub mod addr;
+pub mod admit;
 pub mod config;
 pub mod endpoint;
 pub mod faults;
@@ -15,6 +16,7 @@ pub mod trust;
 pub mod version;
 pub mod writers;
 
+pub use admit::{CheckedLimits, ConnCounts, ConnLimits, LimitsError};
 pub use config::{CheckedConfig, ConfigError, TransportConfig};
 pub use endpoint::{BindError, Endpoint, Peer, ReloadError, TransportError};
 pub use faults::{Faults, TrackPause};

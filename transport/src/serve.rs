@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use quinn::{Connection, RecvStream, SendStream, VarInt};
 use tokio::sync::Semaphore;
 
+use crate::admit::{HandshakeSlot, Start};
 use crate::config::CheckedConfig;
 use crate::faults::Faults;
 use crate::frame::{self, FrameError, Header, Refused, Response};
@@ -102,6 +103,7 @@ pub(crate) struct Counters {
     requests_served: AtomicU64,
     one_ways_served: AtomicU64,
     dials: AtomicU64,
+    pub(crate) conns: crate::admit::ConnCounters,
 }
 
 /// A snapshot of an endpoint's counters.
@@ -119,6 +121,9 @@ pub struct Counts {
     pub one_ways_served: u64,
     /// Outgoing connections established.
     pub dials: u64,
+    /// Handshakes and connections in progress and open, and those refused by a cap (decision
+    /// 0300).
+    pub conns: crate::admit::ConnCounts,
 }
 
 impl Counters {
@@ -130,6 +135,7 @@ impl Counters {
             requests_served: self.requests_served.load(Ordering::Relaxed),
             one_ways_served: self.one_ways_served.load(Ordering::Relaxed),
             dials: self.dials.load(Ordering::Relaxed),
+            conns: self.conns.snapshot(),
         }
     }
 
@@ -146,6 +152,8 @@ pub(crate) struct ServeContext {
     pub(crate) faults: Arc<Faults>,
     pub(crate) handler: Arc<dyn Handler>,
     pub(crate) open: Arc<crate::open::OpenConns>,
+    /// Which connections are let in (decision 0300).
+    pub(crate) admission: Arc<crate::admit::Admission>,
     /// This endpoint's own principal, named in version refusals.
     pub(crate) principal: Principal,
 }
@@ -173,38 +181,48 @@ pub(crate) fn peer_principal(conn: &Connection) -> Result<(Principal, Option<Rol
     Principal::from_certificate_with_role(leaf).map_err(|e| e.to_string())
 }
 
-/// Most connections (including ones still in their handshake) served at once; more are refused.
-/// A leader serves every host of its fleet on a connection the host keeps open (10,000 hosts in
-/// issue 14, decision 0215), plus replicas and operators.
-pub const connections_max: usize = 16_384;
-
+/// Accepts connections as the admission table allows (decision 0300): a new `Incoming` takes a
+/// handshake slot, is answered with a Retry, or is refused; a verified connection takes an
+/// established slot or is closed naming the cap.
 pub(crate) async fn accept_loop(endpoint: quinn::Endpoint, context: ServeContext) {
-    let connections = Arc::new(Semaphore::new(connections_max));
     while let Some(incoming) = endpoint.accept().await {
         let addr = incoming.remote_address();
         if context.faults.is_cut_off(addr) {
             incoming.ignore();
             continue;
         }
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            tracing::warn!(peer = %addr, max = connections_max, "connection refused: too many connections");
-            incoming.refuse();
-            continue;
+        let validated = incoming.remote_address_validated();
+        let slot = match context.admission.incoming(addr, validated) {
+            Start::Handshake(slot) => slot,
+            Start::Retry => {
+                // Unvalidated means a Retry is allowed (quinn's `Incoming` docs); if not, refuse.
+                if let Err(e) = incoming.retry() {
+                    e.into_incoming().refuse();
+                }
+                continue;
+            }
+            Start::Refuse => {
+                incoming.refuse();
+                continue;
+            }
         };
-        let job = handshake(incoming, addr, context.clone());
-        tokio::spawn(async move {
-            job.await;
-            drop(permit);
-        });
+        tokio::spawn(handshake(incoming, addr, slot, context.clone()));
     }
 }
 
-async fn handshake(incoming: quinn::Incoming, addr: SocketAddr, context: ServeContext) {
-    // The handshake itself is bounded by the QUIC idle timeout, and by the request timeout here.
-    let timeout = context.config.request_timeout();
+async fn handshake(
+    incoming: quinn::Incoming,
+    addr: SocketAddr,
+    slot: HandshakeSlot,
+    context: ServeContext,
+) {
+    // Bounded by its own deadline, apart from requests: its slot is not an established one.
+    let timeout = context.admission.handshake_deadline();
     // Before any verification: a trust change from here on is seen by `track` below.
     let since = context.open.since();
-    let conn = match tokio::time::timeout(timeout, incoming).await {
+    let handshaken = tokio::time::timeout(timeout, incoming).await;
+    drop(slot);
+    let conn = match handshaken {
         Ok(Ok(conn)) => conn,
         Ok(Err(e)) => {
             let reason = crate::trust::handshake_reason(&e.to_string());
@@ -218,6 +236,11 @@ async fn handshake(incoming: quinn::Incoming, addr: SocketAddr, context: ServeCo
             conn.close(VarInt::from_u32(stop_denied), b"no principal");
             return handshake_refused(&context, addr, &reason);
         }
+    };
+    // Held while the connection is served; refused, the close reason names the cap.
+    let _slot = match context.admission.establish(&principal, role, addr) {
+        Ok(slot) => slot,
+        Err(over) => return crate::admit::close_refused(&conn, &over),
     };
     tracing::debug!(peer = %addr, %principal, ?role, "accepted connection");
     context.faults.before_track().await;
