@@ -299,6 +299,7 @@ impl Endpoint {
             handler,
             open: self.inner.open.clone(),
             principal: self.inner.principal.clone(),
+            warned: Arc::default(),
         };
         tokio::spawn(crate::serve::accept_loop(self.inner.quinn.clone(), context));
         true
