@@ -131,6 +131,7 @@ fn status_view() -> StatusView {
         report_age_ms: Some(1500),
         heard_ago_ms: Some(800),
         unproven_refusal: None,
+        report_refusal: Some("3 reports refused, the last 2000 ms ago: report refused: the last refusal is 4000 bytes, over report_refusal_bytes_max (2048 bytes)".into()),
     };
     let g14 = MachineView {
         name: "g14".into(),
@@ -146,6 +147,7 @@ fn status_view() -> StatusView {
         report_age_ms: None,
         heard_ago_ms: None,
         unproven_refusal: None,
+        report_refusal: None,
     };
     StatusView {
         replicas: vec![

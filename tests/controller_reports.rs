@@ -2,15 +2,24 @@
 //! that says what the account's last report says is answered filed but not proposed, and only
 //! moves the leader's in-memory "last heard"; a changed one is filed through Raft; one at or
 //! below what the leader heard is refused and counted once (G5); a new leader has heard nothing.
+//! Issue 23 (decision 0299): a host's frames and reports are bounded, a follower answers without
+//! decoding, and one host over its quota in the report queue does not hold up another's filing.
 
 mod controller_common;
 
+use std::time::Duration;
+
 use controller_common::{Bed, machine};
 use mesh::controller::api::{Body, MachineView, Request};
+use mesh::core::declaration::Digest;
+use mesh::core::envelope::{EnvelopeHeader, EpochProof, epoch_max};
 use mesh::core::model::Mesh;
-use mesh::core::report::{ModuleState, ModuleStatus, Report};
-use mesh::core::wire::ReportReply;
-use mesh_transport::Principal;
+use mesh::core::report::{
+    Exit, ModuleState, ModuleStatus, Report, report_modules_max, report_name_bytes_max,
+    report_refusal_bytes_max, report_signature_bytes_max, report_text_bytes_max,
+};
+use mesh::core::wire::{ReportReply, report_reply_what, report_what};
+use mesh_transport::{Header, MessageKind, Principal, TransportError, report_frame_bytes_max};
 
 fn report(report_sequence: u64, restarts: u32) -> Report {
     Report {
@@ -110,5 +119,270 @@ async fn g5_an_unchanged_report_is_heard_not_proposed_and_a_new_leader_has_heard
     assert_eq!(bed.file_report(&host, next, &report(14, 1)).await, filed);
     assert!(ace(&bed, next).await.heard_ago_ms.is_some());
     host.close().await;
+    bed.shutdown().await;
+}
+
+async fn machine_view(bed: &Bed, id: u64, name: &str) -> MachineView {
+    let Body::Status(status) = bed.ok(id, &Request::Status).await else {
+        panic!("status")
+    };
+    status
+        .machines
+        .into_iter()
+        .find(|m| m.name == name)
+        .expect("machine in status")
+}
+
+/// A bed of three replicas whose model holds `machines` (hosts at an unreachable address), and
+/// its leader.
+async fn bed_with(machines: &[&str]) -> (Bed, u64) {
+    let fake = "127.0.0.1:9".parse().expect("addr");
+    let fakes: Vec<(&str, std::net::SocketAddr)> = machines.iter().map(|m| (*m, fake)).collect();
+    let bed = Bed::start(&[], &fakes).await;
+    let leader = bed.wait_leader().await;
+    let mut mesh = Mesh::default();
+    for m in machines {
+        mesh.machines.insert((*m).into(), machine(m));
+    }
+    bed.apply(leader, &mesh).await;
+    (bed, leader)
+}
+
+async fn ask_report(
+    host: &mesh_transport::Endpoint,
+    bed: &Bed,
+    to: u64,
+    machine: &str,
+    body: Vec<u8>,
+) -> Result<ReportReply, TransportError> {
+    let kind = MessageKind::Report {
+        machine: machine.into(),
+    };
+    let answer = host
+        .request(bed.addrs[&to], kind, body, Duration::from_secs(5))
+        .await?;
+    Ok(mesh_codec::decode(report_reply_what, &answer).expect("reply"))
+}
+
+#[test]
+fn the_largest_legal_report_fits_a_hosts_frame_limit() {
+    // Issue 23 part 2: report_frame_bytes_max is sized from the report's bounds; a report at
+    // every bound (each module failed with the longest text, every number at its widest) must
+    // fit in one host frame, and the host's own limits must be within the report's.
+    assert_eq!(mesh::host::validate::modules_max, report_modules_max);
+    const { assert!(mesh::host::validate::name_bytes_max <= report_name_bytes_max) };
+    let name = |i: usize| format!("{i:0>width$}", width = report_name_bytes_max);
+    let modules = (0..report_modules_max)
+        .map(|i| ModuleStatus {
+            name: name(i),
+            state: ModuleState::Failed {
+                error: "e".repeat(report_text_bytes_max),
+            },
+            restarts: u32::MAX,
+            pid: Some(u32::MAX),
+            last_exit: Some(Exit::Signal(i32::MIN)),
+        })
+        .collect();
+    let machine = name(0);
+    let report = Report {
+        machine: machine.clone(),
+        epoch: epoch_max,
+        sequence: epoch_max,
+        report_sequence: epoch_max,
+        applied: Some(Digest([0xff; 32])),
+        modules,
+        refused_older: u64::MAX,
+        last_refusal: Some("r".repeat(report_refusal_bytes_max)),
+        proof: Some(EpochProof {
+            header: EnvelopeHeader {
+                machine: machine.clone(),
+                epoch: epoch_max,
+                sequence: epoch_max,
+                signer: u64::MAX,
+                digest: Digest([0xff; 32]),
+            },
+            signature: vec![0xff; report_signature_bytes_max],
+        }),
+    };
+    assert_eq!(
+        report.check_bounds(report_modules_max, "report_modules_max"),
+        Ok(())
+    );
+    let body = mesh_codec::encode(report_what, &report).expect("encode");
+    let frame =
+        mesh_transport::frame::encode_header(&Header::new(MessageKind::Report { machine }, body))
+            .expect("frame");
+    assert!(
+        frame.len() <= report_frame_bytes_max,
+        "the largest legal report is a frame of {} bytes, over report_frame_bytes_max ({report_frame_bytes_max})",
+        frame.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosts_report_frame_over_the_limit_is_refused_naming_it() {
+    // Issue 23 part 2: the replica reads at most report_frame_bytes_max of a host's frame and
+    // says so; the host's next report is served.
+    let (bed, leader) = bed_with(&["ace"]).await;
+    let host = bed.endpoint_as(&Principal::Host("ace".into()));
+    let body = vec![0; report_frame_bytes_max + 1];
+    let err = ask_report(&host, &bed, leader, "ace", body)
+        .await
+        .expect_err("refused");
+    let TransportError::Refused { reason, .. } = err else {
+        panic!("expected a refusal, got {err:?}");
+    };
+    assert!(
+        reason.contains("report_frame_bytes_max (1024 KiB)"),
+        "{reason}"
+    );
+    assert_eq!(
+        bed.file_report(&host, leader, &report(10, 0)).await,
+        ReportReply::Filed { accepted: true }
+    );
+    host.close().await;
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_answers_a_report_not_leader_without_decoding_it() {
+    // Issue 23 part 2: only the leader decodes a report; a follower names the leader from the
+    // frame alone, whatever the body is. The leader refuses the same garbage.
+    let (bed, leader) = bed_with(&["ace"]).await;
+    let follower = bed.follower(leader);
+    let host = bed.endpoint_as(&Principal::Host("ace".into()));
+    let garbage = vec![0xff; 64];
+    let answer = ask_report(&host, &bed, follower, "ace", garbage.clone()).await;
+    assert_eq!(
+        answer,
+        Ok(ReportReply::NotLeader {
+            leader: Some(bed.addrs[&leader].to_string())
+        })
+    );
+    let err = ask_report(&host, &bed, leader, "ace", garbage)
+        .await
+        .expect_err("undecodable");
+    assert!(matches!(err, TransportError::Refused { .. }), "{err:?}");
+    host.close().await;
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_over_its_bounds_is_refused_counted_and_its_host_named() {
+    // Issue 23 parts 2 and 4: more modules than a report may list is refused for good (the
+    // host drops it), counted in /metrics, and the host named in status; the account is as
+    // before.
+    let (bed, leader) = bed_with(&["ace"]).await;
+    let host = bed.endpoint_as(&Principal::Host("ace".into()));
+    assert_eq!(
+        bed.file_report(&host, leader, &report(10, 0)).await,
+        ReportReply::Filed { accepted: true }
+    );
+    let mut over = report(11, 0);
+    over.modules = (0..=report_modules_max)
+        .map(|i| ModuleStatus {
+            name: format!("m{i}"),
+            ..report(0, 0).modules[0].clone()
+        })
+        .collect();
+    let ReportReply::Refused { reason } = bed.file_report(&host, leader, &over).await else {
+        panic!("expected a refusal")
+    };
+    assert!(reason.contains("report_modules_max"), "{reason}");
+    let mut long = report(12, 0);
+    long.last_refusal = Some("r".repeat(report_refusal_bytes_max + 1));
+    let ReportReply::Refused { reason } = bed.file_report(&host, leader, &long).await else {
+        panic!("expected a refusal")
+    };
+    assert!(reason.contains("report_refusal_bytes_max"), "{reason}");
+    let ace = machine_view(&bed, leader, "ace").await;
+    assert_eq!(
+        ace.last_report.map(|r| r.2),
+        Some(10),
+        "nothing of it filed"
+    );
+    let named = ace.report_refusal.expect("ace named in status");
+    assert!(named.starts_with("2 reports refused"), "{named}");
+    let metrics = bed.service(leader).metrics_text().expect("metrics");
+    assert!(
+        metrics.contains("mesh_reports_total{outcome=\"over_bound\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("mesh_hosts_reports_refused 1"),
+        "{metrics}"
+    );
+    host.close().await;
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_host_over_its_quota_is_told_to_try_again_and_another_hosts_report_is_filed() {
+    // Issue 23 part 3: while one host's reports fill its quota in the report queue (their
+    // commit slowed by delaying the leader's Raft messages, below the election timeout), its
+    // further reports are answered "try again" at once, and another host's report is queued
+    // and filed beside them.
+    let (bed, leader) = bed_with(&["ace", "g14"]).await;
+    let ace = bed.endpoint_as(&Principal::Host("ace".into()));
+    let g14 = bed.endpoint_as(&Principal::Host("g14".into()));
+    let filed = ReportReply::Filed { accepted: true };
+    assert_eq!(bed.file_report(&ace, leader, &report(1, 0)).await, filed);
+    let mut g14_report = report(1, 0);
+    g14_report.machine = "g14".into();
+    assert_eq!(bed.file_report(&g14, leader, &g14_report).await, filed);
+
+    let faults = bed.service(leader).endpoint().faults();
+    for (id, addr) in &bed.addrs {
+        if *id != leader {
+            faults.delay(*addr, Duration::from_millis(30));
+        }
+    }
+    let flood = 12u32;
+    let mut asks = Vec::new();
+    for i in 0..flood {
+        let body =
+            mesh_codec::encode(report_what, &report(10 + u64::from(i), i + 1)).expect("encode");
+        let ace = ace.clone();
+        let to = bed.addrs[&leader];
+        asks.push(tokio::spawn(async move {
+            let kind = MessageKind::Report {
+                machine: "ace".into(),
+            };
+            let answer = ace
+                .request(to, kind, body, Duration::from_secs(10))
+                .await
+                .expect("answer");
+            mesh_codec::decode::<ReportReply>(report_reply_what, &answer).expect("reply")
+        }));
+    }
+    g14_report.report_sequence = 2;
+    g14_report.modules[0].restarts = 1;
+    let g14_answer = bed.file_report(&g14, leader, &g14_report).await;
+    let mut answers = Vec::new();
+    for ask in asks {
+        answers.push(ask.await.expect("join"));
+    }
+    faults.heal_all();
+    assert_eq!(g14_answer, filed, "g14's report is filed while ace floods");
+    let busy = answers
+        .iter()
+        .filter(|a| **a == ReportReply::NotLeader { leader: None })
+        .count();
+    let taken = answers
+        .iter()
+        .filter(|a| matches!(a, ReportReply::Filed { .. }))
+        .count();
+    assert_eq!(busy + taken, answers.len(), "{answers:?}");
+    let quota = mesh::controller::reports_in_flight_per_host_max as usize;
+    assert!(
+        busy >= 1 && taken >= 1,
+        "ace over its quota of {quota}: {answers:?}"
+    );
+    let ace_view = machine_view(&bed, leader, "ace").await;
+    let named = ace_view.report_refusal.expect("ace named in status");
+    assert!(named.contains("reports_in_flight_per_host_max"), "{named}");
+    assert_eq!(machine_view(&bed, leader, "g14").await.report_refusal, None);
+    ace.close().await;
+    g14.close().await;
     bed.shutdown().await;
 }

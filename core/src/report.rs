@@ -5,6 +5,12 @@ use serde::{Deserialize, Serialize};
 use super::declaration::Digest;
 use super::envelope::{EpochProof, epoch_max};
 
+mod bounds;
+pub use bounds::{
+    OverBound, decode_bounded, report_modules_max, report_name_bytes_max, report_refusal_bytes_max,
+    report_signature_bytes_max, report_text_bytes_max,
+};
+
 /// What a host says after an apply or on its reconcile interval.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {

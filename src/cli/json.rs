@@ -237,6 +237,9 @@ pub struct MachineJson {
     /// The host refused the answering leader's envelope as older than one it holds, with nothing
     /// signed to show for it (its mark may be edited or corrupt); `null` when not.
     pub unproven_refusal: Option<String>,
+    /// The answering leader refused the host's reports for size or rate in the last minute: how
+    /// many, the last's age and reason; `null` when not.
+    pub report_refusal: Option<String>,
     pub modules: Vec<ModuleJson>,
 }
 
@@ -357,6 +360,7 @@ impl From<&MachineView> for MachineJson {
             report_age_ms: m.report_age_ms,
             heard_ago_ms: m.heard_ago_ms,
             unproven_refusal: m.unproven_refusal.clone(),
+            report_refusal: m.report_refusal.clone(),
             modules: m.modules.iter().map(ModuleJson::from).collect(),
         }
     }

@@ -97,6 +97,9 @@ fn machine_line(m: &MachineView, width: usize) -> String {
             ""
         ));
     }
+    if let Some(refusal) = &m.report_refusal {
+        line.push_str(&format!("  {:width$}  REPORTS REFUSED: {refusal}\n", ""));
+    }
     for h in &m.holds {
         line.push_str(&format!(
             "  {:width$}  HELD: module {} mount {} would move from {} to {}; run `meshctl push {} --move {} --why ...`\n",

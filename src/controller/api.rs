@@ -298,6 +298,10 @@ pub struct MachineView {
     /// by a trusted replica shows that it does (a mark edited or corrupt on its disk, issue 27):
     /// the refusal, until a later send of this leader is applied. Kept in the leader's memory.
     pub unproven_refusal: Option<String>,
+    /// The host's reports were refused by this leader for size or rate (over their bounds, or
+    /// over its quota in the report queue; decision 0299) less than a minute ago: how many, the
+    /// last's age and reason. Kept in the leader's memory; `None` when not, or not a leader's.
+    pub report_refusal: Option<String>,
 }
 
 /// `meshctl plan`: everything the push would do, machine by machine, like `terraform plan`.

@@ -149,6 +149,7 @@ impl Service {
     pub fn metrics_text(&self) -> Result<String, std::fmt::Error> {
         let (expiring, seconds_left) = self.cert_gauges();
         self.metrics.certs(expiring, seconds_left);
+        self.metrics.hosts_refused(self.hosts_refused_now());
         self.metrics
             .encode(&raft_now(self), &self.endpoint.counts().conns)
     }

@@ -52,6 +52,7 @@ pub struct Metrics {
     certs_expiring: Gauge,
     cert_seconds_left: Gauge,
     conns: ConnMetrics,
+    hosts_refused: Gauge,
 }
 
 impl Default for Metrics {
@@ -84,6 +85,7 @@ impl Metrics {
             certs_expiring: Gauge::default(),
             cert_seconds_left: Gauge::default(),
             conns,
+            hosts_refused: Gauge::default(),
         };
         // Every known series exists from the start at 0, so a rate over the first event is right.
         for word in ["applied", "refused", "failed"] {
@@ -102,6 +104,8 @@ impl Metrics {
             "unproven",
             "beyond",
             "busy",
+            "over_bound",
+            "over_quota",
             "not_leader",
             "error",
         ] {
@@ -134,7 +138,7 @@ impl Metrics {
         );
         r.register(
             "mesh_reports",
-            "Host reports received, by outcome: accepted (filed into the account), heard (said what the account says: not proposed, decision 0216), refused (not newer than the account or than what was heard), unproven, beyond (an epoch, sequence or counter above the bound), busy (report queue full), not_leader, error",
+            "Host reports received, by outcome: accepted (filed into the account), heard (said what the account says: not proposed, decision 0216), refused (not newer than the account or than what was heard), unproven, beyond (an epoch, sequence or counter above the bound), busy (report queue full), over_bound (more modules or longer texts than a report may hold, decision 0299), over_quota (its host already had reports_in_flight_per_host_max queued or committing), not_leader, error",
             m.reports.clone(),
         );
         r.register(
@@ -193,6 +197,11 @@ impl Metrics {
             m.cert_seconds_left.clone(),
         );
         r.register(
+            "mesh_hosts_reports_refused",
+            "Machines of the model whose reports this replica, as leader, refused for size or rate (over_bound, over_quota) in the last minute; each is named in status",
+            m.hosts_refused.clone(),
+        );
+        r.register(
             "mesh_raft_last_applied_index",
             "Index of the last entry applied to this replica's state machine",
             m.last_applied_index.clone(),
@@ -211,7 +220,7 @@ impl Metrics {
         self.commits.get_or_create(&[("outcome", word)]).inc();
     }
 
-    /// One host report: `accepted`, `refused`, `not_leader` or `error`.
+    /// One host report, by outcome (a label of `mesh_reports`, fixed at compile time).
     pub(crate) fn report(&self, outcome: &'static str) {
         self.reports.get_or_create(&[("outcome", outcome)]).inc();
     }
@@ -276,6 +285,12 @@ impl Metrics {
         self.certs_expiring
             .set(i64::try_from(expiring).unwrap_or(i64::MAX));
         self.cert_seconds_left.set(seconds_left.unwrap_or(i64::MAX));
+    }
+
+    /// How many machines' reports were refused for size or rate in the last minute.
+    pub(crate) fn hosts_refused(&self, machines: usize) {
+        self.hosts_refused
+            .set(i64::try_from(machines).unwrap_or(i64::MAX));
     }
 
     /// The text exposition, with Raft's numbers and the endpoint's connection counts as of now.

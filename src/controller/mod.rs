@@ -22,4 +22,5 @@ pub mod service;
 mod unproven;
 mod upload;
 
+pub use reports::{report_refusal_shown_ms, reports_in_flight_per_host_max};
 pub use service::{Running, Service, ServiceError, bind, start, start_on};

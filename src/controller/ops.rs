@@ -717,6 +717,7 @@ fn machine_view(state: &DomainState, machine: &str, lag: Option<&Lag>, now_ms: u
         report_age_ms: filed_ms.map(|f| now_ms.saturating_sub(f)),
         heard_ago_ms: None,
         unproven_refusal: None,
+        report_refusal: None,
     }
 }
 

@@ -135,16 +135,24 @@ fn machines(out: &mut String, status: &StatusView) {
             .report_age_ms
             .map(|ms| format!("{:.1} s ago", ms as f64 / 1000.0))
             .unwrap_or_else(|| "never".into());
+        // Refused for size or rate (decision 0299) beside those refused as older (G5).
+        let refused = match &m.report_refusal {
+            Some(why) => format!(
+                "{}<br><span class=\"bad\">{}</span>",
+                m.refused_reports,
+                esc(why)
+            ),
+            None => m.refused_reports.to_string(),
+        };
         let _ = writeln!(
             out,
-            "<tr><td>{}</td><td>{behind}</td><td>{}</td><td class=\"{class}\">{health}</td><td>{modules}</td><td>{age}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{behind}</td><td>{}</td><td class=\"{class}\">{health}</td><td>{modules}</td><td>{age}</td><td>{refused}</td></tr>",
             esc(&m.name),
             if held.is_empty() {
                 "-".into()
             } else {
                 held.join("<br>")
             },
-            m.refused_reports
         );
     }
     out.push_str("</table>\n");

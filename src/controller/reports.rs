@@ -15,6 +15,11 @@
 //!   [`batches_in_flight_max`] batches committing at once. Each report carries the heard
 //!   position, so one at or below it is refused and counted (G5) like one at or below the
 //!   account's last.
+//! - **Each host has its own quota in the queue** (issue 23 part 3, decision 0299): at most
+//!   [`reports_in_flight_per_host_max`] of one machine's reports are queued or committing at
+//!   once (machines outside the model share one such quota); past it the host is told to try
+//!   again, so one host flooding cannot delay another's filing. A host whose reports were refused
+//!   for size or rate is named in `status` for [`report_refusal_shown_ms`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -36,6 +41,13 @@ pub const batch_reports_max: usize = 1024;
 pub const batch_bytes_max: usize = 1024 * 1024;
 /// Most report batches committing at once.
 pub const batches_in_flight_max: usize = 2;
+/// Most reports of one host queued or committing at once; past it the host is told to try again
+/// (its report stays queued on its disk). A host sends one report at a time, so only a broken or
+/// flooding host reaches it, and it cannot take the queue other hosts share.
+pub const reports_in_flight_per_host_max: u32 = 4;
+/// How long a host stays named in `status` (and counted in `mesh_hosts_reports_refused`) after a
+/// report of it was refused for size or rate, in milliseconds.
+pub const report_refusal_shown_ms: u64 = 60_000;
 
 /// What the leader heard from one host during its term.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,17 +66,32 @@ struct Live {
     unproven: Option<String>,
     /// This machine's reports queued or committing now.
     in_flight: u32,
+    /// Its reports refused for size or rate in this term, if any.
+    refused: Option<Refused>,
+}
+
+/// A host's reports refused for size or rate: how many since the first of a run (refusals less
+/// than [`report_refusal_shown_ms`] apart), when the last was, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Refused {
+    count: u64,
+    at: Instant,
+    reason: String,
 }
 
 struct TermMap {
     term: u64,
     since: Instant,
     machines: HashMap<String, Live>,
+    /// Reports of machines outside the model queued or committing now: they share one quota.
+    outsiders_in_flight: u32,
 }
 
 /// The leader's memory of its hosts, for one term at a time; bounded by the model's machines.
 pub(crate) struct Liveness {
     inner: Mutex<TermMap>,
+    /// Which warnings about which host are due: one a host and kind per interval.
+    warned: mesh_transport::ratelog::LogEvery<(String, &'static str)>,
 }
 
 /// What a status answer says of a host's liveness.
@@ -83,7 +110,9 @@ impl Liveness {
                 term: 0,
                 since: Instant::now(),
                 machines: HashMap::new(),
+                outsiders_in_flight: 0,
             }),
+            warned: mesh_transport::ratelog::LogEvery::default(),
         }
     }
 
@@ -100,6 +129,7 @@ impl Liveness {
             map.term = term;
             map.since = Instant::now();
             map.machines.clear();
+            map.outsiders_in_flight = 0;
         }
     }
 
@@ -174,23 +204,121 @@ impl Liveness {
                     position: report.position(),
                 });
             }
+            Route::File { .. } if live.in_flight >= reports_in_flight_per_host_max => {
+                return Route::Busy;
+            }
             Route::File { .. } => live.in_flight += 1,
+            Route::Busy => {}
         }
         route
     }
 
-    /// `report`, routed to be filed at `arrived`, was filed (`Some(accepted)`) or not (`None`).
-    fn filed(&self, term: u64, report: &Report, arrived: Instant, accepted: Option<bool>) {
+    /// Routes a report of a machine outside the model in `term`: filed (nothing heard is kept
+    /// for it), within the one quota such machines share.
+    fn route_outsider(&self, term: u64) -> Route {
+        let mut map = self.lock();
+        if term < map.term {
+            return Route::File { heard: None };
+        }
+        Self::for_term(&mut map, term);
+        if map.outsiders_in_flight >= reports_in_flight_per_host_max {
+            return Route::Busy;
+        }
+        map.outsiders_in_flight += 1;
+        Route::File { heard: None }
+    }
+
+    /// Notes a report of `machine` (a machine of the model) refused for size or rate in `term`,
+    /// and says whether a warning about it is due (`Some(held back since the last)`).
+    pub(crate) fn note_refused(
+        &self,
+        term: u64,
+        machine: &str,
+        kind: &'static str,
+        reason: &str,
+        now: Instant,
+    ) -> Option<u64> {
+        let mut map = self.lock();
+        if term >= map.term {
+            Self::for_term(&mut map, term);
+            let live = map.machines.entry(machine.to_string()).or_default();
+            let run = live
+                .refused
+                .as_ref()
+                .filter(|r| shown(r, now))
+                .map_or(0, |r| r.count);
+            live.refused = Some(Refused {
+                count: run + 1,
+                at: now,
+                reason: reason.to_string(),
+            });
+        }
+        drop(map);
+        self.warn_due(machine, kind, now)
+    }
+
+    /// Whether a warning of `kind` about `machine` is due: at most one a host and kind per
+    /// interval (`Some(held back since the last)`).
+    pub(crate) fn warn_due(&self, machine: &str, kind: &'static str, now: Instant) -> Option<u64> {
+        self.warned.due((machine.to_string(), kind), now)
+    }
+
+    /// What `status` says of `machine`'s reports refused for size or rate in `term`, while the
+    /// last is less than [`report_refusal_shown_ms`] old.
+    pub(crate) fn refused_view(&self, term: u64, machine: &str, now: Instant) -> Option<String> {
+        let map = self.lock();
+        if map.term != term {
+            return None;
+        }
+        let refused = map.machines.get(machine)?.refused.as_ref()?;
+        if !shown(refused, now) {
+            return None;
+        }
+        let ago = now.saturating_duration_since(refused.at).as_millis();
+        let reports = if refused.count == 1 {
+            "report"
+        } else {
+            "reports"
+        };
+        Some(format!(
+            "{} {reports} refused, the last {ago} ms ago: {}",
+            refused.count, refused.reason
+        ))
+    }
+
+    /// How many machines had a report refused for size or rate in `term` less than
+    /// [`report_refusal_shown_ms`] ago.
+    pub(crate) fn refused_now(&self, term: u64, now: Instant) -> usize {
+        let map = self.lock();
+        if map.term != term {
+            return 0;
+        }
+        let mut count = 0;
+        for live in map.machines.values() {
+            if live.refused.as_ref().is_some_and(|r| shown(r, now)) {
+                count += 1;
+            }
+        }
+        count
+    }
+
+    /// A report of `machine` at `position`, routed to be filed at `arrived` (as an outsider when
+    /// `known` is false), was filed (`Some(accepted)`) or not (`None`).
+    fn filed(&self, term: u64, done: &Done, accepted: Option<bool>) {
         let mut map = self.lock();
         if map.term != term {
             return;
         }
-        let Some(live) = map.machines.get_mut(&report.machine) else {
+        if !done.known {
+            map.outsiders_in_flight = map.outsiders_in_flight.saturating_sub(1);
+            return;
+        }
+        let Some(live) = map.machines.get_mut(&done.machine) else {
             return;
         };
         live.in_flight = live.in_flight.saturating_sub(1);
+        let (arrived, position) = (done.arrived, done.position);
         if accepted == Some(true) {
-            let position = report.position();
             let newer = live.heard.is_none_or(|h| h.position < position);
             if newer {
                 live.heard = Some(Heard {
@@ -202,6 +330,11 @@ impl Liveness {
     }
 }
 
+/// Whether a refusal is recent enough to be shown.
+fn shown(refused: &Refused, now: Instant) -> bool {
+    now.saturating_duration_since(refused.at) < Duration::from_millis(report_refusal_shown_ms)
+}
+
 /// What to do with one report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
@@ -209,6 +342,9 @@ pub enum Route {
     Heard,
     /// Propose it, with the position heard so far (a report at or below it is refused).
     File { heard: Option<ReportPosition> },
+    /// Its host has [`reports_in_flight_per_host_max`] reports queued or committing already:
+    /// it is told to try again.
+    Busy,
 }
 
 /// The rule (pure): a report is only heard, not proposed, when it is newer than the account's
@@ -241,8 +377,18 @@ struct Queued {
     term: u64,
     filing: ReportFiling,
     bytes: usize,
-    arrived: Instant,
+    done: Done,
     reply: oneshot::Sender<Option<bool>>,
+}
+
+/// What the leader's memory needs of a report once it is filed or not (the report itself goes
+/// into the proposal, not copied).
+struct Done {
+    machine: String,
+    position: ReportPosition,
+    arrived: Instant,
+    /// A machine of the model (else it counts in the outsiders' quota).
+    known: bool,
 }
 
 /// The queue into the batching task.
@@ -314,7 +460,17 @@ impl Service {
                 HeardView::NotSince(_) => None,
             };
             m.unproven_refusal = self.live.unproven(term, &m.name);
+            m.report_refusal = self.live.refused_view(term, &m.name, now);
         }
+    }
+
+    /// How many machines had a report refused for size or rate by this replica, as leader, in the
+    /// last [`report_refusal_shown_ms`]; 0 on a replica that does not lead.
+    pub(crate) fn hosts_refused_now(&self) -> usize {
+        let Ok(term) = self.leading_term() else {
+            return 0;
+        };
+        self.live.refused_now(term, Instant::now())
     }
 
     /// Files (or only hears) a report that passed the checks, as leader in `term`; `bytes` is its
@@ -326,48 +482,53 @@ impl Service {
         bytes: usize,
     ) -> Result<ReportReply, String> {
         let arrived = Instant::now();
-        let (account, known) = {
+        let (route, known) = {
             // The snapshot is dropped before any wait: one held across an apply makes it copy.
+            // The account is read in place, not copied: it holds a whole report.
             let state = self.app.state().map_err(|e| e.to_string())?;
             let known = state.mesh.machines.contains_key(&report.machine);
-            (state.accounts.get(&report.machine).cloned(), known)
-        };
-        // Only machines of the model are remembered: the memory stays bounded by the model.
-        let route = if known {
-            self.live.route(
-                term,
-                account.as_ref(),
-                self.caught_up(term),
-                &report,
-                arrived,
-            )
-        } else {
-            Route::File { heard: None }
+            // Only machines of the model are remembered: the memory stays bounded by the model.
+            let route = if known {
+                let account = state.accounts.get(&report.machine);
+                let caught_up = self.caught_up(term);
+                self.live.route(term, account, caught_up, &report, arrived)
+            } else {
+                self.live.route_outsider(term)
+            };
+            (route, known)
         };
         let heard = match route {
             Route::Heard => {
                 self.metrics.report("heard");
                 return Ok(ReportReply::Filed { accepted: true });
             }
+            Route::Busy => return Ok(self.over_quota(term, &report.machine, known, arrived)),
             Route::File { heard } => heard,
+        };
+        let machine = report.machine.clone();
+        let done = Done {
+            machine: machine.clone(),
+            position: report.position(),
+            arrived,
+            known,
         };
         let (reply, answer) = oneshot::channel();
         let queued = Queued {
             term,
-            filing: ReportFiling {
-                report: report.clone(),
-                heard,
-            },
+            filing: ReportFiling { report, heard },
             bytes,
-            arrived,
+            done,
             reply,
         };
-        if self.filer.queue.try_send(queued).is_err() {
-            if known {
-                self.live.filed(term, &report, arrived, None);
-            }
+        if let Err(full) = self.filer.queue.try_send(queued) {
+            let queued = match full {
+                mpsc::error::TrySendError::Full(q) | mpsc::error::TrySendError::Closed(q) => q,
+            };
+            self.live.filed(term, &queued.done, None);
             self.metrics.report("busy");
-            tracing::warn!(machine = %report.machine, max = queue_max, "report queue full; the host keeps the report and sends it again");
+            if let Some(held_back) = self.live.warn_due(&machine, "queue full", arrived) {
+                tracing::warn!(%machine, max = queue_max, held_back, "report queue full; the host keeps the report and sends it again");
+            }
             return Ok(self.not_leader());
         }
         match answer.await {
@@ -383,6 +544,25 @@ impl Service {
         }
     }
 
+    /// The answer to a report over its host's quota: try again (the host keeps it on its disk
+    /// and sends it again), the same answer as a full queue, so no host needs a new reply.
+    fn over_quota(&self, term: u64, machine: &str, known: bool, now: Instant) -> ReportReply {
+        self.metrics.report("over_quota");
+        let reason = format!(
+            "over its quota of {reports_in_flight_per_host_max} reports queued or committing at once (reports_in_flight_per_host_max); the host keeps the report and sends it again"
+        );
+        let due = match known {
+            true => self
+                .live
+                .note_refused(term, machine, "over quota", &reason, now),
+            false => self.live.warn_due(machine, "over quota", now),
+        };
+        if let Some(held_back) = due {
+            tracing::warn!(%machine, held_back, "report refused for now: {reason}");
+        }
+        self.not_leader()
+    }
+
     /// Whether this leader has applied an entry of its own `term` (its blank entry at least), so
     /// the accounts it reads hold everything earlier leaders committed.
     fn caught_up(&self, term: u64) -> bool {
@@ -391,27 +571,34 @@ impl Service {
         m.last_applied.is_some_and(|l| l.leader_id.term == term)
     }
 
-    /// Proposes one batch and answers each report in it.
+    /// Proposes one batch and answers each report in it. The reports move into the proposal:
+    /// only what the leader's memory needs of each is kept aside.
     async fn file_batch(&self, term: u64, batch: Vec<Queued>) {
-        let reports = batch.iter().map(|q| q.filing.clone()).collect();
+        let mut reports = Vec::with_capacity(batch.len());
+        let mut waiting = Vec::with_capacity(batch.len());
+        for q in batch {
+            reports.push(q.filing);
+            waiting.push((q.done, q.reply));
+        }
         let actor = format!("replica:{}", self.id);
+        let count = reports.len();
         let command = Command::RecordReports { reports };
         let answers: Vec<Option<bool>> = match self.propose(term, None, &actor, command).await {
-            Ok(Applied::Reports { accepted }) if accepted.len() == batch.len() => {
+            Ok(Applied::Reports { accepted }) if accepted.len() == count => {
                 accepted.into_iter().map(Some).collect()
             }
             Ok(other) => {
-                tracing::error!(answer = ?other, reports = batch.len(), "the store answered a batch of reports with something else");
-                vec![None; batch.len()]
+                tracing::error!(answer = ?other, reports = count, "the store answered a batch of reports with something else");
+                vec![None; count]
             }
             Err(e) => {
-                tracing::warn!(error = %e, reports = batch.len(), "reports not filed; their hosts send them again");
-                vec![None; batch.len()]
+                tracing::warn!(error = %e, reports = count, "reports not filed; their hosts send them again");
+                vec![None; count]
             }
         };
-        for (q, accepted) in batch.into_iter().zip(answers) {
-            self.live.filed(term, &q.filing.report, q.arrived, accepted);
-            let _ = q.reply.send(accepted);
+        for ((done, reply), accepted) in waiting.into_iter().zip(answers) {
+            self.live.filed(term, &done, accepted);
+            let _ = reply.send(accepted);
         }
     }
 }
@@ -515,5 +702,91 @@ mod tests {
             Route::File { heard: None }
         );
         assert!(matches!(live.view(5, "ace", now), HeardView::Ago(_)));
+    }
+
+    fn done(report: &Report, known: bool) -> Done {
+        Done {
+            machine: report.machine.clone(),
+            position: report.position(),
+            arrived: Instant::now(),
+            known,
+        }
+    }
+
+    #[test]
+    fn a_host_over_its_quota_is_told_to_try_again_and_another_host_is_not() {
+        // Issue 23 part 3: one host's reports in flight are bounded, so it cannot take the queue
+        // every host shares; another host's report is routed to be filed meanwhile.
+        let live = Liveness::new();
+        let now = Instant::now();
+        let quota = u64::from(reports_in_flight_per_host_max);
+        for i in 1..=quota {
+            let route = live.route(4, None, true, &report(i, 0), now);
+            assert!(matches!(route, Route::File { .. }), "{i}: {route:?}");
+        }
+        assert_eq!(
+            live.route(4, None, true, &report(quota + 1, 0), now),
+            Route::Busy
+        );
+        let mut g14 = report(1, 0);
+        g14.machine = "g14".into();
+        assert!(matches!(
+            live.route(4, None, true, &g14, now),
+            Route::File { .. }
+        ));
+        // One of ace's is filed (or not): ace has room for one more.
+        live.filed(4, &done(&report(1, 0), true), Some(true));
+        let route = live.route(4, None, true, &report(quota + 2, 0), now);
+        assert!(matches!(route, Route::File { .. }), "{route:?}");
+        assert_eq!(
+            live.route(4, None, true, &report(quota + 3, 0), now),
+            Route::Busy
+        );
+        // Machines outside the model share one quota of their own.
+        for _ in 0..quota {
+            assert!(matches!(live.route_outsider(4), Route::File { .. }));
+        }
+        assert_eq!(live.route_outsider(4), Route::Busy);
+        live.filed(4, &done(&report(1, 0), false), None);
+        assert!(matches!(live.route_outsider(4), Route::File { .. }));
+        // A new term starts every quota afresh.
+        assert!(matches!(
+            live.route(5, None, true, &report(quota + 4, 0), now),
+            Route::File { .. }
+        ));
+    }
+
+    #[test]
+    fn a_host_refused_for_size_or_rate_is_named_for_a_minute_with_a_count() {
+        // Issue 23 part 4: status names the host while it keeps being refused, then forgets it.
+        let live = Liveness::new();
+        let t0 = Instant::now();
+        assert_eq!(live.refused_view(4, "ace", t0), None);
+        assert_eq!(
+            live.note_refused(4, "ace", "over bound", "too big", t0),
+            Some(0)
+        );
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(
+            live.note_refused(4, "ace", "over bound", "still too big", t1),
+            None,
+            "logged once an interval"
+        );
+        let view = live.refused_view(4, "ace", t1).expect("named");
+        assert!(view.starts_with("2 reports refused"), "{view}");
+        assert!(view.ends_with("still too big"), "{view}");
+        assert_eq!(live.refused_now(4, t1), 1);
+        assert_eq!(
+            live.refused_view(5, "ace", t1),
+            None,
+            "another term's leader did not refuse it"
+        );
+        let later = t1 + Duration::from_millis(report_refusal_shown_ms);
+        assert_eq!(live.refused_view(4, "ace", later), None);
+        assert_eq!(live.refused_now(4, later), 0);
+        // A refusal after the minute starts a new count.
+        live.note_refused(4, "ace", "over bound", "again", later);
+        let view = live.refused_view(4, "ace", later).expect("named");
+        assert!(view.starts_with("1 report refused"), "{view}");
     }
 }

@@ -23,8 +23,8 @@ use super::config::{ConfigError, ReplicaConfig};
 use super::floor::{FloorError, read_floor, write_floor};
 use super::metrics::{Metrics, request_kind};
 use crate::core::envelope::{Position, ProofError};
-use crate::core::report::Report;
-use crate::core::wire::{ReportReply, check_report_machine, report_reply_what, report_what};
+use crate::core::report::{OverBound, Report, decode_bounded, report_modules_max};
+use crate::core::wire::{ReportReply, check_report_machine, report_reply_what};
 use crate::store::app::{MeshApp, decode_outcome};
 use crate::store::command::{Applied, Command, Outcome, Proposal};
 use crate::store::state::DomainState;
@@ -990,12 +990,23 @@ impl Service {
         }
     }
 
-    /// A host's report (G5, G10): the leader files it; a follower names the leader.
+    /// A host's report (G5, G10): the leader files it; a follower names the leader without
+    /// decoding it (the machine is in the frame's kind), so only the leader spends memory on a
+    /// report, and never more than its bounds allow (issue 23 part 2, decision 0299).
     async fn report(&self, frame_machine: &str, body: &[u8]) -> Result<ReportReply, String> {
-        let report: Report = mesh_codec::decode(report_what, body).map_err(|e| {
-            self.metrics.report("error");
-            e.to_string()
-        })?;
+        if !self.is_leader() {
+            self.metrics.report("not_leader");
+            return Ok(self.not_leader());
+        }
+        let term = self.replica.metrics().borrow().current_term;
+        let report = match decode_bounded(body) {
+            Ok(Ok(report)) => report,
+            Ok(Err(over)) => return Ok(self.over_bound(term, frame_machine, &over)),
+            Err(e) => {
+                self.metrics.report("error");
+                return Err(e.to_string());
+            }
+        };
         check_report_machine(frame_machine, &report).map_err(|e| {
             self.metrics.report("error");
             self.metrics.impostor("report");
@@ -1012,11 +1023,10 @@ impl Service {
             );
             return Ok(ReportReply::Refused { reason });
         }
-        if !self.is_leader() {
-            self.metrics.report("not_leader");
-            return Ok(self.not_leader());
+        let (modules_max, limit) = self.report_modules_max(&report);
+        if let Err(over) = report.check_bounds(modules_max, limit) {
+            return Ok(self.over_bound(term, frame_machine, &over));
         }
-        let term = self.replica.metrics().borrow().current_term;
         let actor = format!("host:{frame_machine}");
         if let Err(reason) = self.check_claimed_epoch(&report) {
             self.metrics.report("unproven");
@@ -1036,6 +1046,53 @@ impl Service {
         self.note_mark(term, &report);
         // Heard in memory, or filed in a shared proposal (decision 0216).
         self.take_report(term, report, body.len()).await
+    }
+
+    /// The most modules `report` may list, and the bound's name: as many as the declaration it
+    /// says it applied, when this store recorded that send (position and digest); else
+    /// `report_modules_max`, the most any declaration holds.
+    fn report_modules_max(&self, report: &Report) -> (usize, &'static str) {
+        let any = (report_modules_max, "report_modules_max");
+        // A state that cannot be read leaves the bound every report has: it is checked anyway.
+        let Ok(state) = self.app.state() else {
+            return any;
+        };
+        match state.last_sends.get(&report.machine) {
+            Some(send)
+                if send.epoch == report.epoch
+                    && send.sequence == report.sequence
+                    && Some(send.digest) == report.applied =>
+            {
+                (send.summary.modules.len(), "the declaration it applied")
+            }
+            _ => any,
+        }
+    }
+
+    /// Refuses a report over its bounds for good (the host drops it): counted, logged at most
+    /// once an interval per host, and its host named in `status` while it keeps sending them.
+    fn over_bound(&self, term: u64, machine: &str, over: &OverBound) -> ReportReply {
+        self.metrics.report("over_bound");
+        let reason = format!("report refused: {over}");
+        let now = std::time::Instant::now();
+        // Only machines of the model are remembered (bounded memory); others are only logged.
+        let known = match self.app.state() {
+            Ok(state) => state.mesh.machines.contains_key(machine),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the state to name a host refused for size");
+                false
+            }
+        };
+        let due = match known {
+            true => self
+                .live
+                .note_refused(term, machine, "over bound", &reason, now),
+            false => self.live.warn_due(machine, "over bound", now),
+        };
+        if let Some(held_back) = due {
+            tracing::warn!(machine, held_back, "{reason}");
+        }
+        ReportReply::Refused { reason }
     }
 
     /// A report may claim an epoch above the floor only with the signed header of the envelope it

@@ -446,7 +446,7 @@ impl Agent {
             Some(r) => (r.position, Some(digest(&r.declaration)), r.proof.clone()),
             None => (Position::default(), None, None),
         };
-        Ok(Report {
+        let mut report = Report {
             machine: self.config.name().to_string(),
             epoch: position.epoch,
             sequence: position.sequence,
@@ -456,7 +456,11 @@ impl Agent {
             refused_older: inner.refusals.older,
             last_refusal: inner.refusals.last.clone(),
             proof,
-        })
+        };
+        // The leader refuses a report over its bounds (decision 0299): a long failure or
+        // refusal is cut here, whole in this host's log.
+        report.clip_texts();
+        Ok(report)
     }
 
     /// The transport should not wait on the controllers' answer to a report: deliver it aside.

@@ -307,6 +307,7 @@ impl Endpoint {
             open: self.inner.open.clone(),
             admission: Arc::new(Admission::new(limits, self.inner.counters.clone())),
             principal: self.inner.principal.clone(),
+            warned: Arc::default(),
         };
         tokio::spawn(crate::serve::accept_loop(self.inner.quinn.clone(), context));
         true
@@ -668,6 +669,21 @@ impl Endpoint {
                     addr,
                     "the write did not finish inside its gate".into(),
                 ));
+            }
+            Err(e @ FrameError::Stream { .. }) => {
+                // The peer stopped reading mid-frame (a frame over its limit for this sender,
+                // say) and answers why: that refusal, not a lost write, is the outcome.
+                let left = deadline.saturating_duration_since(Instant::now());
+                return Err(match frame::read_frame(&mut recv, max, left).await {
+                    Ok(answer) => match frame::decode_response(&answer) {
+                        Ok(Err(refused)) => Attempt::Failed(TransportError::Refused {
+                            addr,
+                            reason: refused.reason,
+                        }),
+                        _ => Attempt::from_frame(e),
+                    },
+                    Err(_) => Attempt::from_frame(e),
+                });
             }
             Err(e) => return Err(Attempt::from_frame(e)),
         }

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use quinn::{Connection, RecvStream, SendStream, VarInt};
 use tokio::sync::Semaphore;
@@ -67,7 +68,8 @@ pub trait Handler: Send + Sync + 'static {
     fn one_way(&self, from: Principal, kind: MessageKind, body: Vec<u8>) -> BoxFuture<'_, ()>;
 }
 
-/// Stream stop code: the frame was over `frame_bytes_max`.
+/// Stream stop code: the frame was over the sender's limit (`frame_bytes_max`, or
+/// `report_frame_bytes_max` for a host).
 pub const stop_frame_too_large: u32 = 1;
 /// Stream stop code: the frame could not be read or decoded.
 pub const stop_bad_frame: u32 = 2;
@@ -84,7 +86,9 @@ pub const close_untrusted: u32 = 4;
 pub fn stop_reason(code: VarInt) -> String {
     let code = code.into_inner();
     let what = match code {
-        c if c == u64::from(stop_frame_too_large) => "frame over the peer's frame_bytes_max",
+        c if c == u64::from(stop_frame_too_large) => {
+            "frame over the peer's limit for this sender (frame_bytes_max, or report_frame_bytes_max for a host)"
+        }
         c if c == u64::from(stop_bad_frame) => "bad frame",
         c if c == u64::from(stop_denied) => "denied by the writers table",
         c if c == u64::from(stop_version) => {
@@ -156,6 +160,8 @@ pub(crate) struct ServeContext {
     pub(crate) admission: Arc<crate::admit::Admission>,
     /// This endpoint's own principal, named in version refusals.
     pub(crate) principal: Principal,
+    /// Which warnings about which peer are due (at most one a peer and kind per interval).
+    pub(crate) warned: Arc<crate::ratelog::LogEvery<(Principal, &'static str)>>,
 }
 
 /// The certificate a connected peer presented, as refusals name it.
@@ -331,28 +337,41 @@ async fn read_checked(
     permissions: &Permissions,
     context: &ServeContext,
 ) -> Result<Header, (u32, String)> {
-    let max = context.config.frame_bytes_max();
+    // From the peer's certificate, before any byte of the frame: a host's frames are small.
+    let max = permissions.frame_bytes_max(context.config.frame_bytes_max());
     let timeout = context.config.request_timeout();
     let header = match frame::read_frame(recv, max, timeout).await {
         Ok(bytes) => frame::decode_header_framed(&bytes, framing),
         Err(e) => Err(e),
     };
+    let principal = permissions.principal();
     let header = match header {
         Ok(header) => header,
         Err(e) => {
             context.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
-            let code = match e {
-                FrameError::TooLarge { .. } => stop_frame_too_large,
-                _ => stop_bad_frame,
+            let (code, reason) = match e {
+                FrameError::TooLarge { len, max } => {
+                    (stop_frame_too_large, permissions.frame_too_large(len, max))
+                }
+                e => (stop_bad_frame, format!("bad frame from {principal}: {e}")),
             };
-            let principal = permissions.principal();
-            tracing::warn!(peer = %addr, %principal, reason = %e, "bad frame refused");
-            return Err((code, format!("bad frame from {principal}: {e}")));
+            let due = context
+                .warned
+                .due((principal.clone(), "bad frame"), Instant::now());
+            if let Some(held_back) = due {
+                tracing::warn!(peer = %addr, %principal, %reason, held_back, "bad frame refused");
+            }
+            return Err((code, reason));
         }
     };
     if let Err(denied) = permissions.check(&header.kind) {
         context.counters.denied.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(peer = %addr, reason = %denied, "message denied by the writers table");
+        let due = context
+            .warned
+            .due((principal.clone(), "denied"), Instant::now());
+        if let Some(held_back) = due {
+            tracing::warn!(peer = %addr, reason = %denied, held_back, "message denied by the writers table");
+        }
         return Err((stop_denied, denied.to_string()));
     }
     let sender = permissions.principal();

@@ -47,6 +47,12 @@ pub struct Denied {
     pub why: &'static str,
 }
 
+/// Largest frame a host may send, in bytes (1024 KiB). A host may send only its own reports, and
+/// the largest legal report (`report_modules_max` modules with every text at its bound, in the
+/// mesh crate's `core::report`) encodes to about 670 KiB; `tests/controller_reports.rs` checks
+/// that it fits. Replicas and operators keep the configured `frame_bytes_max` (decision 0299).
+pub const report_frame_bytes_max: usize = 1024 * 1024;
+
 /// What one principal may send; obtained only from [`permissions_for`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Permissions {
@@ -64,6 +70,30 @@ impl Permissions {
     /// The principal these permissions belong to.
     pub fn principal(&self) -> &Principal {
         &self.principal
+    }
+
+    /// The most bytes one frame from this principal may hold, known from its certificate before
+    /// any byte of the frame is read: a host sends only reports, so [`report_frame_bytes_max`]
+    /// (or `configured` if lower); replicas and operators `configured` (`frame_bytes_max`).
+    pub fn frame_bytes_max(&self, configured: usize) -> usize {
+        match &self.principal {
+            Principal::Host(_) => report_frame_bytes_max.min(configured),
+            Principal::Replica(_) | Principal::Operator(_) => configured,
+        }
+    }
+
+    /// The refusal of a frame of `len` bytes over `max`, this principal's limit, naming it.
+    pub fn frame_too_large(&self, len: u64, max: usize) -> String {
+        let principal = &self.principal;
+        match principal {
+            Principal::Host(_) => format!(
+                "frame of {len} bytes from {principal} is over report_frame_bytes_max ({} KiB): a host sends only its reports, and no legal report is that large; the host is broken or forging, fix or upgrade it",
+                max / 1024
+            ),
+            Principal::Replica(_) | Principal::Operator(_) => format!(
+                "frame of {len} bytes from {principal} is over the limit of {max} bytes (frame_bytes_max); send less or raise the limit on both ends"
+            ),
+        }
     }
 
     /// Allows or denies one message. The match lists every (principal, kind) pair with no
@@ -119,6 +149,31 @@ mod tests {
             MessageKind::Forward,
             MessageKind::Logs,
         ]
+    }
+
+    #[test]
+    fn a_hosts_frames_are_bounded_by_the_report_limit_and_others_keep_theirs() {
+        // Issue 23 part 2: the limit comes from the principal, before the frame is read.
+        let configured = 16 * 1024 * 1024;
+        let host = permissions_for(&Principal::Host("ace".into()));
+        assert_eq!(host.frame_bytes_max(configured), report_frame_bytes_max);
+        assert_eq!(
+            host.frame_bytes_max(2048),
+            2048,
+            "a lower configured limit holds"
+        );
+        for other in [Principal::Replica(1), Principal::Operator("alice".into())] {
+            assert_eq!(
+                permissions_for(&other).frame_bytes_max(configured),
+                configured
+            );
+        }
+        let refusal = host.frame_too_large(2 << 20, report_frame_bytes_max);
+        assert!(refusal.contains("host:ace"), "{refusal}");
+        assert!(
+            refusal.contains("report_frame_bytes_max (1024 KiB)"),
+            "{refusal}"
+        );
     }
 
     #[test]

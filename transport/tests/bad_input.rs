@@ -159,3 +159,67 @@ async fn frame_over_the_servers_limit_gets_a_refusal_naming_the_limit() {
         .await;
     assert_eq!(ok, Ok(b"echo:small".to_vec()));
 }
+
+#[tokio::test]
+async fn a_hosts_frame_over_the_report_limit_is_refused_naming_it_and_a_replicas_is_served() {
+    // Issue 23 part 2: a host may send only reports, so its frames are bounded by
+    // report_frame_bytes_max, decided from its certificate before the body is read; a replica's
+    // frame of the same size is under its frame_bytes_max and is served.
+    let pki = Pki::new();
+    let (server, recorder) = serving(&pki, &replica(1));
+    let ace = client(&pki, &host("ace"));
+    let body = vec![7; mesh_transport::report_frame_bytes_max + 1];
+    let err = ace
+        .request(server.local_addr(), report("ace"), body.clone(), timeout)
+        .await
+        .expect_err("refused");
+    let TransportError::Refused { reason, .. } = err else {
+        panic!("expected Refused, got {err:?}");
+    };
+    assert!(
+        reason.contains("report_frame_bytes_max (1024 KiB)"),
+        "{reason}"
+    );
+    assert!(reason.contains("host:ace"), "{reason}");
+    assert!(
+        recorder.seen().is_empty(),
+        "the handler saw an oversized report"
+    );
+    assert_eq!(server.counts().bad_frames, 1);
+    // A report under the limit from the same host is still served.
+    let ok = ace
+        .request(
+            server.local_addr(),
+            report("ace"),
+            b"small".to_vec(),
+            timeout,
+        )
+        .await;
+    assert_eq!(ok, Ok(b"echo:small".to_vec()));
+    let peer = client(&pki, &replica(2));
+    let ok = peer
+        .request(server.local_addr(), MessageKind::Raft, body, timeout)
+        .await
+        .expect("a replica's frame of that size is served");
+    assert!(ok.starts_with(b"echo:"), "the echo of the body");
+}
+
+#[tokio::test]
+async fn warnings_about_one_peers_bad_frames_are_logged_once_per_interval() {
+    // Issue 23 part 5: a peer sending garbage on every stream gets one warning line per
+    // interval, not one per stream; every bad frame is still counted.
+    let logs = Logs::default();
+    let _guard = logs.install();
+    let pki = Pki::new();
+    let (server, _recorder) = serving(&pki, &replica(1));
+    let conn = raw_connection_as(&pki, &operator("alice"), server.local_addr()).await;
+    let mut garbage = 16u32.to_be_bytes().to_vec();
+    garbage.extend_from_slice(&[0xff; 16]);
+    for _ in 0..5 {
+        let answer = raw_request(&conn, &garbage, true).await;
+        assert!(matches!(answer, Ok(Err(_))), "{answer:?}");
+    }
+    assert_eq!(server.counts().bad_frames, 5);
+    let lines = logs.text().matches("bad frame refused").count();
+    assert_eq!(lines, 1, "{}", logs.text());
+}

@@ -686,6 +686,7 @@ mod tests {
             report_age_ms: None,
             heard_ago_ms: None,
             unproven_refusal: None,
+            report_refusal: None,
         };
         let start = HostStart::of(&view, 100);
         assert_eq!(
