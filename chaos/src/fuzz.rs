@@ -344,10 +344,19 @@ pub fn targets() -> Vec<Target> {
             }),
         },
         Target {
-            name: "host report (Report)",
+            name: "host report (Report, decode_bounded)",
             seeds: encoded("report", &[report()]),
             check: Box::new(|b| {
                 let _ = mesh_codec::decode::<Report>("report", b);
+                // What the leader decodes (decision 0299): never more module entries than the
+                // bound, whatever count the bytes claim.
+                if let Ok(Ok(report)) = mesh::core::report::decode_bounded(b) {
+                    let bound = mesh::core::report::report_modules_max;
+                    if report.modules.len() > bound {
+                        return Err(format!("decode_bounded kept {} modules", report.modules.len()));
+                    }
+                    let _ = report.check_bounds(bound, "report_modules_max");
+                }
                 Ok(())
             }),
         },
