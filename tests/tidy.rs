@@ -607,3 +607,61 @@ fn test_setup_has_one_copy_in_testkit() {
         copies.join("\n")
     );
 }
+
+#[test]
+fn every_limit_in_shipped_code_is_listed_in_the_operator_guide() {
+    // Issue 23: every limit is a named constant with its unit, and the operator guide's "Limits"
+    // section says what happens at it. A `pub const …_max` (or `…_max_limit`, `…_reserved_min`)
+    // in shipped code that the section does not name is a limit an operator cannot look up.
+    let root = workspace_root();
+    let guide = fs::read_to_string(root.join("docs/operator-guide.md")).expect("read the guide");
+    let start = guide
+        .find("\n## Limits\n")
+        .expect("the guide has a ## Limits section");
+    let section = &guide[start + 1..];
+    let section = match section[3..].find("\n## ") {
+        Some(end) => &section[..end + 3],
+        None => section,
+    };
+    let mut missing = Vec::new();
+    for dir in [
+        "src",
+        "core/src",
+        "raft/src",
+        "transport/src",
+        "codec/src",
+        "migrations/src",
+    ] {
+        for path in rust_files(&root.join(dir)) {
+            let text = fs::read_to_string(&path).expect("read");
+            let Some(shipped) = shipped_part(&path, &text) else {
+                continue;
+            };
+            for line in shipped.lines() {
+                let Some(rest) = line.strip_prefix("pub const ") else {
+                    continue;
+                };
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let is_limit = name.ends_with("_max")
+                    || name.ends_with("_max_limit")
+                    || name.ends_with("_reserved_min");
+                if is_limit && !section.contains(&format!("`{name}`")) {
+                    let rel = path
+                        .strip_prefix(&root)
+                        .unwrap_or(&path)
+                        .display()
+                        .to_string();
+                    missing.push(format!("{rel}: {name}"));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "limits not listed in docs/operator-guide.md's Limits section (add a row saying what happens at each):\n{}",
+        missing.join("\n")
+    );
+}

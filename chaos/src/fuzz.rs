@@ -353,7 +353,10 @@ pub fn targets() -> Vec<Target> {
                 if let Ok(Ok(report)) = mesh::core::report::decode_bounded(b) {
                     let bound = mesh::core::report::report_modules_max;
                     if report.modules.len() > bound {
-                        return Err(format!("decode_bounded kept {} modules", report.modules.len()));
+                        return Err(format!(
+                            "decode_bounded kept {} modules",
+                            report.modules.len()
+                        ));
                     }
                     let _ = report.check_bounds(bound, "report_modules_max");
                 }

@@ -1013,7 +1013,10 @@ mod append_bound {
             .sum();
         assert!(bytes <= append_bytes_max, "{bytes} bytes sent");
         let one_more = mesh_codec::encoded_len("entry", &many[sent]).expect("sized");
-        assert!(bytes + one_more > append_bytes_max, "the piece is as large as it may be");
+        assert!(
+            bytes + one_more > append_bytes_max,
+            "the piece is as large as it may be"
+        );
         let huge = vec![entry(1, 4 * append_bytes_max), entry(2, 10)];
         assert_eq!(entries_within(&huge, append_bytes_max), 1);
         let small: Vec<_> = (1..=100).map(|i| entry(i, 100)).collect();

@@ -70,17 +70,26 @@ fn newest_pages(
     query.limit = history_page_items_max;
     let mut items: Vec<HistoryItem> = Vec::new();
     // Page by page: every answer stays under a frame however long the history is.
+    let mut read_all = false;
     for _ in 0..history_pages_max {
         if query.offset >= total {
+            read_all = true;
             break;
         }
         let (answered, got) = page(ctx, &query)?;
         via = answered;
         if got.items.is_empty() {
+            read_all = true;
             break;
         }
         query.offset += got.items.len() as u64;
         items.extend(got.items);
+    }
+    if !read_all && query.offset < total {
+        // Never a silent part of the answer: ten million entries is past what one read prints.
+        return Err(CliError::Usage(format!(
+            "the history has {total} entries matching, more than {history_pages_max} pages of {history_page_items_max} (history_pages_max); narrow it with --since, --machine or --limit"
+        )));
     }
     Ok((via, items))
 }

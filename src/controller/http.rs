@@ -195,12 +195,23 @@ mod tests {
         }
         assert_eq!(drawn.load(Ordering::SeqCst), 1, "50 requests, one drawing");
         let within = t0 + Duration::from_millis(page_fresh_ms_max - 1);
-        assert_eq!(&*cache.get(within, draw(drawn.clone())).await.expect("page"), "page 1");
+        assert_eq!(
+            &*cache.get(within, draw(drawn.clone())).await.expect("page"),
+            "page 1"
+        );
         let after = t0 + Duration::from_millis(page_fresh_ms_max);
-        assert_eq!(&*cache.get(after, draw(drawn.clone())).await.expect("page"), "page 2");
+        assert_eq!(
+            &*cache.get(after, draw(drawn.clone())).await.expect("page"),
+            "page 2"
+        );
         let failed = after + Duration::from_millis(page_fresh_ms_max);
-        let refused = cache.get(failed, async { Err("store unreadable".to_string()) }).await;
+        let refused = cache
+            .get(failed, async { Err("store unreadable".to_string()) })
+            .await;
         assert_eq!(refused.expect_err("failed drawing"), "store unreadable");
-        assert_eq!(&*cache.get(failed, draw(drawn.clone())).await.expect("page"), "page 3");
+        assert_eq!(
+            &*cache.get(failed, draw(drawn.clone())).await.expect("page"),
+            "page 3"
+        );
     }
 }

@@ -410,8 +410,18 @@ impl Service {
         let db = self.replica.database();
         let recent = MeshApp::recent_history(db, n).map_err(|e| storage("history", &e))?;
         let mut items: Vec<(u64, HistoryItem)> = Vec::new();
-        items.extend(recent.models.into_iter().map(|m| (m.time_ms, HistoryItem::Model(m))));
-        items.extend(recent.sends.into_iter().map(|s| (s.time_ms, HistoryItem::Send(s))));
+        items.extend(
+            recent
+                .models
+                .into_iter()
+                .map(|m| (m.time_ms, HistoryItem::Model(m))),
+        );
+        items.extend(
+            recent
+                .sends
+                .into_iter()
+                .map(|s| (s.time_ms, HistoryItem::Send(s))),
+        );
         items.extend(
             recent
                 .settings

@@ -102,11 +102,20 @@ impl MeshApp {
         let mut recent = RecentHistory::default();
         for row in txn.open_table(tables::MODEL_HISTORY)?.iter()?.rev().take(n) {
             let (_, v) = row?;
-            recent.models.push(mesh_codec::decode("model change", v.value())?);
+            recent
+                .models
+                .push(mesh_codec::decode("model change", v.value())?);
         }
-        for row in txn.open_table(tables::SETTINGS_HISTORY)?.iter()?.rev().take(n) {
+        for row in txn
+            .open_table(tables::SETTINGS_HISTORY)?
+            .iter()?
+            .rev()
+            .take(n)
+        {
             let (_, v) = row?;
-            recent.settings.push(mesh_codec::decode("settings change", v.value())?);
+            recent
+                .settings
+                .push(mesh_codec::decode("settings change", v.value())?);
         }
         recent.sends = newest_sends(&txn, n)?;
         recent.models.reverse();
@@ -534,7 +543,10 @@ fn newest_sends(txn: &ReadTransaction, n: usize) -> Result<Vec<SendRecord>, AppE
                 records.remove(&(m, seq));
             }
         }
-        let past = (Bound::Excluded((machine.as_str(), u64::MAX)), Bound::Unbounded);
+        let past = (
+            Bound::Excluded((machine.as_str(), u64::MAX)),
+            Bound::Unbounded,
+        );
         next = table
             .range::<(&str, u64)>(past)?
             .next()
