@@ -308,6 +308,7 @@ impl Endpoint {
             admission: Arc::new(Admission::new(limits, self.inner.counters.clone())),
             principal: self.inner.principal.clone(),
             warned: Arc::default(),
+            warned_handshakes: Arc::default(),
         };
         tokio::spawn(crate::serve::accept_loop(self.inner.quinn.clone(), context));
         true

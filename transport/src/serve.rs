@@ -162,6 +162,8 @@ pub(crate) struct ServeContext {
     pub(crate) principal: Principal,
     /// Which warnings about which peer are due (at most one a peer and kind per interval).
     pub(crate) warned: Arc<crate::ratelog::LogEvery<(Principal, &'static str)>>,
+    /// Refused handshakes logged at most once per interval per source IP (no principal yet).
+    pub(crate) warned_handshakes: Arc<crate::ratelog::LogEvery<std::net::IpAddr>>,
 }
 
 /// The certificate a connected peer presented, as refusals name it.
@@ -264,7 +266,12 @@ fn handshake_refused(context: &ServeContext, addr: SocketAddr, reason: &str) {
         .counters
         .handshakes_refused
         .fetch_add(1, Ordering::Relaxed);
-    tracing::warn!(peer = %addr, %reason, "TLS handshake refused");
+    let due = context
+        .warned_handshakes
+        .due(addr.ip(), std::time::Instant::now());
+    if let Some(held_back) = due {
+        tracing::warn!(peer = %addr, %reason, held_back, "TLS handshake refused");
+    }
 }
 
 async fn serve_connection(
@@ -378,7 +385,12 @@ async fn read_checked(
     if let Err(e) = crate::version::check(&header.kind, header.version, sender, &context.principal)
     {
         context.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(peer = %addr, reason = %e, "message version refused");
+        let due = context
+            .warned
+            .due((sender.clone(), "version"), Instant::now());
+        if let Some(held_back) = due {
+            tracing::warn!(peer = %addr, reason = %e, held_back, "message version refused");
+        }
         return Err((stop_version, e.to_string()));
     }
     Ok(header)

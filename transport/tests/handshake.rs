@@ -152,3 +152,38 @@ async fn dialler_refuses_a_server_from_another_ca() {
     );
     assert!(recorder.seen().is_empty());
 }
+
+#[tokio::test]
+async fn refused_handshakes_from_one_address_are_logged_once_per_interval_and_all_counted() {
+    // Issue 23 part 4: anyone can start a handshake, so a peer failing them in a loop gets one
+    // warning line per interval (with the count held back), not one per attempt; each is counted.
+    let logs = Logs::default();
+    let _guard = logs.install();
+    let pki = Pki::new();
+    let (server, _recorder) = serving(&pki, &replica(1));
+    let issued = pki.ca.issue(&replica(2), expired()).expect("issue");
+    let identity =
+        Identity::from_pem(pki.ca.cert_pem(), issued.cert_pem(), issued.key_pem()).expect("id");
+    let rogue = Endpoint::bind(any_port(), &identity, config()).expect("bind");
+    for _ in 0..5 {
+        let err = rogue
+            .request(
+                server.local_addr(),
+                MessageKind::Raft,
+                b"x".to_vec(),
+                timeout,
+            )
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(err, TransportError::HandshakeRefused { .. }),
+            "{err:?}"
+        );
+    }
+    wait_for("every refusal counted", || {
+        server.counts().handshakes_refused == 5
+    })
+    .await;
+    let lines = logs.text().matches("TLS handshake refused").count();
+    assert_eq!(lines, 1, "{}", logs.text());
+}
