@@ -1030,7 +1030,12 @@ impl Service {
         let actor = format!("host:{frame_machine}");
         if let Err(reason) = self.check_claimed_epoch(&report) {
             self.metrics.report("unproven");
-            tracing::warn!(machine = frame_machine, epoch = report.epoch, %reason, "report refused: epoch above the floor without a proof");
+            let due = self
+                .live
+                .warn_due(frame_machine, "unproven", std::time::Instant::now());
+            if let Some(held_back) = due {
+                tracing::warn!(machine = frame_machine, epoch = report.epoch, %reason, held_back, "report refused: epoch above the floor without a proof");
+            }
             return Ok(ReportReply::Refused { reason });
         }
         if let Some(why) = self.reused_term(term, &report) {
