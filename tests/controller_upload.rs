@@ -1,5 +1,6 @@
 //! Models larger than one proposal (issue 10 item 2, decision 0185): meshctl's requests for a
-//! model with ~40 MiB of module files go as numbered chunks into the staging record and one apply
+//! model with ~7 MiB of module files (under `model_bytes_max`, each machine's declaration under
+//! `declaration_bytes_max`, decision 0298) go as numbered chunks into the staging record and one apply
 //! that names the upload and its digest, through three in-process replicas over real QUIC; the
 //! model lands whole in one commit, a read between chunks shows the old model, a wrong digest or
 //! an upload over the limits is refused and changes nothing. The state machine's own checks are
@@ -20,12 +21,15 @@ use mesh::store::staging::{staging_bytes_max, upload_digest, upload_idle_ms};
 use mesh::store::state::DomainState;
 
 /// Built before the bed starts: the test's own CPU work runs on the runtime the replicas share.
-/// `mount_mesh` with `modules` more sleepers on ace, each with files of `mib` MiB in all
-/// (different bytes in each file, so nothing compresses or repeats by accident).
+/// `mount_mesh` with `modules` more sleepers, each on a machine of its own (so each declaration
+/// stays under `declaration_bytes_max`) with files of `mib` MiB in all (different bytes in each
+/// file, so nothing compresses or repeats by accident).
 fn big_mesh(modules: usize, mib: usize) -> Mesh {
     let mut mesh = mount_mesh("/srv/a");
     for m in 0..modules {
-        let mut module = sleeper(&format!("big{m}"), "ace");
+        let on = format!("big-machine-{m}");
+        mesh.machines.insert(on.clone(), machine(&on));
+        let mut module = sleeper(&format!("big{m}"), &on);
         for f in 0..mib {
             let fill = (b'a' + ((m * 7 + f) % 26) as u8) as char;
             let text = fill.to_string().repeat(1024 * 1024 - 1);
@@ -62,9 +66,9 @@ async fn wait_model_everywhere(bed: &Bed, want: &Mesh, revision: u64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_40_mib_model_goes_in_chunks_and_lands_whole_in_one_commit_while_reads_between_chunks_show_the_old_model()
+async fn a_7_mib_model_goes_in_chunks_and_lands_whole_in_one_commit_while_reads_between_chunks_show_the_old_model()
  {
-    let big = big_mesh(4, 10);
+    let big = big_mesh(7, 1);
     let (upload, chunks, apply) = upload_of(&big);
     let bed = Bed::start(&[], &[]).await;
     let leader = bed.wait_leader().await;
@@ -120,7 +124,7 @@ async fn a_40_mib_model_goes_in_chunks_and_lands_whole_in_one_commit_while_reads
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_is_kept_in_every_replica_s_store_and_a_digest_mismatch_is_refused_changing_nothing()
  {
-    let big = big_mesh(1, 6);
+    let big = big_mesh(2, 3);
     let (upload, chunks, apply) = upload_of(&big);
     let bed = Bed::start(&[], &[]).await;
     let leader = bed.wait_leader().await;

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// Largest value the codec will decode, in bytes: a replica's snapshot (a model of up to 8 MiB, decision 0298,
-/// and up to 256 MiB of staged uploads, decision 0185) fits. Frames have their own, smaller limit
+/// and up to `staging_bytes_max` of staged uploads, decision 0185) fits. Frames have their own, smaller limit
 /// in transport.
 pub const value_bytes_max: usize = 512 * 1024 * 1024;
 

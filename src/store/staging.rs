@@ -20,8 +20,9 @@ use super::state::{Changed, DomainState};
 use crate::core::model::{Machine, Mesh};
 use crate::core::validate::model_bytes_max;
 
-/// Most bytes staged at once, every upload together (each is at most [`model_bytes_max`]).
-pub const staging_bytes_max: u64 = 256 * 1024 * 1024;
+/// Most bytes staged at once, every upload together (each is at most [`model_bytes_max`]): two
+/// whole models, so two operators can upload at once while every replica holds at most this.
+pub const staging_bytes_max: u64 = 2 * model_bytes_max as u64;
 /// Most uploads staged at once; a new one past it is refused (finished, dropped or expired
 /// uploads free their place).
 pub const uploads_max: usize = 4;
