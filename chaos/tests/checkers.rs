@@ -72,6 +72,8 @@ fn taken_by(position: ReportPosition, ok: bool, by: u64) -> Event {
         position,
         ok,
         by: Some(by),
+        started: 0,
+        took_ms: 1,
     }
 }
 
