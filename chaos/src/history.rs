@@ -196,7 +196,10 @@ impl fmt::Display for Event {
                 taken,
                 example,
             } => {
-                write!(f, "hostile {fault}: {sent} sent that must be refused, {taken} taken")?;
+                write!(
+                    f,
+                    "hostile {fault}: {sent} sent that must be refused, {taken} taken"
+                )?;
                 match example {
                     Some(e) => write!(f, " (e.g. {e})"),
                     None => Ok(()),

@@ -17,9 +17,7 @@ use mesh::core::report::{ModuleState, ModuleStatus, Report};
 use mesh::core::wire::{ReportReply, report_reply_what, report_what};
 use mesh_raft::network::{RaftCall, RaftRequest};
 use mesh_testkit::Pki;
-use mesh_transport::{
-    CheckedConfig, Endpoint, MessageKind, Principal, TransportError, report_frame_bytes_max,
-};
+use mesh_transport::{CheckedConfig, Endpoint, MessageKind, Principal, report_frame_bytes_max};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use openraft::{LeaderId, Vote};
 use tokio::task::JoinSet;
@@ -162,7 +160,12 @@ impl Hostile {
 
     /// Floods `to` with legal reports of eve for `time`: [`flood_streams`] requests at once,
     /// each sent again as soon as it is answered.
-    pub async fn flood(self: &Arc<Self>, to: std::net::SocketAddr, time: Duration, rng: &mut Rng) -> Arc<Sent> {
+    pub async fn flood(
+        self: &Arc<Self>,
+        to: std::net::SocketAddr,
+        time: Duration,
+        rng: &mut Rng,
+    ) -> Arc<Sent> {
         let sent = Arc::new(Sent::default());
         let modules = rng.between(flood_modules_min, flood_modules_max) as usize;
         let module = |i: usize| ModuleStatus {
@@ -205,7 +208,12 @@ impl Hostile {
     /// Frames over the host's frame limit, frames within it holding more module entries than any
     /// report may, and reports whose texts are over their bounds, for `time`: every one must be
     /// refused, none decoded whole.
-    pub async fn oversized(self: &Arc<Self>, to: std::net::SocketAddr, time: Duration, rng: &mut Rng) -> Arc<Sent> {
+    pub async fn oversized(
+        self: &Arc<Self>,
+        to: std::net::SocketAddr,
+        time: Duration,
+        rng: &mut Rng,
+    ) -> Arc<Sent> {
         let sent = Arc::new(Sent::default());
         // Over the frame limit: 1.5–3 times it.
         let over_frame = report_frame_bytes_max + rng.between(512, 2_048) as usize * 1_024;
@@ -257,11 +265,10 @@ impl Hostile {
                 while tokio::time::Instant::now() < deadline {
                     sent.forged.fetch_add(1, Ordering::SeqCst);
                     let bytes = body.len();
-                    match me.report(to, hostile_machine, body.clone()).await {
-                        Ok(reply @ ReportReply::Filed { .. }) => {
-                            sent.took(format!("a {bytes}-byte frame answered {reply:?}"))
-                        }
-                        Ok(_) | Err(_) => {}
+                    if let Ok(reply @ ReportReply::Filed { .. }) =
+                        me.report(to, hostile_machine, body.clone()).await
+                    {
+                        sent.took(format!("a {bytes}-byte frame answered {reply:?}"));
                     }
                 }
             });
@@ -287,14 +294,19 @@ impl Hostile {
             return sent;
         };
         sent.legal.fetch_add(1, Ordering::SeqCst);
-        if let Ok(ReportReply::Filed { .. }) = self.report(to, hostile_machine, body.clone()).await {
+        if let Ok(ReportReply::Filed { .. }) = self.report(to, hostile_machine, body.clone()).await
+        {
             sent.filed.fetch_add(1, Ordering::SeqCst);
         }
         self.remember(body);
         let deadline = tokio::time::Instant::now() + time;
         let mut back = fresh.report_sequence;
         while tokio::time::Instant::now() < deadline {
-            let old = self.sent_reports.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let old = self
+                .sent_reports
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
             let mut frames: Vec<(String, Vec<u8>, bool)> = old
                 .into_iter()
                 .map(|b| (hostile_machine.to_string(), b, false))
@@ -429,7 +441,11 @@ impl Hostile {
                 let next = term.saturating_add(1);
                 let beyond = mesh_raft::term_max + 1;
                 let calls = [
-                    ("a vote claiming to come from another replica", *id, vote(next, Some(*id))),
+                    (
+                        "a vote claiming to come from another replica",
+                        *id,
+                        vote(next, Some(*id)),
+                    ),
                     ("a vote for another candidate", me, vote(next, Some(*id))),
                     ("entries as another leader", me, append(next, *id)),
                     ("a vote above term_max", me, vote(beyond, Some(me))),
@@ -438,7 +454,7 @@ impl Hostile {
                 for (what, from, call) in calls {
                     let request = RaftRequest {
                         from,
-                        timings: timings.clone(),
+                        timings,
                         call,
                     };
                     let Ok(body) = mesh_codec::encode("raft request", &request) else {
@@ -454,9 +470,9 @@ impl Hostile {
                             Duration::from_millis(hostile_request_ms),
                         )
                         .await;
-                    match answer {
-                        Ok(_) => sent.took(format!("{what} to replica {id} answered")),
-                        Err(TransportError::Refused { .. }) | Err(_) => {}
+                    // Refused (an error answer) or unanswered: not taken.
+                    if answer.is_ok() {
+                        sent.took(format!("{what} to replica {id} answered"));
                     }
                 }
             }
