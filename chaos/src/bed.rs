@@ -101,6 +101,18 @@ pub struct SinkFaults {
     pub duplicate_per_mille: AtomicU32,
     held: Mutex<Option<Report>>,
     rolls: AtomicU64,
+    /// The last report this host delivered (the hostile peer replays it as another machine's).
+    pub last_report: Mutex<Option<Report>>,
+}
+
+impl SinkFaults {
+    /// The last report this host delivered, if any.
+    pub fn last_report(&self) -> Option<Report> {
+        self.last_report
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 /// The real QUIC sink, recording every delivery and playing the report faults.
@@ -115,7 +127,10 @@ struct ChaosSink {
 
 impl ChaosSink {
     async fn deliver_recorded(&self, report: &Report) -> Result<(), mesh::host::SinkError> {
+        let started = self.recorder.now();
+        let began = Instant::now();
         let result = self.inner.deliver(report).await;
+        let took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
         let by = self
             .inner
             .last_filed_by()
@@ -125,6 +140,8 @@ impl ChaosSink {
             position: report.position(),
             ok: result.is_ok(),
             by,
+            started,
+            took_ms,
         });
         result
     }
@@ -145,6 +162,11 @@ impl ReportSink for ChaosSink {
                 return Ok(());
             }
             let result = self.deliver_recorded(report).await;
+            *self
+                .faults
+                .last_report
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(report.clone());
             if result.is_ok() {
                 let held = self
                     .faults
@@ -210,6 +232,8 @@ pub struct Cluster {
     pub recorder: Recorder,
     /// Backups taken during the run (`snapshot save`), oldest first.
     pub backups: Vec<PathBuf>,
+    /// The hostile peer's endpoints (idle unless a hostile fault plays).
+    pub hostile: Arc<crate::hostile::Hostile>,
 }
 
 /// Why the cluster could not be set up or changed.
@@ -242,9 +266,10 @@ impl Cluster {
         let operator = Endpoint::bind(
             mesh_testkit::loopback(),
             &pki.identity(&Principal::Operator("chaos".into())),
-            transport,
+            transport.clone(),
         )
         .map_err(bed("bind the operator"))?;
+        let hostile = crate::hostile::Hostile::bind(&pki, &transport).map_err(BedError)?;
         let mut cluster = Cluster {
             dir,
             pki,
@@ -256,6 +281,7 @@ impl Cluster {
             operator,
             recorder,
             backups: Vec::new(),
+            hostile: Arc::new(hostile),
         };
         for m in machines {
             let host = cluster.first_host(m).await?;
@@ -755,6 +781,7 @@ impl Cluster {
         let names: Vec<String> = self.hosts.keys().cloned().collect();
         self.stop_hosts(&names).await;
         self.operator.close().await;
+        self.hostile.close().await;
     }
 }
 

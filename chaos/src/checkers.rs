@@ -12,7 +12,7 @@ use crate::history::{Answered, Event, History, Op, OpId, Tick};
 use crate::linear::{self, Kind, RegisterOp, Stuck, Verdict};
 
 /// The checkers, by name, in the order they run.
-pub const checker_names: [&str; 13] = [
+pub const checker_names: [&str; 16] = [
     "history complete",
     "no stale epoch written",
     "no host applies at or below its mark",
@@ -26,7 +26,26 @@ pub const checker_names: [&str; 13] = [
     "no epoch reused after a restore",
     "replicas agree at the end",
     "the history of operator writes is linearizable",
+    "every other host's reports are filed within the usual bound",
+    "memory stays under its bound",
+    "no hostile message is taken",
 ];
+
+/// How long a host's report may take from its sink's first try to its filing while the hostile
+/// peer plays and no other fault does: one attempt of the host's sink
+/// (`report_request_timeout_ms`, 2,000 ms: past it the host gives the attempt up), which is also
+/// how long a run waits for a push's reports before it pushes again (`run::settle_ms`).
+/// Unloaded, a report is filed in one commit round (about 10–60 ms here).
+pub const report_filed_ms_max: u64 = mesh::host::sink::report_request_timeout_ms;
+
+/// The most resident memory a run's process may hold, in bytes (768 MiB). Measured (debug
+/// build, runs one after another in one process, the hostile peer's own copies included): 197–327
+/// MiB over hostile seeds 1–6, 440 MiB at most with the per-host report quota removed and a flood
+/// of 64 reports of 500 KiB at once. The bounds let a hostile host hold little: frames of at most
+/// `report_frame_bytes_max` (1 MiB), at most `reports_in_flight_per_host_max` (4) of its reports
+/// queued, a report decoded with at most 1,024 modules. 768 MiB leaves room for a loaded machine's
+/// slower runs without hiding a leak of hundreds of MiB.
+pub const rss_bytes_max: u64 = 768 * 1024 * 1024;
 
 /// One broken guarantee, with the tick it was seen at (when there is one).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,6 +122,9 @@ pub fn check_run(history: &History, last: &Final) -> Checked {
     out.extend(converged(last));
     out.extend(no_epoch_reused_after_restore(history));
     out.extend(replicas_agree(last));
+    out.extend(reports_filed_within_bound(history));
+    out.extend(memory_within_bound(history));
+    out.extend(no_hostile_message_taken(history));
     let linearized = operator_writes_linearizable(history, last);
     out.extend(linearized.violations);
     Checked {
@@ -488,6 +510,7 @@ pub fn each_refusal_counted_once(history: &History, last: &Final) -> Vec<Violati
             position,
             ok,
             by,
+            ..
         } = e
         else {
             continue;
@@ -520,6 +543,11 @@ pub fn each_refusal_counted_once(history: &History, last: &Final) -> Vec<Violati
     }
     let mut out = Vec::new();
     for (m, (_, counted)) in &last.accounts {
+        // The hostile peer's machine: its deliveries are not recorded (it is no host of the
+        // bed), and its replays are refused and counted on purpose.
+        if m == crate::hostile::hostile_machine {
+            continue;
+        }
         let (l, h) = (
             low.get(m.as_str()).copied().unwrap_or(0),
             high.get(m.as_str()).copied().unwrap_or(0),
@@ -953,4 +981,141 @@ fn done_at(done: Option<Tick>) -> String {
         Some(t) => format!("#{t:06}"),
         None => "unanswered".to_string(),
     }
+}
+
+/// Every other host's reports are filed within [`report_filed_ms_max`] while the hostile peer
+/// plays (issue 23 part 5): a delivery is judged when a hostile step was on during it, no other
+/// fault was on, nothing restarted, lost or restored its store during it, and a lease was granted
+/// after the last such disturbance before it began (the cluster was serving). A judged delivery
+/// that failed, or took longer than the bound, is a violation: the hostile peer slowed the others.
+pub fn reports_filed_within_bound(history: &History) -> Vec<Violation> {
+    // Per tick: whether a hostile step and another step were on, and whether it disturbed.
+    let n = history.events.len();
+    let mut hostile_on = vec![false; n];
+    let mut other_on = vec![false; n];
+    let mut disturbs = vec![false; n];
+    // The last disturbance and whether a lease was granted since, at each tick.
+    let mut settled = vec![false; n];
+    let (mut hostile, mut other) = (0_i64, 0_i64);
+    let mut leased_since_disturbance = false;
+    for (tick, e) in history.ticked() {
+        let t = tick as usize;
+        match e {
+            Event::Nemesis { fault, on, .. } => {
+                let is_hostile = crate::nemesis::Fault::all
+                    .iter()
+                    .any(|f| f.hostile() && f.name() == fault);
+                let count = if is_hostile { &mut hostile } else { &mut other };
+                *count += if *on { 1 } else { -1 };
+                if !is_hostile {
+                    disturbs[t] = true;
+                }
+            }
+            Event::Restart { .. } | Event::StoreWiped { .. } | Event::Restored { .. } => {
+                disturbs[t] = true;
+            }
+            _ => {}
+        }
+        if disturbs[t] {
+            leased_since_disturbance = false;
+        }
+        settled[t] = leased_since_disturbance;
+        if matches!(e, Event::LeaseGranted { .. }) {
+            leased_since_disturbance = true;
+        }
+        hostile_on[t] = hostile > 0;
+        other_on[t] = other > 0 || disturbs[t];
+    }
+    let mut out = Vec::new();
+    for (tick, e) in history.ticked() {
+        let Event::ReportDelivered {
+            machine,
+            position,
+            ok,
+            started,
+            took_ms,
+            ..
+        } = e
+        else {
+            continue;
+        };
+        let (from, to) = (*started as usize, tick as usize);
+        if from > to || to >= n {
+            continue;
+        }
+        let judged = settled[from]
+            && hostile_on[from..=to].iter().any(|on| *on)
+            && !other_on[from..=to].iter().any(|on| *on);
+        if !judged {
+            continue;
+        }
+        if !ok {
+            out.push(violation(
+                checker_names[13],
+                Some(tick),
+                format!(
+                    "{machine}'s report {position} was not filed (its delivery failed after {took_ms} ms) while only the hostile peer played"
+                ),
+            ));
+        } else if *took_ms > report_filed_ms_max {
+            out.push(violation(
+                checker_names[13],
+                Some(tick),
+                format!(
+                    "{machine}'s report {position} took {took_ms} ms to be filed while only the hostile peer played; the bound is {report_filed_ms_max} ms (report_filed_ms_max)"
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// The process's resident memory stays under [`rss_bytes_max`] through the run.
+pub fn memory_within_bound(history: &History) -> Vec<Violation> {
+    let peak = history
+        .ticked()
+        .filter_map(|(t, e)| match e {
+            Event::Memory { rss_bytes } => Some((*rss_bytes, t)),
+            _ => None,
+        })
+        .max();
+    match peak {
+        Some((rss, tick)) if rss > rss_bytes_max => vec![violation(
+            checker_names[14],
+            Some(tick),
+            format!(
+                "the process held {} MiB resident; the bound is {} MiB (rss_bytes_max)",
+                rss / (1024 * 1024),
+                rss_bytes_max / (1024 * 1024)
+            ),
+        )],
+        _ => vec![],
+    }
+}
+
+/// Nothing the hostile peer forged is taken: no oversized, replayed or self-contradicting report
+/// filed as newer (another machine's report not filed at all), no Raft call claiming another id
+/// or a term above `term_max` answered.
+pub fn no_hostile_message_taken(history: &History) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for (tick, e) in history.ticked() {
+        if let Event::HostileSent {
+            fault,
+            sent,
+            taken,
+            example,
+        } = e
+            && *taken > 0
+        {
+            out.push(violation(
+                checker_names[15],
+                Some(tick),
+                format!(
+                    "{fault}: {taken} of {sent} forged messages were taken, e.g. {}",
+                    crate::history::shown(example)
+                ),
+            ));
+        }
+    }
+    out
 }

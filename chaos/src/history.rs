@@ -93,12 +93,25 @@ pub enum Event {
         digest: String,
     },
     /// `machine`'s sink handed a report to a controller (`ok`) or failed to; `by` is the replica
-    /// that took it (the address the sink says filed it), when known.
+    /// that took it (the address the sink says filed it), when known. The delivery began at tick
+    /// `started` and took `took_ms` of wall time (redirects and retries of the sink included).
     ReportDelivered {
         machine: String,
         position: ReportPosition,
         ok: bool,
         by: Option<u64>,
+        started: Tick,
+        took_ms: u64,
+    },
+    /// The process's resident memory (`VmRSS` of `/proc/self/status`) reached a new high.
+    Memory { rss_bytes: u64 },
+    /// The hostile peer's step `fault` sent `sent` messages that must all be refused; `taken` of
+    /// them were answered as taken (a report filed, a Raft call answered), with one example.
+    HostileSent {
+        fault: String,
+        sent: u64,
+        taken: u64,
+        example: Option<String>,
     },
     /// Replica `replica`'s applied state held this account for `machine`.
     AccountSeen {
@@ -164,11 +177,32 @@ impl fmt::Display for Event {
                 position,
                 ok,
                 by,
+                started,
+                took_ms,
             } => {
                 write!(f, "{machine} report {position} delivered: {ok}")?;
                 match by {
                     Some(r) if *ok => write!(f, " (taken by replica {r})"),
                     _ => Ok(()),
+                }?;
+                write!(f, " in {took_ms} ms (begun #{started:06})")
+            }
+            Event::Memory { rss_bytes } => {
+                write!(f, "resident memory {} MiB", rss_bytes / (1024 * 1024))
+            }
+            Event::HostileSent {
+                fault,
+                sent,
+                taken,
+                example,
+            } => {
+                write!(
+                    f,
+                    "hostile {fault}: {sent} sent that must be refused, {taken} taken"
+                )?;
+                match example {
+                    Some(e) => write!(f, " (e.g. {e})"),
+                    None => Ok(()),
                 }
             }
             Event::AccountSeen {

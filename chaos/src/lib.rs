@@ -10,6 +10,7 @@ pub mod bed;
 pub mod checkers;
 pub mod fuzz;
 pub mod history;
+pub mod hostile;
 pub mod linear;
 pub mod nemesis;
 pub mod observe;

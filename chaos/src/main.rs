@@ -22,7 +22,7 @@ static allocator: CountingAlloc = CountingAlloc;
 /// Child processes at once at most (`--jobs`).
 const jobs_max: u64 = 8;
 
-const usage: &str = "usage: mesh-chaos --runs N [--mix partitions|stale-leaders|processes|stores|new-disks|everything] [--seed S] [--chaos-ms MS] [--minutes M] [--jobs J]\n       mesh-chaos fuzz --seconds N [--seed S]";
+const usage: &str = "usage: mesh-chaos --runs N [--mix partitions|stale-leaders|processes|stores|new-disks|everything|hostile] [--seed S] [--chaos-ms MS] [--minutes M] [--jobs J]\n       mesh-chaos fuzz --seconds N [--seed S]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -81,7 +81,7 @@ fn parse_runs(args: &[String]) -> Result<RunArgs, String> {
             "--tally" => out.tally_only = number()? == 1,
             "--mix" => {
                 let mix = Mix::named(value).ok_or_else(|| {
-                    format!("no mix {value:?}; the mixes are partitions, stale-leaders, processes, stores, new-disks, everything")
+                    format!("no mix {value:?}; the mixes are partitions, stale-leaders, processes, stores, new-disks, everything, hostile")
                 })?;
                 out.mixes = vec![mix];
             }

@@ -98,10 +98,25 @@ pub enum Fault {
     /// Lose a follower's disk as `store-lost` does, and crash it in the middle of installing the
     /// leader's snapshot (the install unwinds before it writes); restart it from its files.
     CrashMidSnapshot,
+    /// The hostile host (`eve`'s valid certificate, not in the model) floods the leader with
+    /// legal reports of a few hundred KiB, many at once, each sent again as soon as answered.
+    HostileFlood,
+    /// The hostile host sends frames over its frame limit and reports within it holding more
+    /// module entries than any report may.
+    HostileOversized,
+    /// The hostile host replays its old reports, counts backwards, and sends another host's
+    /// report as its own and framed as that host's.
+    HostileReplay,
+    /// The hostile host claims an epoch above the floor without a valid proof (none, forged,
+    /// another host's) and an epoch and counter beyond any a host reaches.
+    HostileContradict,
+    /// A copy of a replica's certificate sends Raft calls claiming another replica's id and
+    /// terms above `term_max`.
+    HostileReplica,
 }
 
 impl Fault {
-    pub const all: [Fault; 23] = [
+    pub const all: [Fault; 28] = [
         Fault::IsolateLeader,
         Fault::IsolateLeaderOut,
         Fault::IsolateLeaderIn,
@@ -125,6 +140,11 @@ impl Fault {
         Fault::CrashLeaderMidPush,
         Fault::DuplicateEnvelopes,
         Fault::CrashMidSnapshot,
+        Fault::HostileFlood,
+        Fault::HostileOversized,
+        Fault::HostileReplay,
+        Fault::HostileContradict,
+        Fault::HostileReplica,
     ];
 
     /// The fault's name in schedules and tables.
@@ -153,7 +173,25 @@ impl Fault {
             Fault::CrashLeaderMidPush => "crash-leader-mid-push",
             Fault::DuplicateEnvelopes => "duplicate-envelopes",
             Fault::CrashMidSnapshot => "crash-mid-snapshot",
+            Fault::HostileFlood => "hostile-flood",
+            Fault::HostileOversized => "hostile-oversized",
+            Fault::HostileReplay => "hostile-replay",
+            Fault::HostileContradict => "hostile-contradict",
+            Fault::HostileReplica => "hostile-replica",
         }
+    }
+
+    /// Whether the fault is the hostile peer's: it touches no link, process or clock of the
+    /// cluster, so the other hosts' reports must be filed as usual while it plays.
+    pub fn hostile(&self) -> bool {
+        matches!(
+            self,
+            Fault::HostileFlood
+                | Fault::HostileOversized
+                | Fault::HostileReplay
+                | Fault::HostileContradict
+                | Fault::HostileReplica
+        )
     }
 
     /// Whether the fault deposes the leader (it stays on until another replica holds a lease).
@@ -191,18 +229,23 @@ pub enum Mix {
     /// A restore on new disks (the epoch-floor files lost too) with elections around it: the
     /// mix of the open G9 finding (docs/chaos.md).
     NewDisks,
-    /// Everything, evenly.
+    /// Everything but the hostile peer, evenly (the hostile faults came later; adding them would
+    /// change what every `everything` seed draws, the pinned CI seed's included).
     Everything,
+    /// The hostile peer (flood, oversized frames, replays, contradictions, a replica certificate
+    /// claiming another id), beside a partition and crashes of replicas and hosts.
+    Hostile,
 }
 
 impl Mix {
-    pub const all: [Mix; 6] = [
+    pub const all: [Mix; 7] = [
         Mix::Partitions,
         Mix::StaleLeaders,
         Mix::Processes,
         Mix::Stores,
         Mix::NewDisks,
         Mix::Everything,
+        Mix::Hostile,
     ];
 
     /// The mix's name on the command line.
@@ -214,6 +257,7 @@ impl Mix {
             Mix::Stores => "stores",
             Mix::NewDisks => "new-disks",
             Mix::Everything => "everything",
+            Mix::Hostile => "hostile",
         }
     }
 
@@ -266,7 +310,17 @@ impl Mix {
                 DuplicateEnvelopes,
                 CrashReplica,
             ],
-            Mix::Everything => Fault::all.to_vec(),
+            Mix::Everything => Fault::all.into_iter().filter(|f| !f.hostile()).collect(),
+            Mix::Hostile => vec![
+                HostileFlood,
+                HostileOversized,
+                HostileReplay,
+                HostileContradict,
+                HostileReplica,
+                IsolateLeader,
+                CrashReplica,
+                CrashHost,
+            ],
         }
     }
 }
@@ -961,6 +1015,11 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
             arm(0);
             format!("{} envelopes delivered twice", duplicated(&c) - before)
         }
+        Fault::HostileFlood
+        | Fault::HostileOversized
+        | Fault::HostileReplay
+        | Fault::HostileContradict
+        | Fault::HostileReplica => play_hostile(cluster, i, step, time, &mut rng).await,
         Fault::CrashHost => {
             let mut c = cluster.write().await;
             let m = machines[rng.below(machines.len() as u64) as usize];
@@ -978,4 +1037,66 @@ async fn play_step(cluster: &Arc<RwLock<Cluster>>, i: usize, step: &Step) -> Str
             }
         }
     }
+}
+
+/// One step of the hostile peer against the leader now (the Raft calls against the replicas whose
+/// certificate it does not hold); records what it sent that must be refused and how much was taken.
+async fn play_hostile(
+    cluster: &Arc<RwLock<Cluster>>,
+    i: usize,
+    step: &Step,
+    time: Duration,
+    rng: &mut Rng,
+) -> String {
+    let c = cluster.read().await;
+    let leader = target(&c, step.pick);
+    let to = c.addrs[&leader];
+    let term = c
+        .replicas
+        .get(&leader)
+        .map(|r| r.service().replica().metrics().borrow().current_term)
+        .unwrap_or(1);
+    let hostile = c.hostile.clone();
+    // Another host's last report, to replay as another machine's and to lend its proof.
+    let stolen = machines
+        .iter()
+        .filter_map(|m| c.hosts.get(*m))
+        .find_map(|h| h.faults.last_report());
+    note(
+        &c,
+        i,
+        step.fault,
+        format!("against replica {leader} (term {term})"),
+    );
+    let sent = match step.fault {
+        Fault::HostileFlood => hostile.flood(to, time, rng).await,
+        Fault::HostileOversized => hostile.oversized(to, time, rng).await,
+        Fault::HostileReplay => hostile.replay(to, time, stolen).await,
+        Fault::HostileContradict => hostile.contradict(to, term, time, stolen).await,
+        _ => {
+            let targets: Vec<(u64, std::net::SocketAddr)> = c
+                .addrs
+                .iter()
+                .filter(|(id, _)| **id != crate::hostile::hostile_replica_id)
+                .map(|(id, a)| (*id, *a))
+                .collect();
+            let timings = match crate::bed::raft_settings().validate() {
+                Ok(config) => config.timings(),
+                Err(e) => return format!("the run's Raft settings are invalid: {e}"),
+            };
+            hostile.replica_calls(targets, term, timings, time).await
+        }
+    };
+    let example = sent
+        .example
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    c.recorder.record(Event::HostileSent {
+        fault: step.fault.name().into(),
+        sent: sent.forged.load(Ordering::SeqCst),
+        taken: sent.taken.load(Ordering::SeqCst),
+        example,
+    });
+    sent.summary()
 }

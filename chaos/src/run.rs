@@ -38,6 +38,10 @@ pub const sample_every_ms: u64 = 40;
 pub const keep_history_env: &str = "CHAOS_KEEP_HISTORY";
 /// Violations shown in full (with the events around them) in a failure message.
 pub const violations_shown_max: usize = 8;
+/// How often the memory sampler reads the process's resident memory.
+pub const memory_every_ms: u64 = 25;
+/// A new high of resident memory is recorded once it is this much above the last one recorded.
+pub const memory_step_bytes: u64 = 4 * 1024 * 1024;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -87,6 +91,8 @@ pub struct Stats {
     pub reports: u64,
     pub restarts: u64,
     pub events: usize,
+    /// The most resident memory the process held during the run, in bytes.
+    pub rss_peak: u64,
     /// Wall time of each phase of the run, in order: (phase, ms).
     pub phases: Vec<(&'static str, u64)>,
 }
@@ -128,7 +134,7 @@ impl fmt::Display for Stats {
             .collect();
         write!(
             f,
-            "phases ms [{}]; faults [{}]; requests {} (acked {}, refused {}, unknown {}; reads {}, answered {}); leases {}, envelope writes {}, host applies {}, reports {}, restarts {}; {} events",
+            "phases ms [{}]; faults [{}]; requests {} (acked {}, refused {}, unknown {}; reads {}, answered {}); leases {}, envelope writes {}, host applies {}, reports {}, restarts {}; {} events; resident memory at most {} MiB",
             phases.join(", "),
             faults.join(" "),
             self.ops.requests,
@@ -142,7 +148,8 @@ impl fmt::Display for Stats {
             self.applies,
             self.reports,
             self.restarts,
-            self.events
+            self.events,
+            self.rss_peak / (1024 * 1024)
         )
     }
 }
@@ -223,6 +230,7 @@ fn count(history: &History, stats: &mut Stats) {
             Event::HostApplied { .. } => stats.applies += 1,
             Event::ReportDelivered { .. } => stats.reports += 1,
             Event::Restart { up: true, .. } => stats.restarts += 1,
+            Event::Memory { rss_bytes } => stats.rss_peak = stats.rss_peak.max(*rss_bytes),
             _ => {}
         }
     }
@@ -261,6 +269,18 @@ fn explain(
 type Last = (Final, u64);
 
 async fn drive(
+    spec: &RunSpec,
+    cluster: &Arc<RwLock<Cluster>>,
+    recorder: &Recorder,
+    phases: &mut Phases,
+) -> Result<(Stats, Last), RunError> {
+    let memory = tokio::spawn(sample_memory(recorder.clone()));
+    let result = drive_sampled(spec, cluster, recorder, phases).await;
+    memory.abort();
+    result
+}
+
+async fn drive_sampled(
     spec: &RunSpec,
     cluster: &Arc<RwLock<Cluster>>,
     recorder: &Recorder,
@@ -663,4 +683,34 @@ pub async fn runs(
         out.push(run(spec.clone()).await.map_err(|e| (spec, e)));
     }
     out
+}
+
+/// The process's resident memory (`VmRSS` in `/proc/self/status`), in bytes; `None` where there is
+/// no such file (not Linux).
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmRSS:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// Records the process's resident memory at every new high (by [`memory_step_bytes`] or more),
+/// read every [`memory_every_ms`], until aborted.
+async fn sample_memory(recorder: Recorder) {
+    let mut recorded = 0;
+    loop {
+        if let Some(rss) = resident_bytes()
+            && rss >= recorded + memory_step_bytes
+        {
+            recorder.record(Event::Memory { rss_bytes: rss });
+            recorded = rss;
+        }
+        tokio::time::sleep(Duration::from_millis(memory_every_ms)).await;
+    }
 }

@@ -72,6 +72,8 @@ fn taken_by(position: ReportPosition, ok: bool, by: u64) -> Event {
         position,
         ok,
         by: Some(by),
+        started: 0,
+        took_ms: 1,
     }
 }
 
@@ -861,4 +863,70 @@ fn model_reads_through_plan_are_linearizable_a_stale_or_lost_revision_is_named()
         "{}",
         found[0]
     );
+}
+
+fn step(fault: &str, step: usize, on: bool) -> Event {
+    Event::Nemesis {
+        step,
+        fault: fault.into(),
+        what: String::new(),
+        on,
+    }
+}
+
+fn took(started: u64, ok: bool, took_ms: u64) -> Event {
+    Event::ReportDelivered {
+        machine: "ace".into(),
+        position: pos(1, 1, started),
+        ok,
+        by: Some(1),
+        started,
+        took_ms,
+    }
+}
+
+#[test]
+fn a_report_slowed_or_lost_while_only_the_hostile_peer_plays_is_named() {
+    // Issue 23 part 5: the hostile peer must not hold another host's reports back.
+    use mesh_chaos::checkers::{report_filed_ms_max, reports_filed_within_bound};
+    let run = |delivery: Event, other_fault: bool| {
+        let mut events = vec![lease(1, 1), step("hostile-flood", 0, true)];
+        if other_fault {
+            events.push(step("isolate-leader", 1, true));
+        }
+        events.push(delivery);
+        reports_filed_within_bound(&History::of(events))
+    };
+    assert!(run(took(2, true, report_filed_ms_max), false).is_empty());
+    let slow = run(took(2, true, report_filed_ms_max + 1), false);
+    assert_eq!(slow.len(), 1, "{slow:?}");
+    assert!(slow[0].what.contains("report_filed_ms_max"), "{}", slow[0]);
+    assert_eq!(run(took(2, false, 10), false).len(), 1, "a failed delivery");
+    // Another fault on: not the hostile peer's doing, not judged.
+    assert!(run(took(2, false, 9_000), true).is_empty());
+    // Without a hostile step, nothing is judged.
+    assert!(
+        reports_filed_within_bound(&History::of(vec![lease(1, 1), took(1, false, 9_000)]))
+            .is_empty()
+    );
+}
+
+#[test]
+fn resident_memory_over_its_bound_and_a_hostile_message_taken_are_named() {
+    use mesh_chaos::checkers::{memory_within_bound, no_hostile_message_taken, rss_bytes_max};
+    let memory = |rss_bytes| memory_within_bound(&History::of(vec![Event::Memory { rss_bytes }]));
+    assert!(memory(rss_bytes_max).is_empty());
+    assert_eq!(memory(rss_bytes_max + 1).len(), 1);
+    let sent = |taken| {
+        no_hostile_message_taken(&History::of(vec![Event::HostileSent {
+            fault: "hostile-contradict".into(),
+            sent: 10,
+            taken,
+            example: Some("an epoch above the floor without a proof".into()),
+        }]))
+    };
+    assert!(sent(0).is_empty());
+    let taken = sent(1);
+    assert_eq!(taken.len(), 1);
+    assert!(taken[0].what.contains("without a proof"), "{}", taken[0]);
 }

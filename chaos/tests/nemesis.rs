@@ -47,6 +47,10 @@ fn every_schedule_opens_with_its_mixs_headline_fault() {
             Schedule::generate(seed, Mix::Processes, 3_000).steps[0].fault,
             Fault::CrashReplica
         );
+        assert_eq!(
+            Schedule::generate(seed, Mix::Hostile, 3_000).steps[0].fault,
+            Fault::HostileFlood
+        );
     }
 }
 
@@ -57,7 +61,17 @@ fn every_fault_is_in_some_mix_and_named_once() {
     names.sort_unstable();
     names.dedup();
     assert_eq!(names.len(), Fault::all.len());
-    assert_eq!(Mix::Everything.faults(), Fault::all.to_vec());
+    // `everything` is every fault but the hostile peer's (kept as it was, so its seeds draw
+    // what they drew); every fault is in some mix.
+    let not_hostile: Vec<Fault> = Fault::all.into_iter().filter(|f| !f.hostile()).collect();
+    assert_eq!(Mix::Everything.faults(), not_hostile);
+    for fault in Fault::all {
+        assert!(
+            Mix::all.iter().any(|m| m.faults().contains(&fault)),
+            "{fault} is in no mix"
+        );
+    }
+    assert_eq!(Mix::named("hostile"), Some(Mix::Hostile));
     assert_eq!(Mix::named("stale-leaders"), Some(Mix::StaleLeaders));
     assert_eq!(Mix::named("nope"), None);
 }

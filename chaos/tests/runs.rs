@@ -105,3 +105,21 @@ async fn g9_a_cluster_restored_on_new_disks_reuses_no_epoch_the_hosts_hold() {
         "every replica was restored on a new disk"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g5_g10_a_hostile_host_flooding_and_oversized_beside_a_crash_slows_no_other_host() {
+    // Issue 23 part 5. Seed drawn to flood the leader with eve's legal reports, then send frames
+    // over the host frame limit and reports over their bounds, beside a replica crash: every
+    // other host's reports are filed within `report_filed_ms_max`, the process stays under
+    // `rss_bytes_max`, and nothing forged is taken. With the leader's `check_bounds` made to
+    // pass everything, this seed's sibling (hostile seed 1) failed "no hostile message is taken".
+    let outcome = check(0x5eed_0006, Mix::Hostile).await;
+    for fault in [
+        mesh_chaos::nemesis::Fault::HostileFlood,
+        mesh_chaos::nemesis::Fault::HostileOversized,
+    ] {
+        assert!(outcome.stats.faults.contains_key(&fault), "{fault} played");
+    }
+    assert!(outcome.stats.reports > 0, "the other hosts reported");
+    assert!(outcome.stats.rss_peak > 0, "resident memory was read");
+}
