@@ -397,6 +397,11 @@ impl Bed {
         Ok(child)
     }
 
+    /// Replica `id`'s process id while the bed runs it (to read its memory from `/proc`).
+    pub fn replica_pid(&self, id: u64) -> Option<u32> {
+        self.replicas.get(&id).map(Guarded::pid)
+    }
+
     /// Where replica `id` serves its status page, on a [`Bed::start_with_pages`] bed.
     pub fn page(&self, id: u64) -> Option<SocketAddr> {
         self.pages.get(&id).copied()
