@@ -220,9 +220,10 @@ fn the_largest_legal_report_fits_a_hosts_frame_limit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hosts_report_frame_over_the_limit_is_refused_naming_it() {
+async fn a_hosts_report_frame_over_the_limit_is_refused_naming_it_and_the_host_is_named() {
     // Issue 23 part 2: the replica reads at most report_frame_bytes_max of a host's frame and
-    // says so; the host's next report is served.
+    // says so; the leader counts it as a report over its bounds and names the host in status,
+    // though no handler ever saw the frame; the host's next report is served.
     let (bed, leader) = bed_with(&["ace"]).await;
     let host = bed.endpoint_as(&Principal::Host("ace".into()));
     let body = vec![0; report_frame_bytes_max + 1];
@@ -235,6 +236,19 @@ async fn a_hosts_report_frame_over_the_limit_is_refused_naming_it() {
     assert!(
         reason.contains("report_frame_bytes_max (1024 KiB)"),
         "{reason}"
+    );
+    let named = machine_view(&bed, leader, "ace")
+        .await
+        .report_refusal
+        .expect("ace named in status for its oversized frame");
+    assert!(
+        named.starts_with("1 report refused") && named.contains("report_frame_bytes_max"),
+        "{named}"
+    );
+    let metrics = bed.service(leader).metrics_text().expect("metrics");
+    assert!(
+        metrics.contains("mesh_reports_total{outcome=\"over_bound\"} 1"),
+        "{metrics}"
     );
     assert_eq!(
         bed.file_report(&host, leader, &report(10, 0)).await,
@@ -318,10 +332,12 @@ async fn a_report_over_its_bounds_is_refused_counted_and_its_host_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_host_over_its_quota_is_told_to_try_again_and_another_hosts_report_is_filed() {
-    // Issue 23 part 3: while one host's reports fill its quota in the report queue (their
+    // Issue 23 part 3: while one host's reports fill its share of the leader's work (their
     // commit slowed by delaying the leader's Raft messages, below the election timeout), its
-    // further reports are answered "try again" at once, and another host's report is queued
-    // and filed beside them.
+    // further reports are answered "try again" at once, before they are decoded, and another
+    // host's report is queued and filed beside them. A host connection carries at most
+    // host_streams_max reports at once, so ace floods over three connections, as a hostile
+    // host holding several would.
     let (bed, leader) = bed_with(&["ace", "g14"]).await;
     let ace = bed.endpoint_as(&Principal::Host("ace".into()));
     let g14 = bed.endpoint_as(&Principal::Host("g14".into()));
@@ -338,11 +354,14 @@ async fn one_host_over_its_quota_is_told_to_try_again_and_another_hosts_report_i
         }
     }
     let flood = 12u32;
+    let conns: Vec<_> = (0..3)
+        .map(|_| bed.endpoint_as(&Principal::Host("ace".into())))
+        .collect();
     let mut asks = Vec::new();
     for i in 0..flood {
         let body =
             mesh_codec::encode(report_what, &report(10 + u64::from(i), i + 1)).expect("encode");
-        let ace = ace.clone();
+        let ace = conns[i as usize % conns.len()].clone();
         let to = bed.addrs[&leader];
         asks.push(tokio::spawn(async move {
             let kind = MessageKind::Report {
@@ -373,16 +392,19 @@ async fn one_host_over_its_quota_is_told_to_try_again_and_another_hosts_report_i
         .filter(|a| matches!(a, ReportReply::Filed { .. }))
         .count();
     assert_eq!(busy + taken, answers.len(), "{answers:?}");
-    let quota = mesh::controller::reports_in_flight_per_host_max as usize;
+    let quota = mesh::controller::reports_handled_per_host_max as usize;
     assert!(
         busy >= 1 && taken >= 1,
-        "ace over its quota of {quota}: {answers:?}"
+        "ace over its share of {quota}: {answers:?}"
     );
     let ace_view = machine_view(&bed, leader, "ace").await;
     let named = ace_view.report_refusal.expect("ace named in status");
-    assert!(named.contains("reports_in_flight_per_host_max"), "{named}");
+    assert!(named.contains("reports_handled_per_host_max"), "{named}");
     assert_eq!(machine_view(&bed, leader, "g14").await.report_refusal, None);
     ace.close().await;
+    for conn in conns {
+        conn.close().await;
+    }
     g14.close().await;
     bed.shutdown().await;
 }

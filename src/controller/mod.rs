@@ -22,5 +22,7 @@ pub mod service;
 mod unproven;
 mod upload;
 
-pub use reports::{report_refusal_shown_ms, reports_in_flight_per_host_max};
+pub use reports::{
+    report_refusal_shown_ms, reports_handled_per_host_max, reports_in_flight_per_host_max,
+};
 pub use service::{Running, Service, ServiceError, bind, start, start_on};

@@ -45,6 +45,12 @@ pub const batches_in_flight_max: usize = 2;
 /// (its report stays queued on its disk). A host sends one report at a time, so only a broken or
 /// flooding host reaches it, and it cannot take the queue other hosts share.
 pub const reports_in_flight_per_host_max: u32 = 4;
+/// Most reports of one host the leader handles at once, from the first byte decoded to the
+/// answer; past it the report is answered "try again" without being decoded (counted as
+/// `over_quota`). Decoding and checking a report costs CPU before any quota on filing applies, and
+/// a host certificate may hold `connections_per_host_max` connections of `host_streams_max`
+/// streams each: this keeps that CPU to a few reports per host.
+pub const reports_handled_per_host_max: u32 = reports_in_flight_per_host_max;
 /// How long a host stays named in `status` (and counted in `mesh_hosts_reports_refused`) after a
 /// report of it was refused for size or rate, in milliseconds.
 pub const report_refusal_shown_ms: u64 = 60_000;
@@ -547,14 +553,43 @@ impl Service {
     /// The answer to a report over its host's quota: try again (the host keeps it on its disk
     /// and sends it again), the same answer as a full queue, so no host needs a new reply.
     fn over_quota(&self, term: u64, machine: &str, known: bool, now: Instant) -> ReportReply {
-        self.metrics.report("over_quota");
         let reason = format!(
             "over its quota of {reports_in_flight_per_host_max} reports queued or committing at once (reports_in_flight_per_host_max); the host keeps the report and sends it again"
         );
+        self.try_again(term, machine, known, now, &reason)
+    }
+
+    /// The answer to a report whose host already has [`reports_handled_per_host_max`] reports
+    /// being handled: try again, before a byte of it is decoded.
+    pub(crate) fn over_handling(&self, term: u64, machine: &str) -> ReportReply {
+        let known = match self.app.state() {
+            Ok(state) => state.mesh.machines.contains_key(machine),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the state to name a host refused for rate");
+                false
+            }
+        };
+        let reason = format!(
+            "over its share of {reports_handled_per_host_max} reports handled at once (reports_handled_per_host_max); the host keeps the report and sends it again"
+        );
+        self.try_again(term, machine, known, Instant::now(), &reason)
+    }
+
+    /// Tells a host to send its report again later: counted as `over_quota`, the host named in
+    /// `status` (a machine of the model), logged at most once per interval.
+    fn try_again(
+        &self,
+        term: u64,
+        machine: &str,
+        known: bool,
+        now: Instant,
+        reason: &str,
+    ) -> ReportReply {
+        self.metrics.report("over_quota");
         let due = match known {
             true => self
                 .live
-                .note_refused(term, machine, "over quota", &reason, now),
+                .note_refused(term, machine, "over quota", reason, now),
             false => self.live.warn_due(machine, "over quota", now),
         };
         if let Some(held_back) = due {
@@ -599,6 +634,54 @@ impl Service {
         for ((done, reply), accepted) in waiting.into_iter().zip(answers) {
             self.live.filed(term, &done, accepted);
             let _ = reply.send(accepted);
+        }
+    }
+}
+
+/// The reports each host has being handled now ([`reports_handled_per_host_max`]): a host's
+/// entry lives only while one of its reports is handled, so it holds at most as many entries as
+/// reports are in flight.
+#[derive(Default)]
+pub(crate) struct Handling(Mutex<HashMap<String, u32>>);
+
+/// One report being handled; its place goes back when this is dropped.
+pub(crate) struct HandlingTurn<'a> {
+    handling: &'a Handling,
+    machine: String,
+}
+
+impl Handling {
+    /// A turn for a report of `machine`, or `None` when it already has
+    /// [`reports_handled_per_host_max`] reports being handled.
+    pub(crate) fn enter(&self, machine: &str) -> Option<HandlingTurn<'_>> {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = map.entry(machine.to_string()).or_default();
+        if *count >= reports_handled_per_host_max {
+            return None;
+        }
+        *count += 1;
+        Some(HandlingTurn {
+            handling: self,
+            machine: machine.to_string(),
+        })
+    }
+}
+
+impl Drop for HandlingTurn<'_> {
+    fn drop(&mut self) {
+        let mut map = self
+            .handling
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = map.get_mut(&self.machine) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                map.remove(&self.machine);
+            }
         }
     }
 }
@@ -788,5 +871,33 @@ mod tests {
         live.note_refused(4, "ace", "over bound", "again", later);
         let view = live.refused_view(4, "ace", later).expect("named");
         assert!(view.starts_with("1 report refused"), "{view}");
+    }
+}
+
+#[cfg(test)]
+mod handling {
+    use super::*;
+
+    #[test]
+    fn one_host_has_at_most_its_share_of_reports_handled_and_others_are_not_held_by_it() {
+        // Issue 23: a flooding host's reports past reports_handled_per_host_max are refused before
+        // they are decoded, another host still gets its turn, and the places come back.
+        let handling = Handling::default();
+        let turns: Vec<_> = (0..reports_handled_per_host_max)
+            .map(|_| handling.enter("ace").expect("a turn"))
+            .collect();
+        assert!(handling.enter("ace").is_none(), "one more than the share");
+        let other = handling
+            .enter("g14")
+            .expect("another host is not held by ace");
+        drop(turns);
+        assert!(handling.enter("ace").is_some(), "places come back");
+        drop(other);
+        let map = handling.0.lock().expect("lock");
+        assert!(
+            map.is_empty(),
+            "no entry outlives its reports: {:?}",
+            map.keys()
+        );
     }
 }

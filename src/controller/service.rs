@@ -112,6 +112,8 @@ pub struct Service {
     pub(crate) fatal: tokio::sync::watch::Sender<Option<String>>,
     /// What the leader heard from its hosts in its term, in memory only (decision 0216).
     pub(crate) live: super::reports::Liveness,
+    /// The reports each host has being handled now (`reports_handled_per_host_max`).
+    pub(crate) handling: super::reports::Handling,
     /// The queue of reports to file in shared proposals (decision 0216).
     pub(crate) filer: super::reports::Filer,
     /// The floor after a restore without its floor file, until proven (G9, decision 0274).
@@ -235,6 +237,7 @@ pub async fn start_on(
         backup: std::sync::Mutex::new(None),
         fatal: tokio::sync::watch::Sender::new(None),
         live: super::reports::Liveness::new(),
+        handling: super::reports::Handling::default(),
         filer,
         unproven: super::unproven::Unproven::new(unproven),
     });
@@ -999,6 +1002,10 @@ impl Service {
             return Ok(self.not_leader());
         }
         let term = self.replica.metrics().borrow().current_term;
+        // Before anything is decoded: one host's flood costs a few reports' work at a time.
+        let Some(_turn) = self.handling.enter(frame_machine) else {
+            return Ok(self.over_handling(term, frame_machine));
+        };
         let report = match decode_bounded(body) {
             Ok(Ok(report)) => report,
             Ok(Err(over)) => return Ok(self.over_bound(term, frame_machine, &over)),
@@ -1077,8 +1084,16 @@ impl Service {
     /// Refuses a report over its bounds for good (the host drops it): counted, logged at most
     /// once an interval per host, and its host named in `status` while it keeps sending them.
     fn over_bound(&self, term: u64, machine: &str, over: &OverBound) -> ReportReply {
-        self.metrics.report("over_bound");
         let reason = format!("report refused: {over}");
+        self.refused_for_size(term, machine, &reason);
+        ReportReply::Refused { reason }
+    }
+
+    /// Counts a report of `machine` refused for its size (its frame or its contents) as
+    /// `over_bound`, names the host in `status` while it keeps sending them (a machine of the
+    /// model: the memory stays bounded by it), and warns at most once an interval per host.
+    fn refused_for_size(&self, term: u64, machine: &str, reason: &str) {
+        self.metrics.report("over_bound");
         let now = std::time::Instant::now();
         // Only machines of the model are remembered (bounded memory); others are only logged.
         let known = match self.app.state() {
@@ -1091,13 +1106,12 @@ impl Service {
         let due = match known {
             true => self
                 .live
-                .note_refused(term, machine, "over bound", &reason, now),
+                .note_refused(term, machine, "over bound", reason, now),
             false => self.live.warn_due(machine, "over bound", now),
         };
         if let Some(held_back) = due {
             tracing::warn!(machine, held_back, "{reason}");
         }
-        ReportReply::Refused { reason }
     }
 
     /// A report may claim an epoch above the floor only with the signed header of the envelope it
@@ -1320,6 +1334,19 @@ impl Handler for Serving {
             };
             encode_answer(&service.command(&name, role, &body, &lines).await)
         })
+    }
+
+    /// A host's frame over `report_frame_bytes_max`: counted and named as a report over its
+    /// bounds (decision 0299), as the report handler would have, had the frame been readable.
+    fn frame_refused(&self, from: &Principal, reason: &str) {
+        let (Principal::Host(machine), Some(service)) = (from, self.0.upgrade()) else {
+            return;
+        };
+        if !service.is_leader() {
+            return;
+        }
+        let term = service.replica.metrics().borrow().current_term;
+        service.refused_for_size(term, machine, reason);
     }
 
     fn one_way(&self, from: Principal, kind: MessageKind, _body: Vec<u8>) -> BoxFuture<'_, ()> {

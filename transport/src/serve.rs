@@ -66,6 +66,14 @@ pub trait Handler: Send + Sync + 'static {
 
     /// Takes a one-way message; nothing goes back.
     fn one_way(&self, from: Principal, kind: MessageKind, body: Vec<u8>) -> BoxFuture<'_, ()>;
+
+    /// Hears that a frame from `from` was refused before any handler saw it, as over the frame
+    /// limit its certificate allows (`reason` says which): a handler that names refused peers
+    /// (the leader names hosts whose reports it refuses, decision 0299) notes it. By default
+    /// nothing: the transport has counted and logged it.
+    fn frame_refused(&self, from: &Principal, reason: &str) {
+        let _ = (from, reason);
+    }
 }
 
 /// Stream stop code: the frame was over the sender's limit (`frame_bytes_max`, or
@@ -283,10 +291,10 @@ async fn serve_connection(
 ) {
     let permissions = Arc::new(permissions_for(&principal));
     let framing = crate::version::framing_of(&conn);
-    // The peer is known now: replicas and operators get the full stream credit (the connection
-    // started with `streams_unproven`, see `tls::transport_config`).
+    // The peer is known now: replicas and operators get the full stream credit, hosts fewer
+    // (the connection started with `streams_unproven`, see `tls::transport_config`).
     let streams = crate::tls::streams_for(&principal, &context.config);
-    if streams > crate::tls::streams_unproven {
+    if streams != crate::tls::streams_unproven {
         conn.set_max_concurrent_bi_streams(VarInt::from_u32(streams));
         conn.set_max_concurrent_uni_streams(VarInt::from_u32(streams));
     }
@@ -358,7 +366,9 @@ async fn read_checked(
             context.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
             let (code, reason) = match e {
                 FrameError::TooLarge { len, max } => {
-                    (stop_frame_too_large, permissions.frame_too_large(len, max))
+                    let reason = permissions.frame_too_large(len, max);
+                    context.handler.frame_refused(principal, &reason);
+                    (stop_frame_too_large, reason)
                 }
                 e => (stop_bad_frame, format!("bad frame from {principal}: {e}")),
             };

@@ -292,10 +292,15 @@ pub(crate) enum Side {
 /// ([`streams_for`]).
 pub const streams_unproven: u32 = 16;
 
+/// Streams a host may have open at once on one connection once it is known to be a host: it sends
+/// one report at a time, and a hostile host's concurrent frames (each up to
+/// `report_frame_bytes_max`) are what its connections times this allow (issue 23).
+pub const host_streams_max: u32 = 4;
+
 /// The stream limit a peer of `principal` gets on a connection this endpoint accepted.
 pub(crate) fn streams_for(principal: &crate::Principal, config: &CheckedConfig) -> u32 {
     match principal {
-        crate::Principal::Host(_) => streams_unproven.min(config.streams_per_connection_max()),
+        crate::Principal::Host(_) => host_streams_max.min(config.streams_per_connection_max()),
         crate::Principal::Replica(_) | crate::Principal::Operator(_) => {
             config.streams_per_connection_max()
         }

@@ -124,12 +124,13 @@ async fn most_in_handler(
 }
 
 #[tokio::test]
-async fn limits_replicas_and_operators_get_the_full_stream_credit_a_host_only_the_unproven_one() {
+async fn limits_replicas_and_operators_get_the_full_stream_credit_a_host_only_a_few() {
     // An accepted connection starts at `streams_unproven` streams (quinn keeps a slot per stream
     // id the peer may open; decision 0282) and is raised once the peer's certificate says it is an
-    // operator or a replica. A host sends one report at a time and keeps the small credit.
+    // operator or a replica. A host sends one report at a time: its credit is lowered to
+    // `host_streams_max` (issue 23), so one host certificate's frames in flight stay few.
     let pki = Pki::new();
-    let unproven = mesh_transport::tls::streams_unproven as usize;
+    let host_streams = mesh_transport::tls::host_streams_max as usize;
     let operator_max =
         most_in_handler(&pki, &operator("alice"), MessageKind::Command, 64, 64).await;
     assert_eq!(
@@ -142,9 +143,9 @@ async fn limits_replicas_and_operators_get_the_full_stream_credit_a_host_only_th
         "a replica's connection is raised to the config's 64 streams"
     );
     let host = host("ace");
-    let host_max = most_in_handler(&pki, &host, report("ace"), 32, unproven).await;
+    let host_max = most_in_handler(&pki, &host, report("ace"), 32, host_streams).await;
     assert_eq!(
-        host_max, unproven,
-        "a host keeps {unproven} streams in flight at most"
+        host_max, host_streams,
+        "a host has {host_streams} streams in flight at most"
     );
 }
