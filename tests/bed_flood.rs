@@ -9,8 +9,7 @@
 //! docs/benchmarks.md, "Memory under a flooding host").
 
 use std::collections::BTreeMap;
-use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -393,22 +392,9 @@ fn memory_quiet(bed: &Bed) -> anyhow::Result<BTreeMap<u64, (u64, u64)>> {
 
 /// `GET /metrics` on `addr`: the body.
 fn metrics(addr: SocketAddr) -> anyhow::Result<String> {
-    let wait = Duration::from_millis(5_000);
-    let mut stream = TcpStream::connect_timeout(&addr, wait)?;
-    stream.set_read_timeout(Some(wait))?;
-    stream.set_write_timeout(Some(wait))?;
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let raw = String::from_utf8(raw)?;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow::anyhow!("no header end in {raw:?}"))?;
-    anyhow::ensure!(head.contains(" 200 "), "/metrics answered {head}");
-    Ok(body.to_string())
+    let (code, body) = mesh_beds::http_get(addr, "/metrics", Duration::from_millis(5_000))?;
+    anyhow::ensure!(code == 200, "/metrics answered {code}");
+    Ok(body)
 }
 
 /// The value of the sample `key` (`name{labels}`) in a text exposition; 0 when absent.
@@ -469,17 +455,7 @@ fn one_flooding_host_cannot_starve_status_revocation_or_other_hosts() -> anyhow:
         // The figures at a failure say whether memory was what broke.
         let _ = memory(&bed, "at the failure");
     }
-    result.map_err(|e| {
-        let tails: Vec<String> = (1..=3)
-            .map(|id| {
-                let log = bed.replica_log(id);
-                let lines: Vec<&str> = log.lines().collect();
-                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
-                format!("--- replica {id}:\n{tail}")
-            })
-            .collect();
-        e.context(tails.join("\n"))
-    })
+    result.map_err(|e| e.context(bed.log_tails(3)))
 }
 
 fn flood_story(bed: &Bed) -> anyhow::Result<()> {

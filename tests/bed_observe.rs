@@ -3,8 +3,7 @@
 //! with real meshd and mesh-host processes.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -42,26 +41,7 @@ const http_wait_ms: u64 = 5_000;
 
 /// `GET path` on `addr`; the status code and the body.
 fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
-    let wait = Duration::from_millis(http_wait_ms);
-    let mut stream = TcpStream::connect_timeout(&addr, wait)?;
-    stream.set_read_timeout(Some(wait))?;
-    stream.set_write_timeout(Some(wait))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let raw = String::from_utf8(raw)?;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow::anyhow!("no header end in {raw:?}"))?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no status in {head:?}"))?;
-    Ok((code, body.to_string()))
+    mesh_beds::http_get(addr, path, Duration::from_millis(http_wait_ms))
 }
 
 /// Every sample of a text exposition: `name{labels}` → value.

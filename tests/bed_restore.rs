@@ -40,21 +40,11 @@ fn g9_a_restored_cluster_takes_back_a_replica_started_on_an_empty_store_and_agai
     let run = restore_and_wipe(&mut bed);
     // The logs go with the bed's temp dir: a failure carries their ends.
     run.map_err(|e| {
-        let tails: Vec<String> = (1..=3)
-            .map(|id| {
-                let log = bed.replica_log(id);
-                let lines: Vec<&str> = log.lines().collect();
-                let from = lines.len().saturating_sub(15);
-                format!("--- replica {id}:\n{}", lines[from..].join("\n"))
-            })
-            .collect();
+        let tails = bed.log_tails(3);
         let status = bed
             .status()
             .map_or_else(|e| e.to_string(), |s| s["replicas"].to_string());
-        e.context(format!(
-            "{}\n--- status replicas: {status}",
-            tails.join("\n")
-        ))
+        e.context(format!("{tails}\n--- status replicas: {status}"))
     })
 }
 

@@ -47,17 +47,7 @@ fn g2_g9_a_removed_replica_acts_on_no_host_and_one_hosts_unproven_mark_fails_onl
 -> anyhow::Result<()> {
     let mut bed = Bed::start(binaries!(), 3, pair)?;
     let run = trust_story(&mut bed);
-    run.map_err(|e| {
-        let tails: Vec<String> = (1..=3)
-            .map(|id| {
-                let log = bed.replica_log(id);
-                let lines: Vec<&str> = log.lines().collect();
-                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
-                format!("--- replica {id}:\n{tail}")
-            })
-            .collect();
-        e.context(tails.join("\n"))
-    })
+    run.map_err(|e| e.context(bed.log_tails(3)))
 }
 
 /// How many history items the store holds, and its model revision.

@@ -740,6 +740,20 @@ impl Bed {
             .unwrap_or_default()
     }
 
+    /// The last 15 lines of each of replicas 1..=`replicas`' logs, to carry in a failure: the
+    /// logs go with the bed's temp dir.
+    pub fn log_tails(&self, replicas: u64) -> String {
+        let tails: Vec<String> = (1..=replicas)
+            .map(|id| {
+                let log = self.replica_log(id);
+                let lines: Vec<&str> = log.lines().collect();
+                let from = lines.len().saturating_sub(15);
+                format!("--- replica {id}:\n{}", lines[from..].join("\n"))
+            })
+            .collect();
+        tails.join("\n")
+    }
+
     /// Machine `name`'s state directory (high-water mark, modules, reports).
     pub fn host_root(&self, name: &str) -> PathBuf {
         self.dir.join(format!("host-{name}")).join("state")
@@ -828,4 +842,29 @@ pub fn sized_model(base: &str, bytes: usize) -> String {
         i += 1;
     }
     text
+}
+
+/// `GET path` from the HTTP server at `addr` (a status page or `/metrics`), every step within
+/// `wait`: the status code and the body.
+pub fn http_get(addr: SocketAddr, path: &str, wait: Duration) -> anyhow::Result<(u16, String)> {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, wait)?;
+    stream.set_read_timeout(Some(wait))?;
+    stream.set_write_timeout(Some(wait))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let raw = String::from_utf8(raw)?;
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("no header end in {raw:?}"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow!("no status in {head:?}"))?;
+    Ok((code, body.to_string()))
 }
