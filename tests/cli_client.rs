@@ -8,17 +8,19 @@ use std::process::Output;
 use std::sync::{Arc, Mutex};
 
 use mesh::controller::api::{
-    Answer, ApiError, ApplyError, Body, PushError, PushLine, PushOutcome, PushView, ReplicaSaid,
-    ReplicaView, Request, StatusView,
+    Answer, ApiError, ApplyError, Body, HistoryPage, MachineView, PushError, PushLine, PushOutcome,
+    PushView, ReplicaSaid, ReplicaView, Request, StatusView,
 };
 use mesh::store::command::HeldMount;
 use mesh_transport::{
     BoxFuture, Endpoint, Handler, Identity, MessageKind, Principal, TransportConfig,
 };
 
-/// What the stand-in answers and what it was asked.
+/// What the stand-in answers each request with, and what it was asked.
+type Answers = Box<dyn Fn(&Request) -> Answer + Send + Sync>;
+
 struct Stand {
-    answer: Answer,
+    answer: Answers,
     asked: Mutex<Vec<Request>>,
 }
 
@@ -33,8 +35,9 @@ impl Handler for Stand {
             let call: mesh::controller::api::Call =
                 mesh_codec::decode("request", &body).map_err(|e| e.to_string())?;
             let request = call.request;
+            let answer = (self.answer)(&request);
             self.asked.lock().expect("lock").push(request);
-            mesh_codec::encode("answer", &self.answer).map_err(|e| e.to_string())
+            mesh_codec::encode("answer", &answer).map_err(|e| e.to_string())
         })
     }
 
@@ -53,6 +56,11 @@ struct Bed {
 /// Writes a mesh with `meshctl init`, serves `answer` as replica 2, and points the context at
 /// replica 2 (and, with `dead_first`, at a dead replica 1 before it).
 async fn bed(answer: Answer, dead_first: bool) -> Bed {
+    bed_answering(Box::new(move |_| answer.clone()), dead_first).await
+}
+
+/// [`bed`] with an answer chosen per request.
+async fn bed_answering(answer: Answers, dead_first: bool) -> Bed {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("mesh");
     let out = meshctl(
@@ -156,6 +164,83 @@ fn status_answer(forwarded_by: Option<u64>) -> Answer {
             certs_expiring: vec![],
         })),
     }
+}
+
+/// A machine of the model, never sent.
+fn machine_view(name: &str) -> MachineView {
+    MachineView {
+        name: name.into(),
+        last_send: None,
+        last_report: None,
+        behind: true,
+        behind_why: vec!["never sent".into()],
+        holds: vec![],
+        refused_reports: 0,
+        modules: vec![],
+        health: None,
+        report_filed_ms: None,
+        report_age_ms: None,
+        heard_ago_ms: None,
+        unproven_refusal: None,
+        report_refusal: None,
+    }
+}
+
+/// The status answer with machines `ace` and `bay`.
+fn status_with_machines() -> Answer {
+    let mut answer = status_answer(None);
+    if let Ok(Body::Status(view)) = &mut answer.body {
+        view.machines = vec![machine_view("ace"), machine_view("bay")];
+    }
+    answer
+}
+
+/// A history of `total` entries, none of them for a `--machine` query (items are not needed:
+/// the tests only look at what an empty answer means).
+fn history_answers(total: u64) -> Answers {
+    Box::new(move |request| match request {
+        Request::History { query } => Answer {
+            replica: 2,
+            forwarded_by: None,
+            body: Ok(Body::History(HistoryPage {
+                items: vec![],
+                offset: query.offset,
+                total: if query.machine.is_some() { 0 } else { total },
+            })),
+        },
+        _ => status_with_machines(),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_limit_0_is_refused_as_usage_before_asking() {
+    // Issue 25 item 7: `--limit 0` printed "nothing yet" over a history of 25 entries.
+    let bed = bed_answering(history_answers(25), false).await;
+    let out = bed.run(&["history", "--limit", "0"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    assert!(one_line(&out).contains("--limit 1 or more"));
+    let out = bed.run(&["history", "--limit", "0", "--json"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(doc["error"]["cause"], "usage.arguments", "{doc}");
+    assert!(bed.asked().is_empty(), "{:?}", bed.asked());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_of_an_unknown_machine_is_an_error_naming_it_and_the_known_ones() {
+    // Issue 25 item 7: `--machine zz` printed "nothing yet"; a typo must not read as "no sends".
+    let bed = bed_answering(history_answers(25), false).await;
+    let out = bed.run(&["history", "--machine", "zz"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    let line = one_line(&out);
+    assert!(
+        line.contains("no machine zz") && line.contains("ace, bay"),
+        "{line}"
+    );
+    // A machine of the model that was never sent is not an error: it has no sends yet.
+    let out = bed.run(&["history", "--machine", "bay"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("yet"), "{}", text(&out.stdout));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
