@@ -414,3 +414,74 @@ async fn context_pointing_at_nothing_is_exit_1_and_a_bad_context_file_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     one_line(&out);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_list_certs_list_and_logs_print_json_documents_with_json() {
+    // Issue 25 item 7: `--json` on `replicas list`, `certs list` and `logs` reaches stdout as
+    // documents (one a line for logs), not as text.
+    use mesh::controller::certs::CertsView;
+    use mesh::controller::members::{MemberView, ReplicasView};
+    use mesh::core::wire::{LogChunk, LogStream, LogsAnswer};
+    let answers: Answers = Box::new(|request| {
+        let body = match request {
+            Request::ReplicasList => Body::Replicas(ReplicasView {
+                answered_by: 2,
+                members: vec![MemberView {
+                    id: 2,
+                    addr: "127.0.0.1:2".into(),
+                    voter: true,
+                    reachable: true,
+                    leader: true,
+                    key_known: true,
+                }],
+                done: vec![],
+                retired: vec![],
+            }),
+            Request::CertsList => Body::Certs(CertsView {
+                replica: 2,
+                own: None,
+                peers: vec![],
+                cas: 1,
+                denied: vec![],
+            }),
+            Request::Logs { machine, .. } => Body::Logs(LogsAnswer {
+                machine: machine.clone(),
+                chunks: vec![LogChunk {
+                    module: "db".into(),
+                    stream: LogStream::Stdout,
+                    start: 0,
+                    end: 6,
+                    lines: vec!["a".into(), "b".into()],
+                    more: false,
+                    rotated: false,
+                }],
+            }),
+            _ => return status_answer(None),
+        };
+        Answer {
+            replica: 2,
+            forwarded_by: None,
+            body: Ok(body),
+        }
+    });
+    let bed = bed_answering(answers, false).await;
+    let doc = |out: &Output| -> serde_json::Value {
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("one JSON document")
+    };
+    let replicas = doc(&bed.run(&["replicas", "list", "--json"]).await);
+    assert_eq!(
+        replicas["answer"]["members"][0]["role"], "leader",
+        "{replicas}"
+    );
+    let certs = doc(&bed.run(&["certs", "list", "--json"]).await);
+    assert_eq!(certs["answer"]["cas"], 1, "{certs}");
+    let out = bed.run(&["logs", "ace", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON document a line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", text(&out.stdout));
+    assert_eq!(lines[1]["answer"]["line"], "b");
+}

@@ -127,12 +127,14 @@ impl Command {
             Command::Push(a) => a.json,
             Command::Settings(c) => c.wants_json(),
             Command::Snapshot(snapshot::SnapshotCommand::Save { json, .. }) => *json,
+            Command::Replicas(replicas::ReplicasCommand::List(a)) => a.json,
+            Command::Certs(certs::CertsCommand::List(a)) => a.json,
+            Command::Logs(a) => a.json,
             Command::Init(_)
             | Command::Dev(_)
             | Command::Machines(_)
             | Command::Certs(_)
             | Command::Replicas(_)
-            | Command::Logs(_)
             | Command::Bench(_)
             | Command::Completions(_)
             | Command::Help(_) => false,
