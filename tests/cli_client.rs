@@ -485,3 +485,38 @@ async fn replicas_list_certs_list_and_logs_print_json_documents_with_json() {
     assert_eq!(lines.len(), 2, "{}", text(&out.stdout));
     assert_eq!(lines[1]["answer"]["line"], "b");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_named_machines_shows_only_them_and_an_unknown_one_is_an_error_naming_it() {
+    // Issue 25 item 7: `meshctl status g14` was refused by the parser.
+    let bed = bed(status_with_machines(), false).await;
+    let out = bed.run(&["status", "bay"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("  bay  ") && !stdout.contains("  ace  "),
+        "{stdout}"
+    );
+    let out = bed.run(&["status", "bay", "--json"]).await;
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let machines = doc["answer"]["machines"].as_array().expect("machines");
+    assert_eq!(machines.len(), 1, "{doc}");
+    assert_eq!(machines[0]["name"], "bay", "{doc}");
+    let out = bed.run(&["status", "ace", "bay"]).await;
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("  bay  ") && stdout.contains("  ace  "),
+        "{stdout}"
+    );
+    let out = bed.run(&["status", "ace", "zz"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    let line = one_line(&out);
+    assert!(
+        line.contains("no machine zz") && line.contains("ace, bay"),
+        "{line}"
+    );
+    let out = bed.run(&["status", "zz", "--json"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(doc["error"]["cause"], "usage.arguments", "{doc}");
+}

@@ -77,7 +77,7 @@ pub enum Command {
     /// Run a whole mesh on loopback (3 replicas, 4 machines) until Ctrl-C.
     Dev(dev::DevArgs),
     /// Replicas (leader, epoch, reachable) and per machine: last send, last report, behind, holds.
-    Status(JsonArgs),
+    Status(status::StatusArgs),
     /// Store a new model revision from a mesh file; sends nothing.
     Apply(apply::ApplyArgs),
     /// What a push of one machine would send, cascade to and hold.
