@@ -520,3 +520,51 @@ async fn status_of_named_machines_shows_only_them_and_an_unknown_one_is_an_error
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(doc["error"]["cause"], "usage.arguments", "{doc}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_from_another_cluster_is_told_to_use_this_clusters_identity_not_to_renew_replicas()
+ {
+    // Issue 25 item 7: an operator certificate from another cluster was told to renew the
+    // replicas' certificates, which would break the cluster and fix nothing.
+    let bed = bed(status_answer(None), false).await;
+    let other = bed._tmp.path().join("other");
+    let other_dir = other.to_str().expect("utf-8");
+    let out = meshctl(None, &["init", "--dir", other_dir, "--machines", "ace"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ours = std::fs::read_to_string(bed.dir.join("bed.toml")).expect("context");
+    let their_operator = |context: &str| {
+        context
+            .replace(
+                "cert = \"operator/",
+                &format!("cert = \"{other_dir}/operator/"),
+            )
+            .replace(
+                "key = \"operator/",
+                &format!("key = \"{other_dir}/operator/"),
+            )
+    };
+    // Only the operator certificate is the other cluster's: the replica refuses it.
+    std::fs::write(bed.dir.join("cert.toml"), their_operator(&ours)).expect("write");
+    // The whole [tls] is the other cluster's: meshctl refuses the replica's certificate.
+    let all =
+        their_operator(&ours).replace("ca = \"ca.pem\"", &format!("ca = \"{other_dir}/ca.pem\""));
+    std::fs::write(bed.dir.join("all.toml"), all).expect("write");
+    let out = meshctl(Some(&bed.dir.join("cert.toml")), &["status"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_line(&out);
+    assert!(
+        line.contains("operator certificate is from another CA")
+            && line.contains("meshctl certs issue operator:admin"),
+        "{line}"
+    );
+    assert!(!line.contains("certs renew"), "{line}");
+    let out = meshctl(Some(&bed.dir.join("all.toml")), &["status"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_line(&out);
+    assert!(
+        line.contains("from another cluster") && line.contains("this cluster's context"),
+        "{line}"
+    );
+    assert!(!line.contains("certs renew replica"), "{line}");
+    assert!(bed.asked().is_empty(), "{:?}", bed.asked());
+}
