@@ -8,17 +8,19 @@ use std::process::Output;
 use std::sync::{Arc, Mutex};
 
 use mesh::controller::api::{
-    Answer, ApiError, ApplyError, Body, PushError, PushLine, PushOutcome, PushView, ReplicaSaid,
-    ReplicaView, Request, StatusView,
+    Answer, ApiError, ApplyError, Body, HistoryPage, MachineView, PushError, PushLine, PushOutcome,
+    PushView, ReplicaSaid, ReplicaView, Request, StatusView,
 };
 use mesh::store::command::HeldMount;
 use mesh_transport::{
     BoxFuture, Endpoint, Handler, Identity, MessageKind, Principal, TransportConfig,
 };
 
-/// What the stand-in answers and what it was asked.
+/// What the stand-in answers each request with, and what it was asked.
+type Answers = Box<dyn Fn(&Request) -> Answer + Send + Sync>;
+
 struct Stand {
-    answer: Answer,
+    answer: Answers,
     asked: Mutex<Vec<Request>>,
 }
 
@@ -33,8 +35,9 @@ impl Handler for Stand {
             let call: mesh::controller::api::Call =
                 mesh_codec::decode("request", &body).map_err(|e| e.to_string())?;
             let request = call.request;
+            let answer = (self.answer)(&request);
             self.asked.lock().expect("lock").push(request);
-            mesh_codec::encode("answer", &self.answer).map_err(|e| e.to_string())
+            mesh_codec::encode("answer", &answer).map_err(|e| e.to_string())
         })
     }
 
@@ -53,6 +56,11 @@ struct Bed {
 /// Writes a mesh with `meshctl init`, serves `answer` as replica 2, and points the context at
 /// replica 2 (and, with `dead_first`, at a dead replica 1 before it).
 async fn bed(answer: Answer, dead_first: bool) -> Bed {
+    bed_answering(Box::new(move |_| answer.clone()), dead_first).await
+}
+
+/// [`bed`] with an answer chosen per request.
+async fn bed_answering(answer: Answers, dead_first: bool) -> Bed {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("mesh");
     let out = meshctl(
@@ -156,6 +164,83 @@ fn status_answer(forwarded_by: Option<u64>) -> Answer {
             certs_expiring: vec![],
         })),
     }
+}
+
+/// A machine of the model, never sent.
+fn machine_view(name: &str) -> MachineView {
+    MachineView {
+        name: name.into(),
+        last_send: None,
+        last_report: None,
+        behind: true,
+        behind_why: vec!["never sent".into()],
+        holds: vec![],
+        refused_reports: 0,
+        modules: vec![],
+        health: None,
+        report_filed_ms: None,
+        report_age_ms: None,
+        heard_ago_ms: None,
+        unproven_refusal: None,
+        report_refusal: None,
+    }
+}
+
+/// The status answer with machines `ace` and `bay`.
+fn status_with_machines() -> Answer {
+    let mut answer = status_answer(None);
+    if let Ok(Body::Status(view)) = &mut answer.body {
+        view.machines = vec![machine_view("ace"), machine_view("bay")];
+    }
+    answer
+}
+
+/// A history of `total` entries, none of them for a `--machine` query (items are not needed:
+/// the tests only look at what an empty answer means).
+fn history_answers(total: u64) -> Answers {
+    Box::new(move |request| match request {
+        Request::History { query } => Answer {
+            replica: 2,
+            forwarded_by: None,
+            body: Ok(Body::History(HistoryPage {
+                items: vec![],
+                offset: query.offset,
+                total: if query.machine.is_some() { 0 } else { total },
+            })),
+        },
+        _ => status_with_machines(),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_limit_0_is_refused_as_usage_before_asking() {
+    // Issue 25 item 7: `--limit 0` printed "nothing yet" over a history of 25 entries.
+    let bed = bed_answering(history_answers(25), false).await;
+    let out = bed.run(&["history", "--limit", "0"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    assert!(one_line(&out).contains("--limit 1 or more"));
+    let out = bed.run(&["history", "--limit", "0", "--json"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(doc["error"]["cause"], "usage.arguments", "{doc}");
+    assert!(bed.asked().is_empty(), "{:?}", bed.asked());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_of_an_unknown_machine_is_an_error_naming_it_and_the_known_ones() {
+    // Issue 25 item 7: `--machine zz` printed "nothing yet"; a typo must not read as "no sends".
+    let bed = bed_answering(history_answers(25), false).await;
+    let out = bed.run(&["history", "--machine", "zz"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    let line = one_line(&out);
+    assert!(
+        line.contains("no machine zz") && line.contains("ace, bay"),
+        "{line}"
+    );
+    // A machine of the model that was never sent is not an error: it has no sends yet.
+    let out = bed.run(&["history", "--machine", "bay"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("yet"), "{}", text(&out.stdout));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -328,4 +413,158 @@ async fn context_pointing_at_nothing_is_exit_1_and_a_bad_context_file_exit_2() {
     let out = meshctl(Some(&bad), &["history"]).await;
     assert_eq!(out.status.code(), Some(2));
     one_line(&out);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_list_certs_list_and_logs_print_json_documents_with_json() {
+    // Issue 25 item 7: `--json` on `replicas list`, `certs list` and `logs` reaches stdout as
+    // documents (one a line for logs), not as text.
+    use mesh::controller::certs::CertsView;
+    use mesh::controller::members::{MemberView, ReplicasView};
+    use mesh::core::wire::{LogChunk, LogStream, LogsAnswer};
+    let answers: Answers = Box::new(|request| {
+        let body = match request {
+            Request::ReplicasList => Body::Replicas(ReplicasView {
+                answered_by: 2,
+                members: vec![MemberView {
+                    id: 2,
+                    addr: "127.0.0.1:2".into(),
+                    voter: true,
+                    reachable: true,
+                    leader: true,
+                    key_known: true,
+                }],
+                done: vec![],
+                retired: vec![],
+            }),
+            Request::CertsList => Body::Certs(CertsView {
+                replica: 2,
+                own: None,
+                peers: vec![],
+                cas: 1,
+                denied: vec![],
+            }),
+            Request::Logs { machine, .. } => Body::Logs(LogsAnswer {
+                machine: machine.clone(),
+                chunks: vec![LogChunk {
+                    module: "db".into(),
+                    stream: LogStream::Stdout,
+                    start: 0,
+                    end: 6,
+                    lines: vec!["a".into(), "b".into()],
+                    more: false,
+                    rotated: false,
+                }],
+            }),
+            _ => return status_answer(None),
+        };
+        Answer {
+            replica: 2,
+            forwarded_by: None,
+            body: Ok(body),
+        }
+    });
+    let bed = bed_answering(answers, false).await;
+    let doc = |out: &Output| -> serde_json::Value {
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("one JSON document")
+    };
+    let replicas = doc(&bed.run(&["replicas", "list", "--json"]).await);
+    assert_eq!(
+        replicas["answer"]["members"][0]["role"], "leader",
+        "{replicas}"
+    );
+    let certs = doc(&bed.run(&["certs", "list", "--json"]).await);
+    assert_eq!(certs["answer"]["cas"], 1, "{certs}");
+    let out = bed.run(&["logs", "ace", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON document a line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", text(&out.stdout));
+    assert_eq!(lines[1]["answer"]["line"], "b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_named_machines_shows_only_them_and_an_unknown_one_is_an_error_naming_it() {
+    // Issue 25 item 7: `meshctl status g14` was refused by the parser.
+    let bed = bed(status_with_machines(), false).await;
+    let out = bed.run(&["status", "bay"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("  bay  ") && !stdout.contains("  ace  "),
+        "{stdout}"
+    );
+    let out = bed.run(&["status", "bay", "--json"]).await;
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let machines = doc["answer"]["machines"].as_array().expect("machines");
+    assert_eq!(machines.len(), 1, "{doc}");
+    assert_eq!(machines[0]["name"], "bay", "{doc}");
+    let out = bed.run(&["status", "ace", "bay"]).await;
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("  bay  ") && stdout.contains("  ace  "),
+        "{stdout}"
+    );
+    let out = bed.run(&["status", "ace", "zz"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    let line = one_line(&out);
+    assert!(
+        line.contains("no machine zz") && line.contains("ace, bay"),
+        "{line}"
+    );
+    let out = bed.run(&["status", "zz", "--json"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(doc["error"]["cause"], "usage.arguments", "{doc}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_from_another_cluster_is_told_to_use_this_clusters_identity_not_to_renew_replicas()
+ {
+    // Issue 25 item 7: an operator certificate from another cluster was told to renew the
+    // replicas' certificates, which would break the cluster and fix nothing.
+    let bed = bed(status_answer(None), false).await;
+    let other = bed._tmp.path().join("other");
+    let other_dir = other.to_str().expect("utf-8");
+    let out = meshctl(None, &["init", "--dir", other_dir, "--machines", "ace"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ours = std::fs::read_to_string(bed.dir.join("bed.toml")).expect("context");
+    let their_operator = |context: &str| {
+        context
+            .replace(
+                "cert = \"operator/",
+                &format!("cert = \"{other_dir}/operator/"),
+            )
+            .replace(
+                "key = \"operator/",
+                &format!("key = \"{other_dir}/operator/"),
+            )
+    };
+    // Only the operator certificate is the other cluster's: the replica refuses it.
+    std::fs::write(bed.dir.join("cert.toml"), their_operator(&ours)).expect("write");
+    // The whole [tls] is the other cluster's: meshctl refuses the replica's certificate.
+    let all =
+        their_operator(&ours).replace("ca = \"ca.pem\"", &format!("ca = \"{other_dir}/ca.pem\""));
+    std::fs::write(bed.dir.join("all.toml"), all).expect("write");
+    let out = meshctl(Some(&bed.dir.join("cert.toml")), &["status"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_line(&out);
+    assert!(
+        line.contains("operator certificate is from another CA")
+            && line.contains("meshctl certs issue operator:admin"),
+        "{line}"
+    );
+    assert!(!line.contains("certs renew"), "{line}");
+    let out = meshctl(Some(&bed.dir.join("all.toml")), &["status"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_line(&out);
+    assert!(
+        line.contains("from another cluster") && line.contains("this cluster's context"),
+        "{line}"
+    );
+    assert!(!line.contains("certs renew replica"), "{line}");
+    assert!(bed.asked().is_empty(), "{:?}", bed.asked());
 }

@@ -146,3 +146,25 @@ fn completion_scripts_know_the_commands_and_their_options() {
     assert!(out.text.contains("complete -c meshctl"), "{}", out.text);
     assert!(Cli::try_parse_from(["meshctl", "completions", "tcsh"]).is_err());
 }
+
+#[test]
+fn every_binary_prints_the_crate_version_with_version() {
+    // Issue 25 item 7: an operator can ask meshd and mesh-host which build they run.
+    let binaries = [
+        env!("CARGO_BIN_EXE_meshd"),
+        env!("CARGO_BIN_EXE_mesh-host"),
+        env!("CARGO_BIN_EXE_meshctl"),
+    ];
+    for binary in binaries {
+        let out = std::process::Command::new(binary)
+            .arg("--version")
+            .output()
+            .expect("run the binary");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{binary}: {stdout}");
+        assert!(
+            stdout.trim_end().ends_with(env!("CARGO_PKG_VERSION")),
+            "{binary}: {stdout}"
+        );
+    }
+}

@@ -690,3 +690,88 @@ fn a_command_with_json_that_fails_prints_the_error_as_json_on_stdout_with_its_ex
     let argv = ["meshctl", "--context", &missing, "status"];
     assert!(mesh::cli::run(Cli::parse_from(argv)).is_err());
 }
+
+#[test]
+fn replicas_list_json_names_each_member_role_and_the_retired() {
+    // Issue 25 item 7: `replicas list --json`, roles as words, times RFC 3339.
+    use mesh::controller::members::{MemberView, ReplicasView, RetiredView};
+    let member = |id: u64, leader: bool, voter: bool, reachable: bool| MemberView {
+        id,
+        addr: format!("10.0.0.{id}:7101"),
+        voter,
+        reachable,
+        leader,
+        key_known: true,
+    };
+    let view = ReplicasView {
+        answered_by: 1,
+        members: vec![
+            member(1, true, true, true),
+            member(2, false, true, false),
+            member(4, false, false, true),
+        ],
+        done: vec![],
+        retired: vec![RetiredView {
+            id: 3,
+            why: "disk died".into(),
+            actor: "operator:alice".into(),
+            time_ms: t0,
+        }],
+    };
+    assert_fixture("replicas_list", via(), json::ReplicasJson::from(&view));
+}
+
+#[test]
+fn certs_list_json_has_rfc3339_expiry_roles_and_what_expires_soon() {
+    // Issue 25 item 7: `certs list --json`; `expiring` as the text's warnings (30 days).
+    use mesh::controller::certs::{CertView, CertsView, DenyView};
+    let day_ms: i64 = 86_400_000;
+    let now = t0 as i64;
+    let cert = |principal: &str, days: i64, role| CertView {
+        principal: principal.into(),
+        serial: format!("{:040x}", days),
+        not_after_ms: now + days * day_ms,
+        role,
+    };
+    let view = CertsView {
+        replica: 1,
+        own: Some(cert("replica:1", 365, None)),
+        peers: vec![
+            cert("replica:2", 10, None),
+            cert("operator:alice", 200, Some(mesh_transport::Role::Viewer)),
+        ],
+        cas: 1,
+        denied: vec![DenyView {
+            target: "host:old".into(),
+            why: "stolen".into(),
+            actor: "operator:alice".into(),
+            time_ms: t0,
+        }],
+    };
+    assert_fixture("certs_list", via(), json::CertsJson::new(&view, now));
+}
+
+#[test]
+fn logs_json_is_one_document_per_line_with_a_rotation_when_following() {
+    // Issue 25 item 7: `logs --json` prints JSON lines, one document per line a module wrote.
+    use mesh::core::wire::{LogChunk, LogStream};
+    let chunk = LogChunk {
+        module: "db".into(),
+        stream: LogStream::Stderr,
+        start: 0,
+        end: 40,
+        lines: vec!["starting".into(), "ready on :5432".into()],
+        more: false,
+        rotated: true,
+    };
+    let via = via().expect("via");
+    let text = json::log_documents(via, &chunk, false).expect("renders");
+    assert_eq!(text.lines().count(), 2, "{text}");
+    let following = json::log_documents(via, &chunk, true).expect("renders");
+    let lines: Vec<&str> = following.lines().collect();
+    assert_eq!(lines.len(), 3, "{following}");
+    assert_matches_fixture("logs_rotated", lines[0]);
+    assert_matches_fixture("logs_line", lines[1]);
+    let second: serde_json::Value = serde_json::from_str(lines[2]).expect("json");
+    assert_eq!(second["answer"]["line"], "ready on :5432", "{second}");
+}

@@ -22,6 +22,7 @@ const fatal_answer_grace_ms: u64 = 200;
 #[derive(Parser)]
 #[command(
     name = "mesh-host",
+    version,
     about = "The mesh agent that applies declarations on one machine"
 )]
 struct Args {

@@ -36,7 +36,7 @@ use mesh::logging::LogFormat;
 const peer_timings_probe_ms: u64 = 1_000;
 
 #[derive(Parser)]
-#[command(name = "meshd", about = "A mesh controller replica")]
+#[command(name = "meshd", version, about = "A mesh controller replica")]
 struct Args {
     /// Path to replica.toml.
     #[arg(long)]

@@ -28,7 +28,7 @@ pub enum CertsCommand {
     /// Ask every replica of the context to reload its certificate, key and CA set from its files.
     Reload,
     /// Show what a replica knows of the cluster's certificates, the CA count and the deny list.
-    List,
+    List(super::JsonArgs),
     /// Revoke a certificate (by serial, as `certs list` shows it) or every certificate of a
     /// principal; every replica refuses it at its next handshake and closes its connections.
     Revoke(RevokeArgs),
@@ -96,9 +96,14 @@ pub fn run(ctx: Option<&Path>, cmd: &CertsCommand) -> Result<Output, CliError> {
         CertsCommand::Renew(args) => renew(ctx, args).map(Output::done),
         CertsCommand::Issue(args) => issue(ctx, args).map(Output::done),
         CertsCommand::Reload => reload(ctx),
-        CertsCommand::List => {
-            let (_, body) = render::ask(ctx, &Request::CertsList)?;
+        CertsCommand::List(args) => {
+            let (via, body) = render::ask(ctx, &Request::CertsList)?;
             match body {
+                Body::Certs(view) if args.json => super::json::output(
+                    Some(via),
+                    super::json::CertsJson::new(&view, now_ms()),
+                    super::exit_done,
+                ),
                 Body::Certs(view) => Ok(Output::done(render_list(&view, now_ms()))),
                 other => Err(render::unexpected(
                     render::Via {

@@ -33,16 +33,59 @@ pub struct HistoryArgs {
 }
 
 pub fn run(ctx: Option<&Path>, args: &HistoryArgs) -> Result<Output, CliError> {
+    if args.limit == Some(0) {
+        // "Nothing yet" for `--limit 0` would read as an empty history.
+        return Err(CliError::Usage(
+            "--limit 0 would show no entry; give --limit 1 or more, or leave it out for the whole history".to_string(),
+        ));
+    }
     let query = HistoryQuery {
         since_ms: args.since,
         machine: args.machine.clone(),
         ..Default::default()
     };
     let (via, items) = newest_pages(ctx, query, args.limit)?;
+    if let (Some(machine), true) = (&args.machine, items.is_empty()) {
+        machine_known(ctx, machine)?;
+    }
     if args.json {
         return json::output(Some(via), json::HistoryJson::new(&items), super::exit_done);
     }
     Ok(Output::done(render_text(via, &items)))
+}
+
+/// `--machine M` with nothing to show: fine for a machine of the model (never sent yet) or one
+/// that had sends once (since removed); any other name is a typo, refused naming the known ones.
+fn machine_known(ctx: Option<&Path>, machine: &str) -> Result<(), CliError> {
+    let ever = HistoryQuery {
+        machine: Some(machine.to_string()),
+        ..Default::default()
+    };
+    let (_, sends) = page(ctx, &ever)?;
+    if sends.total > 0 {
+        return Ok(());
+    }
+    let (via, body) = render::ask(ctx, &Request::Status)?;
+    let Body::Status(view) = body else {
+        return Err(render::unexpected(via, "status", &body));
+    };
+    let known: Vec<String> = view.machines.iter().map(|m| m.name.clone()).collect();
+    if known.iter().any(|k| k == machine) {
+        return Ok(());
+    }
+    Err(unknown_machine(machine, &known))
+}
+
+/// A machine name neither in the model nor in the history: the known names and where to see them.
+pub fn unknown_machine(machine: &str, known: &[String]) -> CliError {
+    let known = if known.is_empty() {
+        "the mesh has no machines".to_string()
+    } else {
+        format!("the machines are {}", render::list_capped(known))
+    };
+    CliError::Usage(format!(
+        "there is no machine {machine} in the mesh and none of that name was ever sent to; {known}; `meshctl status` lists them"
+    ))
 }
 
 /// Every item `query` matches, oldest first, read page by page.

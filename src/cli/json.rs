@@ -14,9 +14,12 @@ use crate::controller::api::{
     HistoryItem, MachineView, PlanView, PlannedChange, PushEvent, PushLine, PushOutcome,
     PushTarget, PushView, ReplicaView, SettingsView, StatusView,
 };
+use crate::controller::certs::{CertView, CertsView, expiry_warning_days};
+use crate::controller::members::{MemberView, ReplicasView};
 use crate::core::report::{Exit, Health, ModuleState, ModuleStatus};
 use crate::core::settings::{Layer, Scope};
 use crate::core::summary::{Change, ItemChange};
+use crate::core::wire::LogChunk;
 use crate::store::command::{HeldMount, ModelChange, SendRecord, SettingsChange};
 
 /// The schema every document names in its `schema` field. A change a reader could trip on
@@ -1086,4 +1089,183 @@ impl From<&MachineChange> for CheckChangeJson {
             },
         }
     }
+}
+
+// ---- replicas list ----
+
+/// `replicas list --json`: the membership as the leader has it.
+#[derive(Debug, Serialize)]
+pub struct ReplicasJson {
+    /// The replica that answered (the leader).
+    pub answered_by: u64,
+    pub members: Vec<MemberJson>,
+    pub retired: Vec<RetiredJson>,
+}
+
+/// One member of the cluster.
+#[derive(Debug, Serialize)]
+pub struct MemberJson {
+    pub id: u64,
+    pub addr: String,
+    /// `leader`, `voter` or `learner`.
+    pub role: &'static str,
+    /// It answered a probe just now.
+    pub reachable: bool,
+    /// Hosts know its signing key (`false` only for a learner whose key is not in the state).
+    pub key_known: bool,
+}
+
+/// A retired replica: trusted by nothing, its id never used again.
+#[derive(Debug, Serialize)]
+pub struct RetiredJson {
+    pub id: u64,
+    pub why: String,
+    pub actor: String,
+    pub time: Time,
+}
+
+impl From<&ReplicasView> for ReplicasJson {
+    fn from(v: &ReplicasView) -> ReplicasJson {
+        ReplicasJson {
+            answered_by: v.answered_by,
+            members: v.members.iter().map(MemberJson::from).collect(),
+            retired: v
+                .retired
+                .iter()
+                .map(|r| RetiredJson {
+                    id: r.id,
+                    why: r.why.clone(),
+                    actor: r.actor.clone(),
+                    time: Time(r.time_ms),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<&MemberView> for MemberJson {
+    fn from(m: &MemberView) -> MemberJson {
+        let role = match (m.leader, m.voter) {
+            (true, _) => "leader",
+            (false, true) => "voter",
+            (false, false) => "learner",
+        };
+        MemberJson {
+            id: m.id,
+            addr: m.addr.clone(),
+            role,
+            reachable: m.reachable,
+            key_known: m.key_known,
+        }
+    }
+}
+
+// ---- certs list ----
+
+/// `certs list --json`: what one replica knows of the cluster's certificates.
+#[derive(Debug, Serialize)]
+pub struct CertsJson {
+    /// The replica whose knowledge this is.
+    pub replica: u64,
+    /// CA certificates it trusts: 1, or 2 during a CA switch.
+    pub cas: usize,
+    /// Its own certificate; `null` if it has none loaded.
+    pub own: Option<CertJson>,
+    /// Each peer's certificate from its last handshake with this replica.
+    pub peers: Vec<CertJson>,
+    pub denied: Vec<DenyJson>,
+}
+
+/// One certificate.
+#[derive(Debug, Serialize)]
+pub struct CertJson {
+    /// `replica:1`, `host:ace`, `operator:admin`; `""` when it names no principal.
+    pub principal: String,
+    pub serial: String,
+    pub not_after: Time,
+    /// `viewer`, `operator` or `admin` for an operator certificate that states one; `null`
+    /// otherwise (an operator certificate from before roles holds admin).
+    pub role: Option<String>,
+    /// It expires within the warning window (30 days) or has expired, as of this answer.
+    pub expiring: bool,
+}
+
+/// One deny-list entry: `serial <hex>` or a principal.
+#[derive(Debug, Serialize)]
+pub struct DenyJson {
+    pub target: String,
+    pub why: String,
+    pub actor: String,
+    pub time: Time,
+}
+
+impl CertsJson {
+    /// The document for `view`, `expiring` judged at `now_ms`.
+    pub fn new(view: &CertsView, now_ms: i64) -> CertsJson {
+        let cert = |c: &CertView| CertJson {
+            principal: c.principal.clone(),
+            serial: c.serial.clone(),
+            not_after: Time(c.not_after_ms.max(0) as u64),
+            role: c.role.map(|r| r.to_string()),
+            expiring: c.not_after_ms - now_ms <= expiry_warning_days * 86_400_000,
+        };
+        CertsJson {
+            replica: view.replica,
+            cas: view.cas,
+            own: view.own.as_ref().map(cert),
+            peers: view.peers.iter().map(cert).collect(),
+            denied: view
+                .denied
+                .iter()
+                .map(|d| DenyJson {
+                    target: d.target.clone(),
+                    why: d.why.clone(),
+                    actor: d.actor.clone(),
+                    time: Time(d.time_ms),
+                })
+                .collect(),
+        }
+    }
+}
+
+// ---- logs ----
+
+/// `logs --json`: one document per line of output (its `answer`), as they are read.
+#[derive(Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum LogJson {
+    /// One line a module wrote, without its newline.
+    Line {
+        module: String,
+        /// `stdout` or `stderr`.
+        stream: &'static str,
+        line: String,
+    },
+    /// With `--follow`: the file was rotated, and lines written before the rotation since the
+    /// last read are not shown.
+    Rotated {
+        module: String,
+        stream: &'static str,
+    },
+}
+
+/// The documents for one chunk of logs, one a line: a `rotated` first if it was.
+pub fn log_documents(via: Via, chunk: &LogChunk, with_rotation: bool) -> Result<String, CliError> {
+    let mut out = String::new();
+    if with_rotation && chunk.rotated {
+        let rotated = LogJson::Rotated {
+            module: chunk.module.clone(),
+            stream: chunk.stream.word(),
+        };
+        out.push_str(&document(Some(via), rotated)?);
+    }
+    for line in &chunk.lines {
+        let answer = LogJson::Line {
+            module: chunk.module.clone(),
+            stream: chunk.stream.word(),
+            line: line.clone(),
+        };
+        out.push_str(&document(Some(via), answer)?);
+    }
+    Ok(out)
 }

@@ -35,6 +35,10 @@ pub struct LogsArgs {
     /// How many of the last lines of each stream to print first (1 to 10000).
     #[arg(long, short = 'n', value_name = "N", default_value_t = lines_default)]
     pub lines: u32,
+    /// Print one JSON document per line of output (`{"kind": "line", "module", "stream",
+    /// "line"}` as its answer), as JSON lines.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(ctx: Option<&Path>, args: &LogsArgs) -> Result<Output, CliError> {
@@ -50,11 +54,11 @@ pub fn run(ctx: Option<&Path>, args: &LogsArgs) -> Result<Output, CliError> {
         lines: args.lines,
         from: Vec::new(),
     };
-    let (_, first) = read(&context, &args.machine, &ask)?;
+    let (mut via, first) = read(&context, &args.machine, &ask)?;
     if !args.follow {
         let mut text = String::new();
         for chunk in &first.chunks {
-            text.push_str(&render_chunk(chunk));
+            text.push_str(&shown(args.json, via, chunk, false)?);
         }
         return Ok(Output::done(text));
     }
@@ -65,7 +69,7 @@ pub fn run(ctx: Option<&Path>, args: &LogsArgs) -> Result<Output, CliError> {
     ask.lines = log_lines_max;
     loop {
         for chunk in &answer.chunks {
-            if chunk.rotated {
+            if chunk.rotated && !args.json {
                 eprintln!(
                     "meshctl logs: {} {} was rotated; lines written before the rotation since the last read are not shown",
                     chunk.module,
@@ -73,7 +77,8 @@ pub fn run(ctx: Option<&Path>, args: &LogsArgs) -> Result<Output, CliError> {
                 );
             }
             // A closed stdout (piped into `head`) ends the follow.
-            if out.write_all(render_chunk(chunk).as_bytes()).is_err() || out.flush().is_err() {
+            let text = shown(args.json, via, chunk, true)?;
+            if out.write_all(text.as_bytes()).is_err() || out.flush().is_err() {
                 return Ok(Output::done(String::new()));
             }
         }
@@ -82,8 +87,17 @@ pub fn run(ctx: Option<&Path>, args: &LogsArgs) -> Result<Output, CliError> {
         if !more {
             std::thread::sleep(Duration::from_millis(follow_poll_ms));
         }
-        answer = read(&context, &args.machine, &ask)?.1;
+        (via, answer) = read(&context, &args.machine, &ask)?;
     }
+}
+
+/// A chunk as printed: lines of text, or with `--json` one document per line (and, following,
+/// one for a rotation, which the text form says on stderr).
+fn shown(json: bool, via: Via, chunk: &LogChunk, following: bool) -> Result<String, CliError> {
+    if json {
+        return super::json::log_documents(via, chunk, following);
+    }
+    Ok(render_chunk(chunk))
 }
 
 /// One ask of the machine's logs through any replica of the context.

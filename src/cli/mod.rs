@@ -77,7 +77,7 @@ pub enum Command {
     /// Run a whole mesh on loopback (3 replicas, 4 machines) until Ctrl-C.
     Dev(dev::DevArgs),
     /// Replicas (leader, epoch, reachable) and per machine: last send, last report, behind, holds.
-    Status(JsonArgs),
+    Status(status::StatusArgs),
     /// Store a new model revision from a mesh file; sends nothing.
     Apply(apply::ApplyArgs),
     /// What a push of one machine would send, cascade to and hold.
@@ -127,12 +127,14 @@ impl Command {
             Command::Push(a) => a.json,
             Command::Settings(c) => c.wants_json(),
             Command::Snapshot(snapshot::SnapshotCommand::Save { json, .. }) => *json,
+            Command::Replicas(replicas::ReplicasCommand::List(a)) => a.json,
+            Command::Certs(certs::CertsCommand::List(a)) => a.json,
+            Command::Logs(a) => a.json,
             Command::Init(_)
             | Command::Dev(_)
             | Command::Machines(_)
             | Command::Certs(_)
             | Command::Replicas(_)
-            | Command::Logs(_)
             | Command::Bench(_)
             | Command::Completions(_)
             | Command::Help(_) => false,

@@ -25,7 +25,7 @@ use crate::host::config::{decode_hex_32, encode_hex};
 pub enum ReplicasCommand {
     /// Every member of the cluster as the leader knows it: voter or learner, address, whether it
     /// answers now.
-    List,
+    List(super::JsonArgs),
     /// Make a running replica (written by `meshctl init --add-replica`) a member: learner first,
     /// then a voter through joint consensus once every host has its signing key.
     Add(AddArgs),
@@ -58,7 +58,7 @@ pub struct RemoveArgs {
 
 pub fn run(ctx: Option<&Path>, cmd: &ReplicasCommand) -> Result<Output, CliError> {
     let request = match cmd {
-        ReplicasCommand::List => Request::ReplicasList,
+        ReplicasCommand::List(_) => Request::ReplicasList,
         ReplicasCommand::Add(args) => {
             let key = match &args.key {
                 Some(hex) => decode_hex_32(hex.trim()).ok_or_else(|| {
@@ -80,7 +80,7 @@ pub fn run(ctx: Option<&Path>, cmd: &ReplicasCommand) -> Result<Output, CliError
         ReplicasCommand::Remove(args) => Request::ReplicasRemove { id: args.id },
     };
     let asked = match cmd {
-        ReplicasCommand::List => "replicas list",
+        ReplicasCommand::List(_) => "replicas list",
         ReplicasCommand::Add(_) => "replicas add",
         ReplicasCommand::Remove(_) => "replicas remove",
     };
@@ -95,6 +95,13 @@ pub fn run(ctx: Option<&Path>, cmd: &ReplicasCommand) -> Result<Output, CliError
     let Body::Replicas(view) = body else {
         return Err(render::unexpected(via, asked, &body));
     };
+    if let ReplicasCommand::List(super::JsonArgs { json: true }) = cmd {
+        return super::json::output(
+            Some(via),
+            super::json::ReplicasJson::from(&view),
+            super::exit_done,
+        );
+    }
     Ok(Output::done(render_text(&via, &view)))
 }
 

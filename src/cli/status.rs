@@ -7,15 +7,27 @@ use std::path::Path;
 
 use super::json::{self, role_name};
 use super::render;
-use super::{CliError, JsonArgs, Output};
+use super::{CliError, Output};
 use crate::controller::api::{Body, MachineView, Request, StatusView};
 use crate::core::report::{Health, ModuleState, ModuleStatus};
 
-pub fn run(ctx: Option<&Path>, args: &JsonArgs) -> Result<Output, CliError> {
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatusArgs {
+    /// Show only these machines (every machine when none is named); the replicas are always
+    /// shown.
+    #[arg(value_name = "MACHINE")]
+    pub machines: Vec<String>,
+    /// Print the answer as JSON instead of lines.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(ctx: Option<&Path>, args: &StatusArgs) -> Result<Output, CliError> {
     let (via, body) = render::ask(ctx, &Request::Status)?;
-    let Body::Status(view) = body else {
+    let Body::Status(mut view) = body else {
         return Err(render::unexpected(via, "status", &body));
     };
+    keep_only(&mut view, &args.machines)?;
     if args.json {
         return json::output(Some(via), json::StatusJson::from(&view), super::exit_done);
     }
@@ -24,6 +36,39 @@ pub fn run(ctx: Option<&Path>, args: &JsonArgs) -> Result<Output, CliError> {
         render_text(&view),
         via.note()
     )))
+}
+
+/// Narrows `view` to the machines `names` (all when empty), in the answer's order; a name the
+/// answer does not have is refused, naming it and the machines there are.
+pub fn keep_only(view: &mut StatusView, names: &[String]) -> Result<(), CliError> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    let unknown: Vec<&String> = names
+        .iter()
+        .filter(|n| !view.machines.iter().any(|m| &m.name == *n))
+        .collect();
+    if !unknown.is_empty() {
+        let known: Vec<&str> = view.machines.iter().map(|m| m.name.as_str()).collect();
+        let them = if known.is_empty() {
+            "the mesh has no machines".to_string()
+        } else {
+            format!("its machines are {}", render::list_capped(&known))
+        };
+        let which = if unknown.len() == 1 {
+            format!("there is no machine {} in the mesh", unknown[0])
+        } else {
+            format!(
+                "there are no machines {} in the mesh",
+                render::list(&unknown)
+            )
+        };
+        return Err(CliError::Usage(format!(
+            "{which}; {them}; name one of them, or none for every machine"
+        )));
+    }
+    view.machines.retain(|m| names.contains(&m.name));
+    Ok(())
 }
 
 /// The lines `status` prints.

@@ -117,12 +117,17 @@ pub(crate) fn recheck(
             .verify_client_cert(end_entity, intermediates, now)
             .map(|_| ())
     };
-    verified.map_err(|e| Refusal::from_webpki(end_entity, &e).to_string())?;
+    verified.map_err(|e| Refusal::from_webpki(end_entity, &e, own_principal(live)).to_string())?;
     let info = CertInfo::from_der(end_entity)?;
     match trust.deny.refusal(&info) {
         Some(refusal) => Err(refusal.to_string()),
         None => Ok(()),
     }
+}
+
+/// The principal this endpoint's own certificate names, if any.
+fn own_principal(live: &Live) -> Option<Principal> {
+    live.own().and_then(|c| c.principal)
 }
 
 /// webpki client verification against the current CA set, plus the principal and deny checks.
@@ -153,7 +158,9 @@ impl ClientCertVerifier for MeshClientVerifier {
         let verified = trust
             .client
             .verify_client_cert(end_entity, intermediates, now)
-            .map_err(|e| Refusal::from_webpki(end_entity, &e).into_rustls())?;
+            .map_err(|e| {
+                Refusal::from_webpki(end_entity, &e, own_principal(&self.live)).into_rustls()
+            })?;
         mesh_checks(&self.live, &trust.deny, end_entity)?;
         Ok(verified)
     }
@@ -212,7 +219,9 @@ impl ServerCertVerifier for MeshServerVerifier {
         let verified = trust
             .server
             .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-            .map_err(|e| Refusal::from_webpki(end_entity, &e).into_rustls())?;
+            .map_err(|e| {
+                Refusal::from_webpki(end_entity, &e, own_principal(&self.live)).into_rustls()
+            })?;
         mesh_checks(&self.live, &trust.deny, end_entity)?;
         Ok(verified)
     }

@@ -83,6 +83,22 @@ impl CertInfo {
     }
 }
 
+/// The way out of a certificate from a CA the refusing process does not trust. An operator's
+/// certificate (or the CA an operator checks replicas against) from another cluster is the usual
+/// cause, and renewing the replica's certificate would not fix it: say to use this cluster's.
+fn unknown_ca_hint(peer: Option<&Principal>, by: Option<&Principal>) -> String {
+    match (peer, by) {
+        (Some(Principal::Operator(name)), _) => format!(
+            "this operator certificate is from another CA (another cluster's, or one replaced): use the operator certificate of this cluster's context, or issue one from this cluster's CA with `meshctl certs issue operator:{name} --role <role>`"
+        ),
+        (Some(Principal::Replica(_)), Some(Principal::Operator(_))) => "meshctl's context checks replicas against another CA than theirs: the context's [tls] ca (and its operator certificate) are from another cluster; use this cluster's context (`--context`, MESH_CONTEXT) or the ca.pem and operator certificate `meshctl init` wrote for it".to_string(),
+        (Some(p), _) => format!(
+            "issue a new one with `meshctl certs renew {p}` from the CA this process trusts and reload it (`meshctl certs reload` or SIGHUP), or add its CA to this process's ca.pem and reload"
+        ),
+        (None, _) => "issue one naming a principal with `meshctl certs renew <principal>`, or add its CA to this process's ca.pem and reload".into(),
+    }
+}
+
 /// One entry of a deny list: a single certificate, or every certificate naming a principal.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Revoked {
@@ -171,6 +187,10 @@ pub enum Refusal {
     UnknownCa {
         cert: CertInfo,
         detail: String,
+        /// The principal of the process that refused it, when its own certificate names one:
+        /// the way out depends on who refused whom (an operator's context from another cluster
+        /// is not fixed by renewing the replicas' certificates).
+        by: Option<Principal>,
     },
     Other {
         cert: Option<CertInfo>,
@@ -204,11 +224,11 @@ impl fmt::Display for Refusal {
                 "{} is not valid yet ({detail}); check this machine's clock against the one that issued it",
                 cert.named()
             ),
-            Refusal::UnknownCa { cert, detail } => write!(
+            Refusal::UnknownCa { cert, detail, by } => write!(
                 f,
-                "{} is not signed by a CA this process trusts ({detail}); {}, or add its CA to this process's ca.pem and reload",
+                "{} is not signed by a CA this process trusts ({detail}); {}",
                 cert.named(),
-                cert.renew_hint()
+                unknown_ca_hint(cert.principal.as_ref(), by.as_ref())
             ),
             Refusal::Other { cert, reason } => match cert {
                 Some(cert) => write!(f, "{} refused: {reason}", cert.named()),
@@ -228,8 +248,12 @@ impl fmt::Debug for Refusal {
 impl std::error::Error for Refusal {}
 
 impl Refusal {
-    /// Names what webpki refused in `end_entity`.
-    pub(crate) fn from_webpki(end_entity: &[u8], e: &rustls::Error) -> Refusal {
+    /// Names what webpki refused in `end_entity`; `by` is the refusing process's own principal.
+    pub(crate) fn from_webpki(
+        end_entity: &[u8],
+        e: &rustls::Error,
+        by: Option<Principal>,
+    ) -> Refusal {
         use rustls::CertificateError as C;
         let cert = CertInfo::from_der(end_entity).ok();
         let Some(cert) = cert else {
@@ -246,7 +270,7 @@ impl Refusal {
                     Refusal::NotYetValid { cert, detail }
                 }
                 #[allow(deprecated)]
-                C::UnknownIssuer | C::BadSignature => Refusal::UnknownCa { cert, detail },
+                C::UnknownIssuer | C::BadSignature => Refusal::UnknownCa { cert, detail, by },
                 other => Refusal::Other {
                     cert: Some(cert),
                     reason: format!("{other:?}"),
