@@ -212,6 +212,38 @@ fn dev_killed_one_second_after_it_starts_leaves_no_process() {
 }
 
 #[test]
+fn dev_notices_a_child_that_died_stops_the_rest_and_exits_non_zero_naming_it() {
+    // Issue 25 item 7: a replica that dies (lost its port to another process, say) is not left
+    // out silently while dev says "started 7 processes": dev names it and its log, stops every
+    // other process it started and exits non-zero.
+    let mut run = DevRun::start();
+    run.wait_for_line(up_line, up_wait_ms);
+    let replica = session_members(run.sid)
+        .into_iter()
+        .find(|(_, cmdline)| cmdline.contains("meshd") && cmdline.contains("replica-2"))
+        .unwrap_or_else(|| panic!("no replica 2 among dev's processes:\n{}", run.output()));
+    kill(Pid::from_raw(replica.0), Signal::SIGKILL).expect("kill replica 2");
+    run.reap();
+    let status = run.child.try_wait().expect("status").expect("exited");
+    let out = run.output();
+    assert!(
+        !status.success(),
+        "dev exited {status} after a child died:\n{out}"
+    );
+    assert!(
+        out.contains("exited") && out.contains("every other process was stopped"),
+        "{out}"
+    );
+    assert!(
+        out.contains("replica-2.log"),
+        "dev names the dead child's log:\n{out}"
+    );
+    if let Err(left) = run.wait_until_none_left() {
+        panic!("processes left after dev stopped for a dead child:\n{left}\n{out}");
+    }
+}
+
+#[test]
 fn two_dev_runs_use_different_ports_and_a_killed_one_leaves_no_module() {
     // Issue 13 part 7: two dev runs on one machine each get ports of their own for the example's
     // modules (so neither's readiness probes pass against the other's listeners), both come up,

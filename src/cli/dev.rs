@@ -29,6 +29,8 @@ pub const example_mesh: &str = include_str!("../../examples/mesh.toml");
 pub const dev_machines: [&str; 4] = ["ace", "g14", "novox", "shanks"];
 /// Replicas `dev` starts.
 pub const dev_replicas: u64 = 3;
+/// How often `dev` checks that every process it started still runs, in milliseconds.
+pub const child_check_ms: u64 = 500;
 /// How long `dev` waits for the cluster to elect a leader and answer.
 pub const leader_wait_ms: u64 = 30_000;
 /// Pause between two status polls while waiting.
@@ -73,6 +75,14 @@ pub enum DevError {
     },
     #[error("dev: {0}")]
     Step(String),
+    #[error(
+        "dev: {name} exited ({status}) while the mesh ran; every other process was stopped. Its log, {log}, says why (a port taken by another process, say); run `meshctl dev` again"
+    )]
+    ChildDied {
+        name: String,
+        status: String,
+        log: String,
+    },
 }
 
 pub fn run(args: &DevArgs) -> Result<String, super::CliError> {
@@ -136,7 +146,7 @@ async fn run_until_stopped(args: &DevArgs) -> Result<String, super::CliError> {
     for (id, addr) in &pages {
         println!("replica {id}'s status page: http://{addr}/ (metrics: http://{addr}/metrics)");
     }
-    let outcome = serve(&mut stop, &written.context, &dir, mesh).await;
+    let outcome = serve(&mut stop, &mut children, &written.context, &dir, mesh).await;
     println!("stopping {} processes", children.len());
     // Hosts first, while the replicas still take their last reports; then the replicas.
     let split = dev_replicas as usize;
@@ -151,6 +161,7 @@ async fn run_until_stopped(args: &DevArgs) -> Result<String, super::CliError> {
 /// coming up ends it at once.
 async fn serve(
     stop: &mut Stop,
+    children: &mut [Guarded],
     context_file: &Path,
     dir: &Path,
     mesh: crate::core::model::Mesh,
@@ -162,6 +173,7 @@ async fn serve(
             println!("{signal} while starting");
             return Ok(());
         }
+        died = first_death(children) => return Err(died.into()),
     }
     println!(
         "\ntry, in another shell:\n  export MESH_CONTEXT={}\n  alias meshctl={}\n  meshctl status\n  meshctl plan g14 --diff\n  meshctl settings set module/broker@g14 max_connections=256 --why \"more clients\"\n  meshctl push g14 --why \"raise broker limit\"\n  meshctl history\n\nCtrl-C stops every process.",
@@ -170,9 +182,31 @@ async fn serve(
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| "meshctl".into())
     );
-    let signal = stop.recv().await;
-    println!("{signal}");
-    Ok(())
+    tokio::select! {
+        signal = stop.recv() => {
+            println!("{signal}");
+            Ok(())
+        }
+        died = first_death(children) => Err(died.into()),
+    }
+}
+
+/// Waits until one of `children` exits, checking every [`child_check_ms`]: a replica that lost
+/// its port to another process, say. `dev` then stops the others and says which one and where
+/// its log is, instead of serving a mesh that is not all there.
+async fn first_death(children: &mut [Guarded]) -> DevError {
+    loop {
+        for child in children.iter_mut() {
+            if let Some(status) = child.exited() {
+                return DevError::ChildDied {
+                    name: child.name.clone(),
+                    status: status.to_string(),
+                    log: child.log.display().to_string(),
+                };
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(child_check_ms)).await;
+    }
 }
 
 /// Gives every replica of the layout a status page on a free loopback TCP port: `http` is
