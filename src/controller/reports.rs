@@ -171,10 +171,23 @@ impl Liveness {
         }
     }
 
-    /// What this replica, leading in `term`, heard from `machine`. A term it has not heard
-    /// anything in yet is one it just took office in.
+    /// Notes that this replica took office as leader in `term`: from now on, a host it has not
+    /// heard in `term` counts as not heard since then (decision 0301: a leader that never hears a
+    /// host must still find it silent once it has led for the threshold).
+    pub(crate) fn took_office(&self, term: u64) {
+        let mut map = self.lock();
+        if term > map.term {
+            Self::for_term(&mut map, term);
+        }
+    }
+
+    /// What this replica, leading in `term`, heard from `machine`. A term it has not noted yet is
+    /// one it just took office in: noted from now.
     pub(crate) fn view(&self, term: u64, machine: &str, now: Instant) -> HeardView {
-        let map = self.lock();
+        let mut map = self.lock();
+        if term > map.term {
+            Self::for_term(&mut map, term);
+        }
         if map.term != term {
             return HeardView::NotSince(Duration::ZERO);
         }
@@ -777,6 +790,23 @@ mod tests {
             silent_for(HeardView::NotSince(ms(90_000)), after),
             Some(ms(90_000))
         );
+    }
+
+    #[test]
+    fn a_leader_that_never_hears_a_host_finds_it_silent_once_it_has_led_the_threshold() {
+        // Decision 0301: a host dead before the failover is never heard by the new leader; it
+        // must still read silent, counted from when that leader took office.
+        let after = Duration::from_millis(silent_after_ms_default);
+        let live = Liveness::new();
+        live.took_office(7);
+        let now = Instant::now();
+        assert_eq!(silent_for(live.view(7, "ace", now), after), None);
+        assert!(silent_for(live.view(7, "ace", now + after), after).is_some());
+        // Asked before the leadership was noted: counted from the first question.
+        let live = Liveness::new();
+        assert_eq!(silent_for(live.view(8, "ace", Instant::now()), after), None);
+        let later = Instant::now() + after;
+        assert!(silent_for(live.view(8, "ace", later), after).is_some());
     }
 
     #[test]
