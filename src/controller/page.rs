@@ -153,11 +153,14 @@ fn machines(out: &mut String, status: &StatusView, leading: bool) {
         );
     }
     out.push_str("</table>\n");
+    if !leading {
+        out.push_str("<p class=\"note\">This replica does not lead: it hears no host, so it cannot say which are up to date or SILENT (decision 0301); the leader's page does.</p>\n");
+    }
 }
 
 /// The machine row's "behind" cell: `SILENT` (decision 0301) before anything else, and "up to
 /// date" only for a host the leader heard within its threshold. A follower hears no host: it says
-/// what the last report says and that liveness is the leader's to tell.
+/// what the last report says (`applied`), and the table's note sends the reader to the leader.
 fn behind_cell(m: &MachineView, leading: bool) -> String {
     let behind = if m.behind { " and behind" } else { "" };
     match (m.silent_for_ms, m.heard_ago_ms) {
@@ -167,7 +170,7 @@ fn behind_cell(m: &MachineView, leading: bool) -> String {
         ),
         _ if m.behind => "<span class=\"warn\">behind</span>".to_string(),
         (None, None) if leading => "<span class=\"warn\">not heard yet</span>".to_string(),
-        (None, None) => "applied (whether its host is heard: the leader's page)".to_string(),
+        (None, None) => "applied".to_string(),
         (None, Some(_)) => "<span class=\"ok\">up to date</span>".to_string(),
     }
 }
