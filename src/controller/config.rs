@@ -530,6 +530,24 @@ heartbeat_ms = 100
     }
 
     #[test]
+    fn silent_after_ms_defaults_to_three_default_intervals_and_is_bounded() {
+        // Decision 0301: absent, 30 s; set, kept; outside 300 ms..3 h, refused naming the key.
+        let at = |text: &str| ReplicaConfig::parse(text, Path::new("r.toml"), Path::new("."));
+        let c = at(example).expect("valid");
+        assert_eq!(
+            c.silent_after(),
+            Duration::from_millis(silent_after_ms_default)
+        );
+        assert_eq!(c.silent_after(), Duration::from_secs(30));
+        let c = at(&format!("silent_after_ms = 6000\n{example}")).expect("valid");
+        assert_eq!(c.silent_after(), Duration::from_millis(6_000));
+        for bad in [silent_after_ms_min - 1, silent_after_ms_max + 1] {
+            let e = at(&format!("silent_after_ms = {bad}\n{example}")).expect_err("refused");
+            assert!(e.to_string().contains("`silent_after_ms`"), "{e}");
+        }
+    }
+
+    #[test]
     fn a_written_file_reads_back_the_same() {
         // Config: ReplicaConfigFile round-trips through TOML, so meshctl and meshd agree.
         let raw: ReplicaConfigFile = toml::from_str(example).expect("parses");
