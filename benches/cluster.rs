@@ -287,6 +287,7 @@ impl Bed {
             raft: Some(raft.clone()),
             transport: Some(TransportConfig::default()),
             http: None,
+            silent_after_ms: None,
             trusted_keys: Default::default(),
             join: false,
         };

@@ -1,7 +1,8 @@
 //! Limits that must agree end to end (issue 23, decision 0298): the largest envelope frame a model
 //! within `validate`'s rules can give a host, checked against every replica's and host's
 //! `frame_bytes_max` when its config is loaded, and the size of one envelope's frame, which the
-//! push checks before it records the send.
+//! push checks before it records the send; and the leader's silence threshold against the hosts'
+//! report intervals (decision 0301).
 
 use mesh_transport::CheckedConfig;
 use mesh_transport::principal::name_bytes_max as principal_name_bytes_max;
@@ -52,6 +53,20 @@ pub const envelope_frame_bytes_max: usize =
 pub const frame_header_bytes_max: usize = 3 + 5 + 9;
 
 const _: () = assert!(envelope_frame_bytes_max < 16 * 1024 * 1024);
+
+// The leader's silence threshold counts the hosts' report intervals (decision 0301): its default
+// and bounds are `silent_after_intervals` of mesh-host's default and bounds.
+const _: () = {
+    use crate::controller::{
+        silent_after_intervals, silent_after_ms_default, silent_after_ms_max, silent_after_ms_min,
+    };
+    use crate::host::config::{
+        reconcile_interval_ms_default, reconcile_interval_ms_max, reconcile_interval_ms_min,
+    };
+    assert!(silent_after_ms_default == silent_after_intervals * reconcile_interval_ms_default);
+    assert!(silent_after_ms_min == silent_after_intervals * reconcile_interval_ms_min);
+    assert!(silent_after_ms_max == silent_after_intervals * reconcile_interval_ms_max);
+};
 
 /// Refuses a transport config whose frames could not carry the largest envelope a valid model
 /// gives a host: the replica could record sends it cannot deliver, or the host refuse them.

@@ -89,7 +89,8 @@ fn dump_dom(dir: &Path, url: &str) -> anyhow::Result<String> {
 #[test]
 fn the_status_page_in_chromium_names_the_leader_and_every_machine() -> anyhow::Result<()> {
     // Issue 13 part 4: what a person sees in a browser, not only the HTML meshd sends: the
-    // leader, the four machines with their modules, all up to date; and a screenshot of it.
+    // leader, the four machines with their modules, none behind (a follower's page leaves whether
+    // a host is heard to the leader's, decision 0301); and a screenshot of it.
     // Before anything starts: without a browser this test cannot check what it is for.
     chromium()?;
     let (mesh_text, _moved) = example_for_run()?;

@@ -183,6 +183,7 @@ fn machine_view(name: &str) -> MachineView {
         heard_ago_ms: None,
         unproven_refusal: None,
         report_refusal: None,
+        silent_for_ms: None,
     }
 }
 

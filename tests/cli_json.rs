@@ -132,6 +132,7 @@ fn status_view() -> StatusView {
         heard_ago_ms: Some(800),
         unproven_refusal: None,
         report_refusal: Some("3 reports refused, the last 2000 ms ago: report refused: the last refusal is 4000 bytes, over report_refusal_bytes_max (2048 bytes)".into()),
+        silent_for_ms: None,
     };
     let g14 = MachineView {
         name: "g14".into(),
@@ -148,6 +149,8 @@ fn status_view() -> StatusView {
         heard_ago_ms: None,
         unproven_refusal: None,
         report_refusal: None,
+        // Its host stopped: the leader has not heard it for 50 s (decision 0301).
+        silent_for_ms: Some(50_000),
     };
     StatusView {
         replicas: vec![

@@ -41,6 +41,7 @@ fn write_config(dir: &Path, pki: &Pki, addr: SocketAddr, data_dir: &str) -> Path
         raft: Some(fast_raft()),
         transport: None,
         http: None,
+        silent_after_ms: None,
         trusted_keys: Default::default(),
         join: false,
     };

@@ -408,3 +408,89 @@ async fn one_host_over_its_quota_is_told_to_try_again_and_another_hosts_report_i
     g14.close().await;
     bed.shutdown().await;
 }
+
+/// The machine's view once `silent_for_ms` says it is silent, and that many milliseconds.
+async fn wait_silent(bed: &Bed, id: u64, name: &str) -> (u64, MachineView) {
+    mesh_testkit::wait_value(&format!("{name} silent on replica {id}"), || async {
+        let m = machine_view(bed, id, name).await;
+        m.silent_for_ms.map(|ms| (ms, m))
+    })
+    .await
+}
+
+fn silent_gauge(bed: &Bed, id: u64) -> String {
+    let metrics = bed.service(id).metrics_text().expect("metrics");
+    metrics
+        .lines()
+        .find(|l| l.starts_with("mesh_hosts_silent "))
+        .unwrap_or_else(|| panic!("no mesh_hosts_silent in\n{metrics}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_not_heard_for_silent_after_ms_is_silent_until_it_reports_and_a_new_leader_waits_as_long()
+ {
+    // Issue 25 item 4, decision 0301: a host not heard for silent_after_ms (1.5 s in this bed's
+    // config) is SILENT in status, its text and the mesh_hosts_silent gauge, and clears at its
+    // next report; a new leader that never heard it waits the same threshold from taking office.
+    let threshold = controller_common::silent_after_ms_bed;
+    let (mut bed, leader) = bed_with(&["ace"]).await;
+    let host = bed.endpoint_as(&Principal::Host("ace".into()));
+    let filed = ReportReply::Filed { accepted: true };
+
+    // Heard just now: not silent.
+    let reported = std::time::Instant::now();
+    assert_eq!(bed.file_report(&host, leader, &report(10, 0)).await, filed);
+    let heard = machine_view(&bed, leader, "ace").await;
+    assert_eq!(heard.silent_for_ms, None, "{heard:?}");
+    assert!(!mesh::cli::status::machine_state(&heard).contains("SILENT"));
+    assert_eq!(silent_gauge(&bed, leader), "mesh_hosts_silent 0");
+
+    // Not heard for the threshold: silent, in every place, never before the threshold.
+    let (ms, silent) = wait_silent(&bed, leader, "ace").await;
+    assert!(
+        reported.elapsed() >= Duration::from_millis(threshold),
+        "silent after {:?}, under {threshold} ms",
+        reported.elapsed()
+    );
+    assert!(ms >= threshold, "{silent:?}");
+    assert!(
+        silent.heard_ago_ms.is_some_and(|h| h >= threshold),
+        "{silent:?}"
+    );
+    let state = mesh::cli::status::machine_state(&silent);
+    assert!(state.starts_with("SILENT for "), "{state}");
+    assert!(!state.contains("up to date"), "{state}");
+    assert_eq!(silent_gauge(&bed, leader), "mesh_hosts_silent 1");
+
+    // It reports again (unchanged: only heard, not proposed): it clears by itself.
+    assert_eq!(bed.file_report(&host, leader, &report(12, 0)).await, filed);
+    let back = machine_view(&bed, leader, "ace").await;
+    assert_eq!(back.silent_for_ms, None, "{back:?}");
+    assert_eq!(silent_gauge(&bed, leader), "mesh_hosts_silent 0");
+
+    // A new leader has not heard ace: not silent while it has led less than the threshold, and
+    // not heard (so never "up to date"); silent once it has led that long.
+    let term = bed.term(leader);
+    bed.stop_replica(leader).await;
+    let rest: Vec<u64> = bed.replicas.keys().copied().collect();
+    let (next, _) = bed.wait_leader_among(&rest, term).await;
+    let elected = std::time::Instant::now();
+    let fresh = machine_view(&bed, next, "ace").await;
+    assert_eq!(fresh.heard_ago_ms, None, "{fresh:?}");
+    if elected.elapsed() < Duration::from_millis(threshold) {
+        assert_eq!(
+            fresh.silent_for_ms, None,
+            "a leader new to office: {fresh:?}"
+        );
+    }
+    let (ms, never) = wait_silent(&bed, next, "ace").await;
+    assert!(ms >= threshold, "led at least the threshold: {never:?}");
+    assert_eq!(never.heard_ago_ms, None, "{never:?}");
+    assert_eq!(silent_gauge(&bed, next), "mesh_hosts_silent 1");
+    assert_eq!(bed.file_report(&host, next, &report(14, 0)).await, filed);
+    assert_eq!(machine_view(&bed, next, "ace").await.silent_for_ms, None);
+    assert_eq!(silent_gauge(&bed, next), "mesh_hosts_silent 0");
+    host.close().await;
+    bed.shutdown().await;
+}

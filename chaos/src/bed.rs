@@ -333,6 +333,7 @@ impl Cluster {
             raft: Some(raft_settings()),
             transport: Some(transport()),
             http: None,
+            silent_after_ms: None,
             trusted_keys: self
                 .addrs
                 .keys()

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use super::context::{ContextFile, ContextTls};
 use crate::controller::config::{ReplicaConfig, ReplicaConfigFile, TlsFile};
+use crate::controller::silent_after_intervals;
 use crate::core::compose::{World, compose, declaration_bytes, digest};
 use crate::core::declaration::Digest;
 use crate::core::model::Mesh;
@@ -35,6 +36,9 @@ pub const secret_file_mode: u32 = crate::durable::secret_file_mode;
 pub const public_file_mode: u32 = 0o644;
 /// How often a host reports when nothing happens, in the configs `init` writes.
 pub const host_reconcile_interval_ms: u64 = 2_000;
+/// `silent_after_ms` in the replica configs init writes: as many of its hosts' report intervals
+/// as a replica's default counts (decision 0301), so a stopped host reads `SILENT` after 6 s.
+pub const replica_silent_after_ms: u64 = silent_after_intervals * host_reconcile_interval_ms;
 /// Replica `i` listens on `base + i`; machine `j` (from 1) on `base + 100 + j`.
 pub const host_port_offset: u16 = 100;
 /// The port of a `--replica ID=IP` given without one.
@@ -524,6 +528,7 @@ fn replica_file(
         raft: None,
         transport: None,
         http: None,
+        silent_after_ms: Some(replica_silent_after_ms),
         trusted_keys: trusted_keys.clone(),
         join: false,
     }

@@ -243,6 +243,9 @@ pub struct MachineJson {
     /// The answering leader refused the host's reports for size or rate in the last minute: how
     /// many, the last's age and reason; `null` when not.
     pub report_refusal: Option<String>,
+    /// The answering leader has not heard the host for this long, at least its
+    /// `silent_after_ms`: the host is silent; `null` when not (decision 0301).
+    pub silent_for_ms: Option<u64>,
     pub modules: Vec<ModuleJson>,
 }
 
@@ -364,6 +367,7 @@ impl From<&MachineView> for MachineJson {
             heard_ago_ms: m.heard_ago_ms,
             unproven_refusal: m.unproven_refusal.clone(),
             report_refusal: m.report_refusal.clone(),
+            silent_for_ms: m.silent_for_ms,
             modules: m.modules.iter().map(ModuleJson::from).collect(),
         }
     }

@@ -244,6 +244,7 @@ pub fn init_add(dir: &Path, spec: &str) -> Result<String, CliError> {
         raft: template.raft.clone(),
         transport: template.transport.clone(),
         http: None,
+        silent_after_ms: Some(crate::cli::init::replica_silent_after_ms),
         trusted_keys: trusted,
         join: true,
     };

@@ -1,7 +1,8 @@
 //! `meshctl status`: each replica as it answered just now (role, its own epoch, its log) or
 //! unreachable, and per machine the last send, the last report (and how long ago the leader filed
 //! it), whether it is behind, its holds, and each module's state from that report: a machine whose
-//! modules fail never reads "up to date".
+//! modules fail, or whose host the leader has not heard lately (`SILENT`, decision 0301), never
+//! reads "up to date".
 
 use std::path::Path;
 
@@ -164,9 +165,28 @@ fn machine_line(m: &MachineView, width: usize) -> String {
     line
 }
 
-/// "up to date" only when the last send is confirmed and every module is ready; otherwise says
-/// what is wrong: `BEHIND`, `applied, 1 module failing`, `applied, 2 modules not ready`.
+/// "up to date" only when the last send is confirmed, every module is ready and the leader heard
+/// the host within its silence threshold; otherwise says what is wrong: `BEHIND`, `applied, 1
+/// module failing`, `applied, 2 modules not ready`, `SILENT for 50s (applied)` (decision 0301),
+/// `applied, not heard yet` (a leader that took office less than the threshold ago, or an answer
+/// that is not a leader's: nobody can say the host is there).
 pub fn machine_state(m: &MachineView) -> String {
+    let last = last_known_state(m);
+    match (m.silent_for_ms, m.heard_ago_ms) {
+        (Some(ms), _) => {
+            let last = if last == up_to_date { "applied" } else { &last };
+            format!("SILENT for {} ({last})", span(ms))
+        }
+        (None, None) if last == up_to_date => "applied, not heard yet".to_string(),
+        (None, _) => last,
+    }
+}
+
+/// What a heard, not silent, machine reads when nothing is wrong.
+const up_to_date: &str = "up to date";
+
+/// The machine's state from its send and its last report alone.
+fn last_known_state(m: &MachineView) -> String {
     let first = match (m.behind, m.behind_why.is_empty()) {
         (false, _) => "applied".to_string(),
         (true, true) => "BEHIND".to_string(),
@@ -178,7 +198,7 @@ pub fn machine_state(m: &MachineView) -> String {
             format!("{first}, {} not ready", count(modules.len()))
         }
         Some(Health::Ready) | None if m.behind => first,
-        Some(Health::Ready) | None => "up to date".to_string(),
+        Some(Health::Ready) | None => up_to_date.to_string(),
     }
 }
 
@@ -210,12 +230,73 @@ pub fn module_text(m: &ModuleStatus) -> String {
 
 /// `0.4s ago`, `12s ago`, `3m ago`, `5h ago`, `2d ago`.
 pub fn age(ms: u64) -> String {
+    format!("{} ago", span(ms))
+}
+
+/// `0.4s`, `12s`, `3m`, `5h`, `2d`.
+pub fn span(ms: u64) -> String {
     let s = ms / 1000;
     match s {
-        0..10 => format!("{}.{}s ago", s, (ms % 1000) / 100),
-        10..120 => format!("{s}s ago"),
-        120..7200 => format!("{}m ago", s / 60),
-        7200..172_800 => format!("{}h ago", s / 3600),
-        _ => format!("{}d ago", s / 86_400),
+        0..10 => format!("{}.{}s", s, (ms % 1000) / 100),
+        10..120 => format!("{s}s"),
+        120..7200 => format!("{}m", s / 60),
+        7200..172_800 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn applied(heard_ago_ms: Option<u64>, silent_for_ms: Option<u64>) -> MachineView {
+        MachineView {
+            name: "g14".into(),
+            last_send: None,
+            last_report: None,
+            behind: false,
+            behind_why: vec![],
+            holds: vec![],
+            refused_reports: 0,
+            modules: vec![],
+            health: Some(Health::Ready),
+            report_filed_ms: Some(1),
+            report_age_ms: Some(50_000),
+            heard_ago_ms,
+            unproven_refusal: None,
+            report_refusal: None,
+            silent_for_ms,
+        }
+    }
+
+    #[test]
+    fn a_silent_host_reads_silent_and_never_up_to_date() {
+        // Decision 0301 (issue 25 item 4): g14's mesh-host stopped 50 s ago; its last report
+        // said everything applied and ready.
+        let silent = machine_state(&applied(Some(50_000), Some(50_000)));
+        assert_eq!(silent, "SILENT for 50s (applied)");
+        let mut behind = applied(Some(50_000), Some(50_000));
+        behind.behind = true;
+        behind.behind_why = vec!["declaration changed".into()];
+        assert_eq!(
+            machine_state(&behind),
+            "SILENT for 50s (BEHIND (declaration changed))"
+        );
+        let line = machine_line(&applied(Some(50_000), Some(50_000)), 3);
+        assert!(
+            line.contains("SILENT") && !line.contains("up to date"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn up_to_date_needs_the_host_heard() {
+        // Heard within the threshold: up to date.
+        assert_eq!(machine_state(&applied(Some(800), None)), "up to date");
+        // Not heard by the answering replica (a new leader, or a follower's answer): not claimed.
+        assert_eq!(
+            machine_state(&applied(None, None)),
+            "applied, not heard yet"
+        );
     }
 }

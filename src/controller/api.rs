@@ -302,6 +302,13 @@ pub struct MachineView {
     /// over its quota in the report queue; decision 0299) less than a minute ago: how many, the
     /// last's age and reason. Kept in the leader's memory; `None` when not, or not a leader's.
     pub report_refusal: Option<String>,
+    /// The answering leader has not heard the host for this long, at least its `silent_after_ms`
+    /// (decision 0301): the host is `SILENT`, and never "up to date". When the leader has not
+    /// heard it since it took office, how long it has led (a lower bound). `None`: heard within
+    /// the threshold, a leader that took office less than the threshold ago and has not heard it
+    /// yet, or an answer that is not a leader's. Kept in the leader's memory; it clears at the
+    /// host's next report.
+    pub silent_for_ms: Option<u64>,
 }
 
 /// `meshctl plan`: everything the push would do, machine by machine, like `terraform plan`.

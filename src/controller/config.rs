@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::reports::{
+    silent_after_intervals, silent_after_ms_default, silent_after_ms_max, silent_after_ms_min,
+};
 
 use crate::hex::{decode_hex_32, encode_hex};
 
@@ -79,6 +84,11 @@ pub struct ReplicaConfigFile {
     /// (`"9100"`) for loopback. Absent: no HTTP server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<String>,
+    /// After how long unheard this replica, as leader, calls a host `SILENT` in milliseconds
+    /// (decision 0301). Absent: `silent_after_ms_default`, three of mesh-host's default report
+    /// intervals; `meshctl init`, which writes hosts that report every 2 s, writes 6000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silent_after_ms: Option<u64>,
     /// Replica id → its envelope-signing public key (64 hex), to check the epoch a host proves
     /// it accepted (G9). This replica's own key is trusted without being listed.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -122,6 +132,7 @@ pub struct ReplicaConfig {
     raft: RaftConfig,
     transport: CheckedConfig,
     http: Option<SocketAddr>,
+    silent_after: Duration,
     trusted_keys: BTreeMap<u64, VerifyingKey>,
     join: bool,
 }
@@ -190,6 +201,15 @@ impl ReplicaConfig {
             None => None,
             Some(text) => Some(parse_http(text).map_err(|p| invalid("http", p))?),
         };
+        let silent_after_ms = raw.silent_after_ms.unwrap_or(silent_after_ms_default);
+        if !(silent_after_ms_min..=silent_after_ms_max).contains(&silent_after_ms) {
+            return Err(invalid(
+                "silent_after_ms",
+                format!(
+                    "{silent_after_ms} is outside {silent_after_ms_min}..={silent_after_ms_max}; pick {silent_after_intervals} times the hosts' reconcile_interval_ms"
+                ),
+            ));
+        }
         let trusted_keys =
             parse_trusted(&raw.trusted_keys, &peers).map_err(|(k, p)| invalid(&k, p))?;
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
@@ -209,6 +229,7 @@ impl ReplicaConfig {
             raft,
             transport,
             http,
+            silent_after: Duration::from_millis(silent_after_ms),
             trusted_keys,
             join: raw.join,
         })
@@ -273,6 +294,11 @@ impl ReplicaConfig {
     /// Where the status page and `/metrics` are served, if anywhere.
     pub fn http(&self) -> Option<SocketAddr> {
         self.http
+    }
+
+    /// After how long unheard a host is silent (`silent_after_ms`, decision 0301).
+    pub fn silent_after(&self) -> Duration {
+        self.silent_after
     }
 
     /// Reads this replica's signing key, checking its mode.
@@ -501,6 +527,24 @@ heartbeat_ms = 100
         assert_eq!(c.tls().ca, PathBuf::from("/m/ca.pem"));
         assert_eq!(c.hosts()["ace"].port(), 7201);
         assert_eq!(c.raft().settings().heartbeat_ms, 100);
+    }
+
+    #[test]
+    fn silent_after_ms_defaults_to_three_default_intervals_and_is_bounded() {
+        // Decision 0301: absent, 30 s; set, kept; outside 300 ms..3 h, refused naming the key.
+        let at = |text: &str| ReplicaConfig::parse(text, Path::new("r.toml"), Path::new("."));
+        let c = at(example).expect("valid");
+        assert_eq!(
+            c.silent_after(),
+            Duration::from_millis(silent_after_ms_default)
+        );
+        assert_eq!(c.silent_after(), Duration::from_secs(30));
+        let c = at(&format!("silent_after_ms = 6000\n{example}")).expect("valid");
+        assert_eq!(c.silent_after(), Duration::from_millis(6_000));
+        for bad in [silent_after_ms_min - 1, silent_after_ms_max + 1] {
+            let e = at(&format!("silent_after_ms = {bad}\n{example}")).expect_err("refused");
+            assert!(e.to_string().contains("`silent_after_ms`"), "{e}");
+        }
     }
 
     #[test]

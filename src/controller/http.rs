@@ -150,6 +150,7 @@ impl Service {
         let (expiring, seconds_left) = self.cert_gauges();
         self.metrics.certs(expiring, seconds_left);
         self.metrics.hosts_refused(self.hosts_refused_now());
+        self.metrics.hosts_silent(self.hosts_silent_now());
         self.metrics
             .encode(&raft_now(self), &self.endpoint.counts().conns)
     }

@@ -53,6 +53,7 @@ pub struct Metrics {
     cert_seconds_left: Gauge,
     conns: ConnMetrics,
     hosts_refused: Gauge,
+    hosts_silent: Gauge,
 }
 
 impl Default for Metrics {
@@ -86,6 +87,7 @@ impl Metrics {
             cert_seconds_left: Gauge::default(),
             conns,
             hosts_refused: Gauge::default(),
+            hosts_silent: Gauge::default(),
         };
         // Every known series exists from the start at 0, so a rate over the first event is right.
         for word in ["applied", "refused", "failed"] {
@@ -202,6 +204,11 @@ impl Metrics {
             m.hosts_refused.clone(),
         );
         r.register(
+            "mesh_hosts_silent",
+            "Machines of the model this replica, as leader, has not heard for silent_after_ms or longer (decision 0301; a host not heard since it took office counts once it has led that long); each reads SILENT in status",
+            m.hosts_silent.clone(),
+        );
+        r.register(
             "mesh_raft_last_applied_index",
             "Index of the last entry applied to this replica's state machine",
             m.last_applied_index.clone(),
@@ -290,6 +297,12 @@ impl Metrics {
     /// How many machines' reports were refused for size or rate in the last minute.
     pub(crate) fn hosts_refused(&self, machines: usize) {
         self.hosts_refused
+            .set(i64::try_from(machines).unwrap_or(i64::MAX));
+    }
+
+    /// How many machines are silent now.
+    pub(crate) fn hosts_silent(&self, machines: usize) {
+        self.hosts_silent
             .set(i64::try_from(machines).unwrap_or(i64::MAX));
     }
 

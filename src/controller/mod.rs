@@ -23,6 +23,8 @@ mod unproven;
 mod upload;
 
 pub use reports::{
-    report_refusal_shown_ms, reports_handled_per_host_max, reports_in_flight_per_host_max,
+    HeardView, report_refusal_shown_ms, reports_handled_per_host_max,
+    reports_in_flight_per_host_max, silent_after_intervals, silent_after_ms_default,
+    silent_after_ms_max, silent_after_ms_min, silent_for,
 };
 pub use service::{Running, Service, ServiceError, bind, start, start_on};

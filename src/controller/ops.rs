@@ -728,6 +728,7 @@ fn machine_view(state: &DomainState, machine: &str, lag: Option<&Lag>, now_ms: u
         heard_ago_ms: None,
         unproven_refusal: None,
         report_refusal: None,
+        silent_for_ms: None,
     }
 }
 

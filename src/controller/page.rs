@@ -70,7 +70,7 @@ leader: <b id=\"leader\">{leader}</b> · term {term} · model revision {rev} · 
         );
     }
     replicas(&mut out, page);
-    machines(&mut out, page.status);
+    machines(&mut out, page.status, page.leader == Some(page.replica));
     out.push_str("<h2>Mesh</h2>\n");
     out.push_str(&graph_svg(page.mesh, page.status));
     history(&mut out, page.history);
@@ -103,14 +103,11 @@ fn replicas(out: &mut String, page: &Page) {
     out.push_str("</table>\n");
 }
 
-fn machines(out: &mut String, status: &StatusView) {
+/// The machines' table; `leading`: the serving replica leads, so it is the one that hears hosts.
+fn machines(out: &mut String, status: &StatusView, leading: bool) {
     out.push_str("<h2>Machines</h2>\n<table id=\"machines\"><tr><th>machine</th><th>behind</th><th>held</th><th>health</th><th>modules</th><th>last report</th><th>refused reports</th></tr>\n");
     for m in &status.machines {
-        let behind = if m.behind {
-            "<span class=\"warn\">behind</span>"
-        } else {
-            "<span class=\"ok\">up to date</span>"
-        };
+        let behind = behind_cell(m, leading);
         let held: Vec<String> = m
             .holds
             .iter()
@@ -156,6 +153,26 @@ fn machines(out: &mut String, status: &StatusView) {
         );
     }
     out.push_str("</table>\n");
+    if !leading {
+        out.push_str("<p class=\"note\">This replica does not lead: it hears no host, so it cannot say which are up to date or SILENT (decision 0301); the leader's page does.</p>\n");
+    }
+}
+
+/// The machine row's "behind" cell: `SILENT` (decision 0301) before anything else, and "up to
+/// date" only for a host the leader heard within its threshold. A follower hears no host: it says
+/// what the last report says (`applied`), and the table's note sends the reader to the leader.
+fn behind_cell(m: &MachineView, leading: bool) -> String {
+    let behind = if m.behind { " and behind" } else { "" };
+    match (m.silent_for_ms, m.heard_ago_ms) {
+        (Some(ms), _) => format!(
+            "<span class=\"bad\">SILENT</span> for {:.1} s{behind}",
+            ms as f64 / 1000.0
+        ),
+        _ if m.behind => "<span class=\"warn\">behind</span>".to_string(),
+        (None, None) if leading => "<span class=\"warn\">not heard yet</span>".to_string(),
+        (None, None) => "applied".to_string(),
+        (None, Some(_)) => "<span class=\"ok\">up to date</span>".to_string(),
+    }
 }
 
 fn health_word(m: &MachineView) -> (&'static str, &'static str) {
@@ -361,4 +378,45 @@ pub fn esc(text: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(heard_ago_ms: Option<u64>, silent_for_ms: Option<u64>) -> MachineView {
+        MachineView {
+            name: "g14".into(),
+            last_send: None,
+            last_report: None,
+            behind: false,
+            behind_why: vec![],
+            holds: vec![],
+            refused_reports: 0,
+            modules: vec![],
+            health: Some(Health::Ready),
+            report_filed_ms: Some(1),
+            report_age_ms: Some(50_000),
+            heard_ago_ms,
+            unproven_refusal: None,
+            report_refusal: None,
+            silent_for_ms,
+        }
+    }
+
+    #[test]
+    fn a_silent_host_reads_silent_in_its_machine_row_and_never_up_to_date() {
+        // Decision 0301: the page says SILENT where it said "up to date" in green.
+        let cell = behind_cell(&view(Some(50_000), Some(50_000)), true);
+        assert!(
+            cell.contains("SILENT") && !cell.contains("up to date"),
+            "{cell}"
+        );
+        let heard = behind_cell(&view(Some(800), None), true);
+        assert!(heard.contains("up to date"), "{heard}");
+        let new_leader = behind_cell(&view(None, None), true);
+        assert!(!new_leader.contains("up to date"), "{new_leader}");
+        let follower = behind_cell(&view(None, None), false);
+        assert!(!follower.contains("up to date"), "{follower}");
+    }
 }

@@ -20,6 +20,9 @@
 //!   once (machines outside the model share one such quota); past it the host is told to try
 //!   again, so one host flooding cannot delay another's filing. A host whose reports were refused
 //!   for size or rate is named in `status` for [`report_refusal_shown_ms`].
+//! - **A host not heard lately is silent** (issue 25 item 4, decision 0301): not heard for the
+//!   replica's `silent_after_ms` ([`silent_after_intervals`] report intervals), it is `SILENT` in
+//!   status, page, JSON and metrics ([`silent_for`], pure), until its next report.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -54,6 +57,21 @@ pub const reports_handled_per_host_max: u32 = reports_in_flight_per_host_max;
 /// How long a host stays named in `status` (and counted in `mesh_hosts_reports_refused`) after a
 /// report of it was refused for size or rate, in milliseconds.
 pub const report_refusal_shown_ms: u64 = 60_000;
+
+/// How many of a host's report intervals (`reconcile_interval_ms` in its host.toml) may pass
+/// unheard before the leader calls it `SILENT` (decision 0301). A host reports at least once an
+/// interval; three missed in a row is a host stopped, cut off or wedged, not one slow report.
+pub const silent_after_intervals: u64 = 3;
+/// `silent_after_ms` of a replica config that sets none: [`silent_after_intervals`] of mesh-host's
+/// default `reconcile_interval_ms` (10 s), 30 s. The leader does not know each host's interval
+/// (it is in the host's config only), so the threshold is the replica's (decision 0301).
+pub const silent_after_ms_default: u64 = silent_after_intervals * 10_000;
+/// Smallest `silent_after_ms` accepted: [`silent_after_intervals`] of the shortest interval a
+/// host accepts (100 ms).
+pub const silent_after_ms_min: u64 = silent_after_intervals * 100;
+/// Largest `silent_after_ms` accepted: [`silent_after_intervals`] of the longest interval a host
+/// accepts (1 hour).
+pub const silent_after_ms_max: u64 = silent_after_intervals * 3_600_000;
 
 /// What the leader heard from one host during its term.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +127,20 @@ pub enum HeardView {
     NotSince(Duration),
 }
 
+/// The silence rule (pure, decision 0301): how long `machine`'s host has been silent, when that is
+/// at least `silent_after`; `None` when it is not silent. A host this leader heard is silent once
+/// it was last heard `silent_after` ago or longer. A host it has not heard since it took office is
+/// silent only once it has led for `silent_after` (before that it may simply not have reported to
+/// this leader yet), and then for at least as long as it has led: the returned duration is a
+/// lower bound.
+pub fn silent_for(heard: HeardView, silent_after: Duration) -> Option<Duration> {
+    let quiet = match heard {
+        HeardView::Ago(ago) => ago,
+        HeardView::NotSince(leading) => leading,
+    };
+    (quiet >= silent_after).then_some(quiet)
+}
+
 impl Liveness {
     pub(crate) fn new() -> Liveness {
         Liveness {
@@ -139,10 +171,23 @@ impl Liveness {
         }
     }
 
-    /// What this replica, leading in `term`, heard from `machine`. A term it has not heard
-    /// anything in yet is one it just took office in.
+    /// Notes that this replica took office as leader in `term`: from now on, a host it has not
+    /// heard in `term` counts as not heard since then (decision 0301: a leader that never hears a
+    /// host must still find it silent once it has led for the threshold).
+    pub(crate) fn took_office(&self, term: u64) {
+        let mut map = self.lock();
+        if term > map.term {
+            Self::for_term(&mut map, term);
+        }
+    }
+
+    /// What this replica, leading in `term`, heard from `machine`. A term it has not noted yet is
+    /// one it just took office in: noted from now.
     pub(crate) fn view(&self, term: u64, machine: &str, now: Instant) -> HeardView {
-        let map = self.lock();
+        let mut map = self.lock();
+        if term > map.term {
+            Self::for_term(&mut map, term);
+        }
         if map.term != term {
             return HeardView::NotSince(Duration::ZERO);
         }
@@ -336,6 +381,11 @@ impl Liveness {
     }
 }
 
+/// A duration in whole milliseconds, saturating.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Whether a refusal is recent enough to be shown.
 fn shown(refused: &Refused, now: Instant) -> bool {
     now.saturating_duration_since(refused.at) < Duration::from_millis(report_refusal_shown_ms)
@@ -460,14 +510,39 @@ impl Service {
             return;
         };
         let now = Instant::now();
+        let silent_after = self.config.silent_after();
         for m in machines {
-            m.heard_ago_ms = match self.live.view(term, &m.name, now) {
-                HeardView::Ago(d) => Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            let heard = self.live.view(term, &m.name, now);
+            m.heard_ago_ms = match heard {
+                HeardView::Ago(d) => Some(millis(d)),
                 HeardView::NotSince(_) => None,
             };
+            m.silent_for_ms = silent_for(heard, silent_after).map(millis);
             m.unproven_refusal = self.live.unproven(term, &m.name);
             m.report_refusal = self.live.refused_view(term, &m.name, now);
         }
+    }
+
+    /// How many machines of the model this replica, as leader, finds silent now (decision 0301);
+    /// 0 on a replica that does not lead.
+    pub(crate) fn hosts_silent_now(&self) -> usize {
+        let Ok(term) = self.leading_term() else {
+            return 0;
+        };
+        let Ok(state) = self.app.state() else {
+            // allow(empty-on-error): no state to read means no machine to count; the store's
+            // own error surfaces on the next request
+            return 0;
+        };
+        let now = Instant::now();
+        let silent_after = self.config.silent_after();
+        let mut count = 0;
+        for machine in state.mesh.machines.keys() {
+            if silent_for(self.live.view(term, machine, now), silent_after).is_some() {
+                count += 1;
+            }
+        }
+        count
     }
 
     /// How many machines had a report refused for size or rate by this replica, as leader, in the
@@ -689,6 +764,70 @@ impl Drop for HandlingTurn<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_is_silent_once_unheard_for_the_threshold_and_a_new_leader_waits_as_long() {
+        // Decision 0301: silent once not heard for silent_after; a leader that has not heard the
+        // host since it took office waits the same threshold from taking office, then counts
+        // its time in office (a lower bound).
+        let after = Duration::from_millis(silent_after_ms_default);
+        let ms = Duration::from_millis;
+        // Heard recently: not silent, up to the last millisecond before the threshold.
+        assert_eq!(silent_for(HeardView::Ago(ms(2_000)), after), None);
+        assert_eq!(silent_for(HeardView::Ago(after - ms(1)), after), None);
+        // Heard long ago: silent for as long as it was not heard.
+        assert_eq!(silent_for(HeardView::Ago(after), after), Some(after));
+        assert_eq!(
+            silent_for(HeardView::Ago(ms(50_000)), after),
+            Some(ms(50_000))
+        );
+        // Never heard, the leader new: it may simply not have reported to this leader yet.
+        assert_eq!(silent_for(HeardView::NotSince(Duration::ZERO), after), None);
+        assert_eq!(silent_for(HeardView::NotSince(after - ms(1)), after), None);
+        // Never heard, the leader in office for the threshold or longer: silent at least as long.
+        assert_eq!(silent_for(HeardView::NotSince(after), after), Some(after));
+        assert_eq!(
+            silent_for(HeardView::NotSince(ms(90_000)), after),
+            Some(ms(90_000))
+        );
+    }
+
+    #[test]
+    fn a_leader_that_never_hears_a_host_finds_it_silent_once_it_has_led_the_threshold() {
+        // Decision 0301: a host dead before the failover is never heard by the new leader; it
+        // must still read silent, counted from when that leader took office.
+        let after = Duration::from_millis(silent_after_ms_default);
+        let live = Liveness::new();
+        live.took_office(7);
+        let now = Instant::now();
+        assert_eq!(silent_for(live.view(7, "ace", now), after), None);
+        assert!(silent_for(live.view(7, "ace", now + after), after).is_some());
+        // Asked before the leadership was noted: counted from the first question.
+        let live = Liveness::new();
+        assert_eq!(silent_for(live.view(8, "ace", Instant::now()), after), None);
+        let later = Instant::now() + after;
+        assert!(silent_for(live.view(8, "ace", later), after).is_some());
+    }
+
+    #[test]
+    fn a_silent_host_clears_when_it_reports_again() {
+        // Decision 0301: it comes back by itself, at the next report the leader hears.
+        let live = Liveness::new();
+        let a = account(report(10, 0));
+        let after = Duration::from_millis(silent_after_ms_default);
+        let t0 = Instant::now();
+        assert_eq!(
+            live.route(4, Some(&a), true, &report(11, 0), t0),
+            Route::Heard
+        );
+        let later = t0 + after + Duration::from_millis(1);
+        assert!(silent_for(live.view(4, "ace", later), after).is_some());
+        assert_eq!(
+            live.route(4, Some(&a), true, &report(12, 0), later),
+            Route::Heard
+        );
+        assert_eq!(silent_for(live.view(4, "ace", later), after), None);
+    }
 
     fn report(report_sequence: u64, restarts: u32) -> Report {
         Report {

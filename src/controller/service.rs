@@ -349,8 +349,10 @@ async fn announce_leadership(service: Weak<Service>) {
                 if leading.is_some() {
                     s.metrics.leadership(false);
                 }
-                if now.is_some() {
+                if let Some(epoch) = now {
                     s.metrics.leadership(true);
+                    // Silence is counted from here for hosts it has not heard (decision 0301).
+                    s.live.took_office(epoch);
                 }
             }
             if let Some(epoch) = leading {

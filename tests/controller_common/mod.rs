@@ -27,6 +27,9 @@ use mesh_transport::{Endpoint, MessageKind, Peer, Principal, TransportConfig};
 use openraft::ServerState;
 use tokio::sync::watch;
 
+/// `silent_after_ms` of this bed's replicas: three of its hosts' 500 ms report intervals.
+pub const silent_after_ms_bed: u64 = 1_500;
+
 pub fn transport() -> TransportConfig {
     TransportConfig {
         request_timeout_ms: 3_000,
@@ -174,6 +177,8 @@ impl Bed {
             raft: Some(fast_raft()),
             transport: Some(transport()),
             http: None,
+            // Three of this bed's host report intervals (500 ms), as `meshctl init` writes.
+            silent_after_ms: Some(silent_after_ms_bed),
             trusted_keys: self
                 .addrs
                 .keys()

@@ -687,6 +687,7 @@ mod tests {
             heard_ago_ms: None,
             unproven_refusal: None,
             report_refusal: None,
+            silent_for_ms: None,
         };
         let start = HostStart::of(&view, 100);
         assert_eq!(
