@@ -1,6 +1,7 @@
 //! mesh: a declarative controller for a fleet of machines. `core` is the pure domain; `store`,
 //! `controller`, `host` and `cli` are the shells that move bytes and call it.
 
+pub mod build_info;
 pub mod cli;
 pub mod conn_metrics;
 pub mod controller;

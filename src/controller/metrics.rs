@@ -67,6 +67,7 @@ impl Metrics {
         let mut registry = Registry::default();
         // The endpoint's admission counts (decision 0300), set at each scrape.
         let conns = ConnMetrics::register(&mut registry, "mesh");
+        crate::build_info::register(&mut registry, "mesh");
         let mut m = Metrics {
             registry,
             commits: Family::default(),
@@ -399,6 +400,19 @@ mod tests {
             text.contains("\nmesh_connections_refused_total{cap=\"per_principal\"} 5\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn build_info_names_the_release_this_replica_runs() {
+        // Issue 25 item 6: which release answers, as a series a dashboard can group by.
+        let text = Metrics::new()
+            .encode(&RaftNow::default(), &Default::default())
+            .expect("encode");
+        let series = format!(
+            "mesh_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&series), "{text}");
     }
 
     #[test]

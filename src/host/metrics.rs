@@ -149,6 +149,7 @@ impl HostMetrics {
         let mut registry = Registry::default();
         // The host endpoint's admission counts (decision 0300), set at each scrape.
         let conns = crate::conn_metrics::ConnMetrics::register(&mut registry, "mesh_host");
+        crate::build_info::register(&mut registry, "mesh_host");
         let mut m = HostMetrics {
             registry,
             conns,
@@ -350,6 +351,19 @@ mod tests {
             pid: None,
             last_exit: None,
         }
+    }
+
+    #[test]
+    fn build_info_names_the_release_this_host_runs() {
+        // Issue 25 item 6: which release each host runs, for a dashboard over the fleet.
+        let m = HostMetrics::new(&EnvelopeCounters::new(), &ReportCounters::default());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &m.registry).expect("encode");
+        let series = format!(
+            "mesh_host_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&series), "{text}");
     }
 
     #[test]
