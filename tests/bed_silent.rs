@@ -3,8 +3,7 @@
 //! init` writes them), a stopped host reads `SILENT` in `status --json`, the text status, the
 //! leader's page and its `/metrics`, never "up to date"; started again, it clears by itself.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use mesh::cli::init::{host_reconcile_interval_ms, replica_silent_after_ms};
@@ -28,22 +27,9 @@ fn silent_for_ms(status: &Value, machine: &str) -> Option<u64> {
 
 /// `GET path` on `addr`: the body of a 200 answer.
 fn get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
-    let wait = Duration::from_millis(5_000);
-    let mut stream = TcpStream::connect_timeout(&addr, wait)?;
-    stream.set_read_timeout(Some(wait))?;
-    stream.set_write_timeout(Some(wait))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let raw = String::from_utf8(raw)?;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow::anyhow!("no header end in {raw:?}"))?;
-    anyhow::ensure!(head.contains(" 200 "), "{path} answered {head}");
-    Ok(body.to_string())
+    let (code, body) = mesh_beds::http_get(addr, path, Duration::from_millis(5_000))?;
+    anyhow::ensure!(code == 200, "{path} answered {code}");
+    Ok(body)
 }
 
 /// The leader's page and `/metrics` addresses, from a status answer.

@@ -170,20 +170,9 @@ fn status_answer(forwarded_by: Option<u64>) -> Answer {
 fn machine_view(name: &str) -> MachineView {
     MachineView {
         name: name.into(),
-        last_send: None,
-        last_report: None,
         behind: true,
         behind_why: vec!["never sent".into()],
-        holds: vec![],
-        refused_reports: 0,
-        modules: vec![],
-        health: None,
-        report_filed_ms: None,
-        report_age_ms: None,
-        heard_ago_ms: None,
-        unproven_refusal: None,
-        report_refusal: None,
-        silent_for_ms: None,
+        ..MachineView::default()
     }
 }
 

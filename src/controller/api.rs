@@ -270,7 +270,7 @@ pub struct ReplicaSaid {
     pub answered_in_ms: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct MachineView {
     pub name: String,
     pub last_send: Option<(u64, u64, Digest)>,

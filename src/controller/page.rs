@@ -387,20 +387,12 @@ mod tests {
     fn view(heard_ago_ms: Option<u64>, silent_for_ms: Option<u64>) -> MachineView {
         MachineView {
             name: "g14".into(),
-            last_send: None,
-            last_report: None,
-            behind: false,
-            behind_why: vec![],
-            holds: vec![],
-            refused_reports: 0,
-            modules: vec![],
             health: Some(Health::Ready),
             report_filed_ms: Some(1),
             report_age_ms: Some(50_000),
             heard_ago_ms,
-            unproven_refusal: None,
-            report_refusal: None,
             silent_for_ms,
+            ..MachineView::default()
         }
     }
 

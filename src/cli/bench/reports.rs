@@ -674,20 +674,8 @@ mod tests {
     fn a_host_starts_above_its_accounts_last_report() {
         let view = MachineView {
             name: "bench-1".into(),
-            last_send: None,
             last_report: Some((3, 9, 500, None)),
-            behind: false,
-            behind_why: vec![],
-            holds: vec![],
-            refused_reports: 0,
-            modules: vec![],
-            health: None,
-            report_filed_ms: None,
-            report_age_ms: None,
-            heard_ago_ms: None,
-            unproven_refusal: None,
-            report_refusal: None,
-            silent_for_ms: None,
+            ..MachineView::default()
         };
         let start = HostStart::of(&view, 100);
         assert_eq!(
