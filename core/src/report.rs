@@ -8,8 +8,11 @@ use super::envelope::{EpochProof, epoch_max};
 mod bounds;
 pub use bounds::{
     OverBound, decode_bounded, report_modules_max, report_name_bytes_max, report_refusal_bytes_max,
-    report_signature_bytes_max, report_text_bytes_max,
+    report_drift_items_max, report_drift_text_bytes_max, report_signature_bytes_max,
+    report_text_bytes_max,
 };
+
+mod drift_wire;
 
 /// What a host says after an apply or on its reconcile interval.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,7 +33,12 @@ pub struct Report {
 }
 
 /// One module's state on its host.
+///
+/// Its bytes are those of `drift_wire::StatusWire` (decision 0305): a module that has not drifted
+/// encodes exactly as before drift was reported; a drifted one wraps its state in a variant added
+/// last, so stores, logs and fixtures of earlier reports decode unchanged.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "drift_wire::StatusWire", into = "drift_wire::StatusWire")]
 pub struct ModuleStatus {
     pub name: String,
     pub state: ModuleState,
@@ -39,6 +47,11 @@ pub struct ModuleStatus {
     pub pid: Option<u32>,
     /// How its last run ended, kept while it is restarted: a crash loop shows its exit code.
     pub last_exit: Option<Exit>,
+    /// What differs between what the host runs and the declaration it applied (a file edited, a
+    /// secret or grants file changed, a mount gone, the program the command names replaced),
+    /// one short text each (`conf/broker.conf changed`); empty when it runs as declared
+    /// (issue 25 item 3, decision 0305). At most `report_drift_items_max` texts.
+    pub drift: Vec<String>,
 }
 
 /// How a module's process ended. (The lowercase names are for JSON; bincode encodes the index.)
@@ -324,6 +337,7 @@ mod tests {
             restarts: 0,
             pid: None,
             last_exit: None,
+            drift: Vec::new(),
         }
     }
 
@@ -442,6 +456,18 @@ mod tests {
         c.modules[0].restarts = 1;
         assert!(!c.says_the_same(&b));
         assert!(!report(1, 3, 3).says_the_same(&a));
+    }
+
+    #[test]
+    fn drift_appearing_or_clearing_is_a_change_the_leader_files() {
+        // Decision 0216 with 0305: a report that only differs in drift is not "still here".
+        let mut clean = report(1, 2, 3);
+        clean.modules.push(module("broker", ModuleState::Ready));
+        let mut drifted = report(1, 2, 4);
+        drifted.modules.push(module("broker", ModuleState::Ready));
+        drifted.modules[0].drift = vec!["conf/broker.conf changed".into()];
+        assert!(!clean.says_the_same(&drifted), "drift appearing");
+        assert!(!drifted.says_the_same(&clean), "drift clearing");
     }
 
     proptest! {
