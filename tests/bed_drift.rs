@@ -103,7 +103,8 @@ fn wait_line(bed: &Bed, what: &str, want: &str) -> anyhow::Result<String> {
 #[test]
 fn drift_on_a_file_and_on_a_replaced_program_is_reported_and_repaired_by_push_behind()
 -> anyhow::Result<()> {
-    // Issue 25 item 3, both cases on one bed (it takes a while to start).
+    // G16 (issue 25 item 3): drift reported and repaired by the next push; both cases on one
+    // bed (it takes a while to start).
     let outside = tempfile::tempdir()?;
     let program = outside.path().join("broker.sh");
     let marker = outside.path().join("started");
