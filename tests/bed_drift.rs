@@ -171,6 +171,15 @@ fn drift_on_a_file_and_on_a_replaced_program_is_reported_and_repaired_by_push_be
         line(&bed.meshctl_ok(&["status"])?.stdout, "g14  sent").contains("DRIFTED"),
         "repaired without a push"
     );
+    // The plan says what the push restores, though the declaration did not change.
+    let plan = bed.meshctl_ok(&["plan", "--behind"])?.stdout;
+    assert!(
+        line(&plan, "would send g14 (behind)")
+            .contains("0 changes from the last send, and restores 1 difference on the host")
+            && plan.contains("~ broker: on the host: conf/broker.conf changed => as sent"),
+        "{plan}"
+    );
+    assert!(!plan.contains("would send ace"), "{plan}");
     let run = bed.meshctl_ok(&["push", "--behind", "--why", "repair drift", "--wait=20s"])?;
     assert!(line(&run.stdout, "g14").contains("applied"), "{}", run.stdout);
     assert!(line(&run.stdout, "ace").is_empty(), "only the drifted machine: {}", run.stdout);
