@@ -176,7 +176,7 @@ fn drift_on_a_file_and_on_a_replaced_program_is_reported_and_repaired_by_push_be
     assert!(
         line(&plan, "would send g14 (behind)")
             .contains("0 changes from the last send, and restores 1 difference on the host")
-            && plan.contains("~ broker: on the host: conf/broker.conf changed => as sent"),
+            && plan.contains("~ broker: drift: conf/broker.conf changed => as sent"),
         "{plan}"
     );
     assert!(!plan.contains("would send ace"), "{plan}");

@@ -248,6 +248,12 @@ fn plan_view() -> PlanView {
                     change("file conf/app.toml", None, Some(&digest(0x11).to_string())),
                     change("grant p-9", Some("sql to app@g14 as db, secret 1f2e"), None),
                     change("module", None, Some("postgres")),
+                    // Drift the host reported, which the push restores (decision 0305).
+                    change(
+                        mesh::controller::api::drift_item,
+                        Some("conf/db.conf changed"),
+                        Some("as sent"),
+                    ),
                 ],
                 holds: vec![],
             },

@@ -1,8 +1,8 @@
 //! `meshctl status`: each replica as it answered just now (role, its own epoch, its log) or
 //! unreachable, and per machine the last send, the last report (and how long ago the leader filed
 //! it), whether it is behind, its holds, and each module's state from that report: a machine whose
-//! modules fail, or whose host the leader has not heard lately (`SILENT`, decision 0301), never
-//! reads "up to date".
+//! modules fail, whose host the leader has not heard lately (`SILENT`, decision 0301), or whose
+//! host runs other than its declaration (`DRIFTED`, decision 0305), never reads "up to date".
 
 use std::path::Path;
 

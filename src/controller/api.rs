@@ -366,7 +366,7 @@ pub struct PlannedChange {
 
 /// The item of a [`PlannedChange`] that restores drift the host reported (decision 0305): the
 /// declaration is the same, the host is not; `was` says what differs, `now` is `as sent`.
-pub const drift_item: &str = "on the host";
+pub const drift_item: &str = "drift";
 
 /// A provision a push would mint.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -174,7 +174,7 @@ pub(crate) fn token_of(view: &PlanView) -> String {
 }
 
 /// What the host's last report says differs from its declaration (decision 0305), as the
-/// changes a push makes on the host though the declaration is the same: `~ broker: on the host:
+/// changes a push makes on the host though the declaration is the same: `~ broker: drift:
 /// conf/broker.conf changed => as sent`.
 fn drift_restored(state: &DomainState, machine: &str) -> Vec<PlannedChange> {
     let mut out = Vec::new();
