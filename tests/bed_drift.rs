@@ -70,7 +70,11 @@ fn line<'a>(text: &'a str, start: &str) -> &'a str {
 fn drifted(status: &Value, machine: &str) -> Vec<String> {
     Bed::machine(status, machine)
         .and_then(|m| m["drifted"].as_array())
-        .map(|a| a.iter().filter_map(|d| d.as_str().map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|d| d.as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -141,7 +145,10 @@ fn drift_on_a_file_and_on_a_replaced_program_is_reported_and_repaired_by_push_be
         "{text}"
     );
     let status = bed.status()?;
-    assert_eq!(drifted(&status, "g14"), ["broker: conf/broker.conf changed"]);
+    assert_eq!(
+        drifted(&status, "g14"),
+        ["broker: conf/broker.conf changed"]
+    );
     assert!(drifted(&status, "ace").is_empty(), "{status}");
     let g14 = Bed::machine(&status, "g14").cloned().unwrap_or_default();
     assert_eq!(g14["behind"], true, "{status}");
@@ -181,8 +188,16 @@ fn drift_on_a_file_and_on_a_replaced_program_is_reported_and_repaired_by_push_be
     );
     assert!(!plan.contains("would send ace"), "{plan}");
     let run = bed.meshctl_ok(&["push", "--behind", "--why", "repair drift", "--wait=20s"])?;
-    assert!(line(&run.stdout, "g14").contains("applied"), "{}", run.stdout);
-    assert!(line(&run.stdout, "ace").is_empty(), "only the drifted machine: {}", run.stdout);
+    assert!(
+        line(&run.stdout, "g14").contains("applied"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        line(&run.stdout, "ace").is_empty(),
+        "only the drifted machine: {}",
+        run.stdout
+    );
     wait_line(&bed, "g14 repaired", "up to date")?;
     assert_eq!(bed.read(&file), conf);
     assert!(drifted(&bed.status()?, "g14").is_empty());
@@ -227,7 +242,11 @@ fn drift_on_a_file_and_on_a_replaced_program_is_reported_and_repaired_by_push_be
     // A push naming the machine repairs it too (it always sends, behind or not).
     bed.meshctl_ok(&["push", "g14", "--why", "restart broker", "--wait=20s"])?;
     wait_line(&bed, "g14 repaired again", "up to date")?;
-    assert_eq!(bed.read(&marker).trim(), "v1", "the push restarted the broker");
+    assert_eq!(
+        bed.read(&marker).trim(),
+        "v1",
+        "the push restarted the broker"
+    );
     assert!(drifted(&bed.status()?, "g14").is_empty());
     bed.no_replica_panicked()?;
     Ok(())

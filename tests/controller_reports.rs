@@ -15,8 +15,8 @@ use mesh::core::declaration::Digest;
 use mesh::core::envelope::{EnvelopeHeader, EpochProof, epoch_max};
 use mesh::core::model::Mesh;
 use mesh::core::report::{
-    Exit, ModuleState, ModuleStatus, Report, report_modules_max, report_name_bytes_max,
-    report_drift_items_max, report_drift_text_bytes_max, report_refusal_bytes_max,
+    Exit, ModuleState, ModuleStatus, Report, report_drift_items_max, report_drift_text_bytes_max,
+    report_modules_max, report_name_bytes_max, report_refusal_bytes_max,
     report_signature_bytes_max, report_text_bytes_max,
 };
 use mesh::core::wire::{ReportReply, report_reply_what, report_what};

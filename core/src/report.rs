@@ -7,9 +7,9 @@ use super::envelope::{EpochProof, epoch_max};
 
 mod bounds;
 pub use bounds::{
-    OverBound, decode_bounded, report_modules_max, report_name_bytes_max, report_refusal_bytes_max,
-    report_drift_items_max, report_drift_text_bytes_max, report_signature_bytes_max,
-    report_text_bytes_max,
+    OverBound, decode_bounded, report_drift_items_max, report_drift_text_bytes_max,
+    report_modules_max, report_name_bytes_max, report_refusal_bytes_max,
+    report_signature_bytes_max, report_text_bytes_max,
 };
 
 mod drift_wire;

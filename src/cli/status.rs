@@ -307,7 +307,10 @@ mod tests {
         m.behind = true;
         m.drifted = vec!["broker: conf/broker.conf changed".into()];
         m.behind_why = vec![format!("{drifted_reason}broker: conf/broker.conf changed")];
-        assert_eq!(machine_state(&m), "DRIFTED broker: conf/broker.conf changed");
+        assert_eq!(
+            machine_state(&m),
+            "DRIFTED broker: conf/broker.conf changed"
+        );
         m.behind_why.insert(0, "declaration changed".into());
         assert_eq!(
             machine_state(&m),
@@ -316,7 +319,10 @@ mod tests {
         // Drifted reads DRIFTED even from an answer that does not count it behind.
         m.behind = false;
         m.behind_why.clear();
-        assert_eq!(machine_state(&m), "DRIFTED broker: conf/broker.conf changed");
+        assert_eq!(
+            machine_state(&m),
+            "DRIFTED broker: conf/broker.conf changed"
+        );
         m.behind = true;
         m.silent_for_ms = Some(50_000);
         assert_eq!(

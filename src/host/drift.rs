@@ -128,7 +128,11 @@ pub fn differs(
                     out.push(format!("{path} changed"));
                 } else if mode & 0o7777 & !want.mode != 0 {
                     // Narrower than written is the host's umask at work; wider is someone's chmod.
-                    out.push(format!("{path} mode {:o}, wider than {:o}", mode & 0o7777, want.mode));
+                    out.push(format!(
+                        "{path} mode {:o}, wider than {:o}",
+                        mode & 0o7777,
+                        want.mode
+                    ));
                 }
             }
         }
@@ -144,7 +148,9 @@ pub fn differs(
     }
     let name = Path::new(&program.command)
         .file_name()
-        .map_or(program.command.clone(), |n| n.to_string_lossy().into_owned());
+        .map_or(program.command.clone(), |n| {
+            n.to_string_lossy().into_owned()
+        });
     if let Some(applied) = &program.applied {
         match &program.now {
             Some(Ok(now)) if !now.same(applied) => out.push(format!("program {name} replaced")),
@@ -377,7 +383,10 @@ mod tests {
             running: Some(print(4, 1)),
             ..program.clone()
         };
-        assert!(differs(&[], &[], &touched).is_empty(), "same content, new inode");
+        assert!(
+            differs(&[], &[], &touched).is_empty(),
+            "same content, new inode"
+        );
         let missing = ProgramSeen {
             now: Some(Err("gone".into())),
             running: Some(print(1, 1)),

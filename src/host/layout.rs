@@ -166,7 +166,11 @@ impl Layout {
         }
         if !module.provisions.is_empty() {
             let text = provisions_text(module, &dir.join("provisions.toml"))?;
-            files.push(ExpectedFile::of("provisions.toml", text.as_bytes(), file_mode));
+            files.push(ExpectedFile::of(
+                "provisions.toml",
+                text.as_bytes(),
+                file_mode,
+            ));
         }
         if !module.grants.is_empty() {
             let text = grants_text(module, &dir.join("grants.toml"))?;

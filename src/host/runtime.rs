@@ -255,7 +255,10 @@ impl Runtime {
 
     /// What the drift check expects of `module`'s directory. `None` (logged) only when its
     /// provisions or grants cannot be encoded, which `prepare` would have failed on first.
-    fn expected_of(&self, module: &DeclaredModule) -> Option<(Vec<ExpectedFile>, Vec<ExpectedMount>)> {
+    fn expected_of(
+        &self,
+        module: &DeclaredModule,
+    ) -> Option<(Vec<ExpectedFile>, Vec<ExpectedMount>)> {
         match self.layout.expected(module) {
             Ok(expected) => Some(expected),
             Err(e) => {

@@ -505,7 +505,10 @@ mod tests {
         let mut long = report(vec![module("broker", ModuleState::Ready)]);
         long.modules[0].drift = vec!["q".repeat(report_drift_text_bytes_max + 1)];
         let err = long.check_bounds(1, "x").expect_err("long");
-        assert!(err.to_string().contains("report_drift_text_bytes_max"), "{err}");
+        assert!(
+            err.to_string().contains("report_drift_text_bytes_max"),
+            "{err}"
+        );
         // The bounded decode keeps drift as sent.
         assert_eq!(decode_bounded(&encoded(&r)).expect("decode"), Ok(r));
     }

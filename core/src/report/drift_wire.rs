@@ -22,10 +22,14 @@ pub(super) struct StatusWire {
 #[derive(Clone, Serialize, Deserialize)]
 enum StateWire {
     Starting,
-    Waiting { on: String },
+    Waiting {
+        on: String,
+    },
     Ready,
     Running,
-    Failed { error: String },
+    Failed {
+        error: String,
+    },
     Stopped,
     /// Added last: the module's state, and what differs from its declaration (never empty).
     Drifted {
@@ -138,7 +142,9 @@ mod tests {
             ModuleState::Waiting { on: "db".into() },
             ModuleState::Ready,
             ModuleState::Running,
-            ModuleState::Failed { error: "exit 3".into() },
+            ModuleState::Failed {
+                error: "exit 3".into(),
+            },
             ModuleState::Stopped,
         ];
         for state in states {
@@ -161,7 +167,10 @@ mod tests {
     fn a_drifted_module_round_trips_with_its_state_and_texts() {
         let drifted = status(
             ModuleState::Ready,
-            vec!["conf/broker.conf changed".into(), "mount data missing".into()],
+            vec![
+                "conf/broker.conf changed".into(),
+                "mount data missing".into(),
+            ],
         );
         let bytes = encode(&drifted);
         let back: ModuleStatus = mesh_codec::decode("a module status", &bytes).expect("decode");
