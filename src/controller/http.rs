@@ -151,6 +151,7 @@ impl Service {
         self.metrics.certs(expiring, seconds_left);
         self.metrics.hosts_refused(self.hosts_refused_now());
         self.metrics.hosts_silent(self.hosts_silent_now());
+        self.metrics.hosts_drifted(self.hosts_drifted_now());
         self.metrics
             .encode(&raft_now(self), &self.endpoint.counts().conns)
     }

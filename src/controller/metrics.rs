@@ -54,6 +54,8 @@ pub struct Metrics {
     conns: ConnMetrics,
     hosts_refused: Gauge,
     hosts_silent: Gauge,
+    /// Drift (issue 25 item 3, decision 0305).
+    hosts_drifted: Gauge,
 }
 
 impl Default for Metrics {
@@ -89,6 +91,7 @@ impl Metrics {
             conns,
             hosts_refused: Gauge::default(),
             hosts_silent: Gauge::default(),
+            hosts_drifted: Gauge::default(),
         };
         // Every known series exists from the start at 0, so a rate over the first event is right.
         for word in ["applied", "refused", "failed"] {
@@ -210,6 +213,11 @@ impl Metrics {
             m.hosts_silent.clone(),
         );
         r.register(
+            "mesh_hosts_drifted",
+            "Machines of the model whose last report, on this replica as leader, says what they run differs from their declaration (decision 0305); each reads DRIFTED in status until a push restores it",
+            m.hosts_drifted.clone(),
+        );
+        r.register(
             "mesh_raft_last_applied_index",
             "Index of the last entry applied to this replica's state machine",
             m.last_applied_index.clone(),
@@ -304,6 +312,12 @@ impl Metrics {
     /// How many machines are silent now.
     pub(crate) fn hosts_silent(&self, machines: usize) {
         self.hosts_silent
+            .set(i64::try_from(machines).unwrap_or(i64::MAX));
+    }
+
+    /// How many machines are drifted now (decision 0305).
+    pub(crate) fn hosts_drifted(&self, machines: usize) {
+        self.hosts_drifted
             .set(i64::try_from(machines).unwrap_or(i64::MAX));
     }
 

@@ -545,6 +545,21 @@ impl Service {
         count
     }
 
+    /// How many machines of the model have drift in their last filed report (decision 0305), on
+    /// this replica as leader; 0 on a replica that does not lead (as the other fleet gauges, so a
+    /// sum over replicas counts each machine once).
+    pub(crate) fn hosts_drifted_now(&self) -> usize {
+        if self.leading_term().is_err() {
+            return 0;
+        }
+        let Ok(state) = self.app.state() else {
+            // allow(empty-on-error): no state to read means no machine to count; the store's
+            // own error surfaces on the next request
+            return 0;
+        };
+        drifted_count(&state)
+    }
+
     /// How many machines had a report refused for size or rate by this replica, as leader, in the
     /// last [`report_refusal_shown_ms`]; 0 on a replica that does not lead.
     pub(crate) fn hosts_refused_now(&self) -> usize {
@@ -761,6 +776,18 @@ impl Drop for HandlingTurn<'_> {
     }
 }
 
+/// How many machines of the model have drift in their last filed report (decision 0305).
+fn drifted_count(state: &crate::store::state::DomainState) -> usize {
+    let mut count = 0;
+    for machine in state.mesh.machines.keys() {
+        let report = state.accounts.get(machine).and_then(|a| a.report.as_ref());
+        if report.is_some_and(|r| r.modules.iter().any(|m| !m.drift.is_empty())) {
+            count += 1;
+        }
+    }
+    count
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -842,6 +869,7 @@ mod tests {
                 restarts,
                 pid: Some(7),
                 last_exit: None,
+                drift: Vec::new(),
             }],
             refused_older: 0,
             last_refusal: None,

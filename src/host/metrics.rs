@@ -350,6 +350,7 @@ mod tests {
             restarts,
             pid: None,
             last_exit: None,
+            drift: Vec::new(),
         }
     }
 
