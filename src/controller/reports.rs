@@ -445,6 +445,8 @@ struct Done {
     arrived: Instant,
     /// A machine of the model (else it counts in the outsiders' quota).
     known: bool,
+    /// The events it makes once filed (decision 0308).
+    changes: Vec<super::events::Draft>,
 }
 
 /// The queue into the batching task.
@@ -545,6 +547,31 @@ impl Service {
         count
     }
 
+    /// The machines of the model this replica, leading in `term`, finds silent now, each with how
+    /// long in ms (decision 0301); `None` when the state cannot be read (logged; the caller looks
+    /// again at its next tick). For the event log's host silent / back (decision 0308).
+    pub(crate) fn silent_hosts(
+        &self,
+        term: u64,
+    ) -> Option<std::collections::BTreeMap<String, u64>> {
+        let state = match self.app.state() {
+            Ok(state) => state,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the state to look for silent hosts");
+                return None;
+            }
+        };
+        let now = Instant::now();
+        let silent_after = self.config.silent_after();
+        let mut silent = std::collections::BTreeMap::new();
+        for machine in state.mesh.machines.keys() {
+            if let Some(d) = silent_for(self.live.view(term, machine, now), silent_after) {
+                silent.insert(machine.clone(), millis(d));
+            }
+        }
+        Some(silent)
+    }
+
     /// How many machines had a report refused for size or rate by this replica, as leader, in the
     /// last [`report_refusal_shown_ms`]; 0 on a replica that does not lead.
     pub(crate) fn hosts_refused_now(&self) -> usize {
@@ -563,7 +590,7 @@ impl Service {
         bytes: usize,
     ) -> Result<ReportReply, String> {
         let arrived = Instant::now();
-        let (route, known) = {
+        let (route, known, changes) = {
             // The snapshot is dropped before any wait: one held across an apply makes it copy.
             // The account is read in place, not copied: it holds a whole report.
             let state = self.app.state().map_err(|e| e.to_string())?;
@@ -576,7 +603,20 @@ impl Service {
             } else {
                 self.live.route_outsider(term)
             };
-            (route, known)
+            // The events this report makes once filed (decision 0308): its modules against the
+            // account's last report. A report only heard says the same: it makes none.
+            let changes = match route {
+                Route::File { .. } if known => {
+                    let before = state
+                        .accounts
+                        .get(&report.machine)
+                        .and_then(|a| a.report.as_ref())
+                        .map(|r| r.modules.as_slice());
+                    super::events::module_changes(&report.machine, before, &report.modules)
+                }
+                _ => Vec::new(),
+            };
+            (route, known, changes)
         };
         let heard = match route {
             Route::Heard => {
@@ -592,6 +632,7 @@ impl Service {
             position: report.position(),
             arrived,
             known,
+            changes,
         };
         let (reply, answer) = oneshot::channel();
         let queued = Queued {
@@ -706,8 +747,11 @@ impl Service {
                 vec![None; count]
             }
         };
-        for ((done, reply), accepted) in waiting.into_iter().zip(answers) {
+        for ((mut done, reply), accepted) in waiting.into_iter().zip(answers) {
             self.live.filed(term, &done, accepted);
+            if accepted == Some(true) {
+                self.events.push(term, std::mem::take(&mut done.changes));
+            }
             let _ = reply.send(accepted);
         }
     }
@@ -932,6 +976,7 @@ mod tests {
             position: report.position(),
             arrived: Instant::now(),
             known,
+            changes: Vec::new(),
         }
     }
 
