@@ -108,7 +108,9 @@ async fn list(context: &Context, args: &EventsArgs) -> Result<Output, CliError> 
         }
     }
     Err(CliError::Api(crate::controller::api::ApiError::Timeout {
-        what: format!("reading the events ({list_attempts_max} times, the leader changed each time)"),
+        what: format!(
+            "reading the events ({list_attempts_max} times, the leader changed each time)"
+        ),
         waited_ms: 0,
     }))
 }
@@ -152,7 +154,9 @@ async fn list_once(context: &Context, args: &EventsArgs) -> Result<Option<Output
             Some(m) => format!(" of {m}"),
             None => String::new(),
         };
-        text.push_str(&format!("no events{of} kept by the leader in term {term}\n"));
+        text.push_str(&format!(
+            "no events{of} kept by the leader in term {term}\n"
+        ));
     } else {
         text.push_str(&header());
         for e in &events {
@@ -184,7 +188,8 @@ async fn follow(mut context: Context, args: &EventsArgs) -> Result<Output, CliEr
             Some(c) => EventsFrom::After(c),
             None => first_from(args),
         };
-        let asked = tokio::time::timeout(wait, ask(&context, query(args, from, events_wait_ms_max)));
+        let asked =
+            tokio::time::timeout(wait, ask(&context, query(args, from, events_wait_ms_max)));
         let (via, page) = match asked.await {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) if e.exit_code() == super::exit_bad_input || refused(&e) => return Err(e),
@@ -234,7 +239,10 @@ fn follow_text(json: bool, via: Via, page: &EventsPage, first: bool) -> Result<S
         }
         for e in &page.events {
             let event = EventJson::new(page.term, e);
-            text.push_str(&json::document(Some(via), EventFollowJson::Event { event })?);
+            text.push_str(&json::document(
+                Some(via),
+                EventFollowJson::Event { event },
+            )?);
         }
         return Ok(text);
     }

@@ -71,12 +71,12 @@ async fn draw_until_closed(context: &Context, args: &StatusArgs) -> Result<Outpu
             Ok(Err(e)) if e.exit_code() == exit_bad_input => return Err(e),
             Ok(Err(e)) if args.json => json::error_document(&e),
             Ok(Err(e)) => format!("meshctl: {e}\n"),
-            Err(_) if args.json => json::error_document(&CliError::Api(
-                crate::controller::api::ApiError::Timeout {
+            Err(_) if args.json => {
+                json::error_document(&CliError::Api(crate::controller::api::ApiError::Timeout {
                     what: "status".into(),
                     waited_ms: watch_ask_ms_max,
-                },
-            )),
+                }))
+            }
             Err(_) => format!("meshctl: no answer to status within {watch_ask_ms_max} ms\n"),
         };
         let text = frame(&body, now_ms, args.interval_ms, terminal, args.json);
