@@ -520,8 +520,11 @@ pub fn push_begun(actor: &str, machines: &[String], why: &str) -> Draft {
         None,
         None,
         format!(
-            "{actor} began a push to {} machines ({shown}): {why}",
-            machines.len()
+            "{actor} began a push to {} ({shown}): {why}",
+            match machines.len() {
+                1 => "1 machine".to_string(),
+                n => format!("{n} machines"),
+            }
         ),
     )
 }
