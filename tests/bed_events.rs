@@ -3,7 +3,8 @@
 //! a module's process killed on its host (the latency from the kill to the line is measured and
 //! printed; docs/benchmarks.md has the figure), the host stopped going silent and coming back, and
 //! the leader SIGKILLed: the follow carries on, told that events between may be lost, with the new
-//! leader taking office. `events --machine` shows that machine's events only.
+//! leader taking office. `events --machine` shows that machine's events only. A `status --watch`
+//! runs beside it all and keeps drawing through the leader's death; Ctrl-C ends it with exit 0.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,8 @@ const pair: &str = include_str!("../beds/meshes/pair.toml");
 /// Longest wait for one event, in milliseconds: a host's silence takes the replicas' 6 s threshold
 /// plus a report interval, a failover an election plus a follow's ask again.
 const event_wait_ms: u64 = 30_000;
+/// How long `status --watch` (every 500 ms) is given to draw twice after the leader's death.
+const watch_after_ms: u64 = 4_000;
 /// The most a module crash may take to show in `--follow` here. The figure measured on an idle
 /// machine is well under a second (docs/benchmarks.md); a shared CI machine gets room.
 const crash_shown_ms_max: u64 = 5_000;
@@ -51,6 +54,18 @@ fn next_event(
     }
 }
 
+/// How many drawings `status --watch` printed since the last call (each starts with its time and
+/// `· every`).
+fn drawings(watch: &Streaming) -> usize {
+    let mut count = 0;
+    while let Some(line) = watch.next_line(Duration::ZERO) {
+        if line.contains(" · every 0.5 s · ") {
+            count += 1;
+        }
+    }
+    count
+}
+
 fn is_event(answer: &Value, kind: &str, machine: Option<&str>) -> bool {
     answer["kind"] == "event"
         && answer["event"]["kind"] == kind
@@ -68,6 +83,8 @@ fn events_follow_shows_a_crash_a_silent_host_and_a_leader_change_and_machine_fil
     bed.apply(pair, "events bed")?;
     bed.meshctl_ok(&["push", "--all", "--why", "events bed", "--wait=20s"])?;
     let follow = bed.meshctl_spawn(&["events", "--follow", "--json"])?;
+    // `status --watch` beside it, through everything below: it must keep drawing.
+    let watch = bed.meshctl_spawn(&["status", "--watch", "--interval-ms", "500"])?;
     let mut seen = Vec::new();
     let wait = Duration::from_millis(event_wait_ms);
     // Following: the push just made is in the log.
@@ -154,6 +171,20 @@ fn events_follow_shows_a_crash_a_silent_host_and_a_leader_change_and_machine_fil
         office["event"]["term"].as_u64() > gap["gap"]["term"].as_u64(),
         "{office} after {gap}"
     );
+    // The watch drew through the leader's death and after it, and Ctrl-C ends it with exit 0.
+    let drawn_before = drawings(&watch);
+    std::thread::sleep(Duration::from_millis(watch_after_ms));
+    let drawn_after = drawings(&watch);
+    assert!(
+        drawn_before >= 10 && drawn_after >= 2,
+        "status --watch drew {drawn_before} times, then {drawn_after} in {watch_after_ms} ms"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(watch.pid())?),
+        nix::sys::signal::Signal::SIGINT,
+    )?;
+    let (code, _, stderr) = watch.finish_with_stderr(Duration::from_millis(5_000))?;
+    assert_eq!(code, Some(0), "status --watch on Ctrl-C: {stderr}");
     drop(follow);
     bed.no_replica_panicked()?;
     Ok(())

@@ -44,7 +44,7 @@ pub fn run(ctx: Option<&Path>, args: &StatusArgs) -> Result<Output, CliError> {
         .map_err(|e| CliError::Client(client::ClientError::Runtime(e)))?;
     runtime.block_on(async {
         tokio::select! {
-            ended = draw_until_closed(&context, args) => ended,
+            ended = draw_until_closed(context, args) => ended,
             // Ctrl-C is how a watch is meant to end: done, exit 0.
             _ = tokio::signal::ctrl_c() => Ok(Output::done(String::new())),
         }
@@ -52,7 +52,7 @@ pub fn run(ctx: Option<&Path>, args: &StatusArgs) -> Result<Output, CliError> {
 }
 
 /// Draws every interval until stdout closes (or a usage error).
-async fn draw_until_closed(context: &Context, args: &StatusArgs) -> Result<Output, CliError> {
+async fn draw_until_closed(mut context: Context, args: &StatusArgs) -> Result<Output, CliError> {
     let terminal = std::io::stdout().is_terminal() && !args.json;
     let interval = Duration::from_millis(args.interval_ms);
     let mut tick = tokio::time::interval(interval);
@@ -61,9 +61,21 @@ async fn draw_until_closed(context: &Context, args: &StatusArgs) -> Result<Outpu
         tick.tick().await;
         let asked = tokio::time::timeout(
             Duration::from_millis(watch_ask_ms_max),
-            ask(context, &args.machines),
+            ask(&context, &args.machines),
         )
         .await;
+        // The replica that took the ask goes first next time, so a dead one costs its dial
+        // timeout once, not at every drawing; after no answer at all, another one goes first.
+        match &asked {
+            Ok(Ok((via, _))) => {
+                let took = via.forwarded_by.unwrap_or(via.replica);
+                if let Some(at) = context.replicas.iter().position(|(id, _)| *id == took) {
+                    context.replicas[..=at].rotate_right(1);
+                }
+            }
+            Err(_) => context.replicas.rotate_left(1),
+            Ok(Err(_)) => {}
+        }
         let now_ms = crate::controller::service::now_ms();
         let body = match asked {
             Ok(Ok((via, view))) if args.json => json::document(Some(via), StatusJson::from(&view))?,
