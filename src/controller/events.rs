@@ -719,9 +719,15 @@ pub(crate) async fn watch_silence(service: Weak<Service>) {
             term = leading;
             silent.clear();
         }
-        let Some(now) = s.silent_hosts(term) else {
+        let Some(machines) = s.silent_hosts(term) else {
             continue;
         };
+        // A machine the model dropped is neither silent nor back: it is gone.
+        silent.retain(|m, _| machines.contains_key(m));
+        let now: BTreeMap<String, u64> = machines
+            .into_iter()
+            .filter_map(|(m, quiet)| quiet.map(|ms| (m, ms)))
+            .collect();
         let drafts = silence_changes(&silent, &now);
         s.events.push(term, drafts);
         silent = now;

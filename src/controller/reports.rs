@@ -547,13 +547,13 @@ impl Service {
         count
     }
 
-    /// The machines of the model this replica, leading in `term`, finds silent now, each with how
-    /// long in ms (decision 0301); `None` when the state cannot be read (logged; the caller looks
-    /// again at its next tick). For the event log's host silent / back (decision 0308).
+    /// Every machine of the model and whether this replica, leading in `term`, finds it silent now
+    /// (`Some(for how long, ms)`, decision 0301); `None` when the state cannot be read (logged; the
+    /// caller looks again at its next tick). For the event log's host silent / back (decision 0308).
     pub(crate) fn silent_hosts(
         &self,
         term: u64,
-    ) -> Option<std::collections::BTreeMap<String, u64>> {
+    ) -> Option<std::collections::BTreeMap<String, Option<u64>>> {
         let state = match self.app.state() {
             Ok(state) => state,
             Err(e) => {
@@ -565,9 +565,8 @@ impl Service {
         let silent_after = self.config.silent_after();
         let mut silent = std::collections::BTreeMap::new();
         for machine in state.mesh.machines.keys() {
-            if let Some(d) = silent_for(self.live.view(term, machine, now), silent_after) {
-                silent.insert(machine.clone(), millis(d));
-            }
+            let quiet = silent_for(self.live.view(term, machine, now), silent_after);
+            silent.insert(machine.clone(), quiet.map(millis));
         }
         Some(silent)
     }
