@@ -3,7 +3,8 @@
 //! a module's process killed on its host (the latency from the kill to the line is measured and
 //! printed; docs/benchmarks.md has the figure), the host stopped going silent and coming back, and
 //! the leader SIGKILLed: the follow carries on, told that events between may be lost, with the new
-//! leader taking office. `events --machine` shows that machine's events only. A `status --watch`
+//! leader taking office. A held push and a revocation show as `held` and `trust`. `events
+//! --machine` shows that machine's events only. A `status --watch`
 //! runs beside it all and keeps drawing through the leader's death; Ctrl-C ends it with exit 0.
 
 use std::time::{Duration, Instant};
@@ -152,6 +153,37 @@ fn events_follow_shows_a_crash_a_silent_host_and_a_leader_change_and_machine_fil
             .as_array()
             .is_some_and(|e| e.iter().all(|e| e["machine"] == "ace")),
         "{ace}"
+    );
+
+    // A push that would move a running module's mount is held: a `held` event of ace, between
+    // the push's begun and ended. A revocation is a trust event.
+    let moved = pair.replace("/srv/db/a", "/srv/db/b");
+    assert_ne!(moved, pair, "pair's db mounts /srv/db/a");
+    bed.apply(&moved, "move db's data")?;
+    let held = bed.meshctl(&["push", "ace", "--why", "move db's data"])?;
+    assert_eq!(held.code, Some(3), "a held push: {held:?}");
+    next_event(&follow, &mut seen, wait, |a| {
+        is_event(a, "push-begun", None)
+    })?;
+    let event = next_event(&follow, &mut seen, wait, |a| {
+        is_event(a, "held", Some("ace"))
+    })?;
+    assert!(
+        event["event"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("db mount data")),
+        "{event}"
+    );
+    next_event(&follow, &mut seen, wait, |a| {
+        is_event(a, "push-ended", None)
+    })?;
+    bed.meshctl_ok(&["certs", "revoke", "operator:gone", "--why", "left the team"])?;
+    let trust = next_event(&follow, &mut seen, wait, |a| is_event(a, "trust", None))?;
+    assert!(
+        trust["event"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("operator:gone")),
+        "{trust}"
     );
 
     // The leader killed: the follow carries on, told events may be lost, with the new leader.

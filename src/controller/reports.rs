@@ -611,6 +611,8 @@ impl Service {
                         .get(&report.machine)
                         .and_then(|a| a.report.as_ref())
                         .map(|r| r.modules.as_slice());
+                    // The drift report (issue 25 item 3) hooks here: push
+                    // `events::drift_change(machine, before's drift, this report's drift)`.
                     super::events::module_changes(&report.machine, before, &report.modules)
                 }
                 _ => Vec::new(),
