@@ -295,3 +295,48 @@ pub fn gap_line(now_term: u64, gap: &EventsGap) -> String {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::events::EventKind;
+
+    #[test]
+    fn an_event_line_names_its_place_and_a_gap_says_events_may_be_lost() {
+        // Issue 25 item 5: `events` prints time, kind, machine/module and the line; a follow
+        // across a leader change says what it may have missed rather than skip it silently.
+        let crash = Event {
+            index: 4,
+            at_ms: 1_764_770_000_000,
+            kind: EventKind::ModuleFailed,
+            machine: Some("g14".into()),
+            module: Some("broker".into()),
+            text: "broker failed (signal 9): killed by signal 9".into(),
+        };
+        let line = event_line(&crash);
+        assert!(
+            line.starts_with("2025-12-03 13:53:20Z  module-failed"),
+            "{line}"
+        );
+        assert!(line.contains("  g14/broker  "), "{line}");
+        assert!(line.ends_with("killed by signal 9\n"), "{line}");
+        let office = Event {
+            machine: None,
+            module: None,
+            kind: EventKind::TookOffice,
+            ..crash
+        };
+        assert!(
+            event_line(&office).contains("  -  "),
+            "{}",
+            event_line(&office)
+        );
+        let gap = gap_line(5, &EventsGap::OlderTerm { term: 4 });
+        assert!(
+            gap.contains("term 4 to 5") && gap.contains("may be lost"),
+            "{gap}"
+        );
+        let dropped = gap_line(5, &EventsGap::Dropped { count: 7 });
+        assert!(dropped.contains("7 events were dropped"), "{dropped}");
+    }
+}
