@@ -203,6 +203,12 @@ fn the_status_page_in_chromium_names_the_leader_and_every_machine() -> anyhow::R
         revision_in(&dom)? > revision,
         "the DOM still shows revision {revision} after the page refreshed:\n{dom}"
     );
+    // It says when it was drawn (UTC) and how long ago.
+    assert!(
+        dom.contains("drawn <span id=\"made\"") && dom.contains(" UTC</span>"),
+        "no drawing time in the DOM:\n{dom}"
+    );
+    assert!(dom.contains(" s ago</span>"), "no age in the DOM:\n{dom}");
     // web (novox) -> worker (g14, to its left): out of web's left side, into worker's right side,
     // the curve's last tangent (its arrow) pointing left, into worker.
     let (web, _) = box_in(&dom, "web")?;
