@@ -35,8 +35,10 @@ pub const events_page_max: u32 = 256;
 /// Longest an `events` request waits for an event before it answers an empty page: under the
 /// replicas' shutdown drain (5 s), so a waiting reader never holds a stopping replica.
 pub const events_wait_ms_max: u64 = 3_000;
-/// How often the leader looks for hosts that went silent or came back (decision 0301's rule).
-pub const events_silence_tick_ms: u64 = 250;
+/// How often the leader looks for hosts that went silent or came back (decision 0301's rule): a
+/// look reads every machine of the model, so not more often than a second (a silence is counted in
+/// seconds anyway: 6 s as `meshctl init` writes it, 30 s by default).
+pub const events_silence_tick_ms: u64 = 1_000;
 
 /// Where a reader is: the leader's term and the index of the last event it has seen in it (0:
 /// none yet).
