@@ -791,3 +791,46 @@ fn logs_json_is_one_document_per_line_with_a_rotation_when_following() {
     let second: serde_json::Value = serde_json::from_str(lines[2]).expect("json");
     assert_eq!(second["answer"]["line"], "ready on :5432", "{second}");
 }
+
+// --- `events --json` (issue 25 item 5, decision 0308) ---
+
+fn crash_event() -> mesh::controller::events::Event {
+    use mesh::controller::events::{Event, EventKind};
+    Event {
+        index: 4,
+        at_ms: 1_796_304_039_200,
+        kind: EventKind::ModuleRestarted,
+        machine: Some("g14".into()),
+        module: Some("broker".into()),
+        text: "broker ended (signal 9) and was started again (1 restarts); now waiting".into(),
+    }
+}
+
+#[test]
+fn events_json_names_each_event_with_its_cursor_kind_and_place() {
+    // Issue 25 item 5: `events --json` is one document of the events kept, each with the cursor
+    // it is at (term, index), an RFC 3339 time, a kebab-case kind and machine/module or null.
+    let answer = json::EventsJson {
+        term: 2,
+        earlier: 3,
+        events: vec![json::EventJson::new(2, &crash_event())],
+    };
+    assert_fixture("events", via(), answer);
+}
+
+#[test]
+fn events_follow_json_is_one_document_per_event_or_gap() {
+    // Issue 25 item 5: `events --follow --json` prints a document a line: a gap when the leader
+    // changed (events may be lost), then each event.
+    use mesh::controller::events::EventsGap;
+    let gap = json::EventFollowJson::Gap {
+        gap: json::GapJson::new(3, &EventsGap::OlderTerm { term: 2 }),
+    };
+    let line = json::document(via(), gap).expect("renders");
+    assert_matches_fixture("events_follow_gap", &line);
+    let event = json::EventFollowJson::Event {
+        event: json::EventJson::new(3, &crash_event()),
+    };
+    let line = json::document(via(), event).expect("renders");
+    assert_matches_fixture("events_follow_event", &line);
+}

@@ -283,6 +283,7 @@ fn may_ask_again(request: &Request) -> bool {
             | Request::CertsReload
             | Request::CertsList
             | Request::CertsRevoke { .. }
+            | Request::Events { .. }
     )
 }
 

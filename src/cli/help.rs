@@ -111,6 +111,9 @@ pub fn exit_codes_text() -> String {
   {changes}  plan --detailed-exitcode: the push would change something (0 when it would not).
 
 When several apply to one push, the first of {exit_failed}, {exit_module_failed}, {exit_wait_timeout}, {exit_held} wins.
+status --watch and events --follow run until Ctrl-C, which ends them with {exit_done}; they go on
+through a cluster unreachable for a while (saying so), and end early only on bad usage
+({exit_bad_input}) or, for events, a certificate whose role may not ask ({exit_failed}).
 With --json the exit code is the same, and an error is printed on stdout as
 {{\"schema\": \"mesh/v1\", \"error\": {{\"kind\", \"cause\", \"exit_code\", \"message\"}}}} (see docs/json.md).
 "

@@ -1281,3 +1281,73 @@ pub fn log_documents(via: Via, chunk: &LogChunk, with_rotation: bool) -> Result<
     }
     Ok(out)
 }
+
+// --- `events --json` (issue 25 item 5, decision 0308) ---
+
+/// One event: when (RFC 3339), its place in the leader's log (`term`, `index`: the cursor),
+/// what (`kind`), where (`machine`, `module`, `null` when the event is not of one) and its line.
+#[derive(Debug, Serialize)]
+pub struct EventJson {
+    pub time: Time,
+    pub term: u64,
+    pub index: u64,
+    pub kind: &'static str,
+    pub machine: Option<String>,
+    pub module: Option<String>,
+    pub text: String,
+}
+
+impl EventJson {
+    pub fn new(term: u64, e: &crate::controller::events::Event) -> EventJson {
+        EventJson {
+            time: Time(e.at_ms),
+            term,
+            index: e.index,
+            kind: e.kind.word(),
+            machine: e.machine.clone(),
+            module: e.module.clone(),
+            text: e.text.clone(),
+        }
+    }
+}
+
+/// Events a reader could not be shown: `older_term` (the cursor was of an earlier leader's term,
+/// whose events are not kept: some may be lost) or `dropped` (`count` events fell out of the
+/// bounded log unread).
+#[derive(Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum GapJson {
+    OlderTerm { term: u64, now_term: u64 },
+    Dropped { count: u64 },
+}
+
+impl GapJson {
+    pub fn new(now_term: u64, gap: &crate::controller::events::EventsGap) -> GapJson {
+        match gap {
+            crate::controller::events::EventsGap::OlderTerm { term } => GapJson::OlderTerm {
+                term: *term,
+                now_term,
+            },
+            crate::controller::events::EventsGap::Dropped { count } => {
+                GapJson::Dropped { count: *count }
+            }
+        }
+    }
+}
+
+/// `events --json`: the events the leader keeps (of the machine asked for), oldest first;
+/// `earlier` of them before these not shown (`--limit`).
+#[derive(Debug, Serialize)]
+pub struct EventsJson {
+    pub term: u64,
+    pub earlier: u64,
+    pub events: Vec<EventJson>,
+}
+
+/// `events --follow --json`: one document a line, an event or a gap, as they come.
+#[derive(Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EventFollowJson {
+    Event { event: EventJson },
+    Gap { gap: GapJson },
+}

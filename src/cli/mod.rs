@@ -9,6 +9,7 @@ pub mod check;
 pub mod client;
 pub mod context;
 pub mod dev;
+pub mod events;
 pub mod help;
 pub mod history;
 pub mod init;
@@ -109,6 +110,10 @@ pub enum Command {
     /// Module output from a machine, read by its mesh-host through a replica: the last
     /// `--lines` of each stream, then new lines with `--follow`.
     Logs(logs::LogsArgs),
+    /// What happened to the fleet (modules failed, restarted, recovered; hosts silent and back;
+    /// leader changes; pushes, holds, trust changes), from the leader's event log; `--follow`
+    /// prints new events as they happen, until Ctrl-C.
+    Events(events::EventsArgs),
     /// Write load through the operator API, shaped like `etcdctl check perf`: `--load s|m|l|xl`;
     /// prints writes/s, p50, p99, slowest and stddev, exits 1 below the load's target.
     Bench(bench::BenchArgs),
@@ -135,6 +140,7 @@ impl Command {
             Command::Replicas(replicas::ReplicasCommand::List(a)) => a.json,
             Command::Certs(certs::CertsCommand::List(a)) => a.json,
             Command::Logs(a) => a.json,
+            Command::Events(a) => a.json,
             Command::Init(_)
             | Command::Dev(_)
             | Command::Machines(_)
@@ -266,6 +272,7 @@ fn run_command(cli: Cli) -> Result<Output, CliError> {
         Command::Certs(cmd) => certs::run(ctx.as_deref(), &cmd),
         Command::Replicas(cmd) => replicas::run(ctx.as_deref(), &cmd),
         Command::Logs(args) => logs::run(ctx.as_deref(), &args),
+        Command::Events(args) => events::run(ctx.as_deref(), &args),
         Command::Bench(args) => bench::run(ctx.as_deref(), &args),
         Command::Completions(args) => help::completions(args.shell).map(Output::done),
         Command::Help(args) => help::help(&args).map(Output::done),

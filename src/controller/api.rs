@@ -139,6 +139,11 @@ pub enum Request {
     ReplicasRemove {
         id: u64,
     },
+    /// `meshctl events`: a page of the leader's event log, waiting for the next event when
+    /// asked (decision 0308).
+    Events {
+        query: super::events::EventsQuery,
+    },
 }
 
 /// What a push is aimed at. A bare push (no machine, no flag) never reaches the wire: meshctl refuses it.
@@ -220,6 +225,8 @@ pub enum Body {
     /// Module output read by a machine's host, bounded in lines and bytes.
     Logs(LogsAnswer),
     Replicas(super::members::ReplicasView),
+    /// A page of the leader's event log (decision 0308).
+    Events(super::events::EventsPage),
 }
 
 /// Why a request failed: one enum per operation beside the shared cases (decision 0210).

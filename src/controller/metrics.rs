@@ -374,6 +374,7 @@ pub(crate) fn request_kind(request: &Request) -> &'static str {
         Request::ReplicasList => "replicas_list",
         Request::ReplicasAdd { .. } => "replicas_add",
         Request::ReplicasRemove { .. } => "replicas_remove",
+        Request::Events { .. } => "events",
     }
 }
 

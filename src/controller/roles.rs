@@ -29,7 +29,8 @@ pub fn role_needed(request: &Request) -> Role {
         | Request::SettingsShow { .. }
         | Request::Logs { .. }
         | Request::CertsList
-        | Request::ReplicasList => Role::Viewer,
+        | Request::ReplicasList
+        | Request::Events { .. } => Role::Viewer,
         // Changes to the model, its settings and what runs on its hosts.
         Request::Apply { .. }
         | Request::ApplyChunk { .. }
@@ -67,6 +68,7 @@ pub fn command_name(request: &Request) -> &'static str {
         Request::ReplicasList => "replicas list",
         Request::ReplicasAdd { .. } => "replicas add",
         Request::ReplicasRemove { .. } => "replicas remove",
+        Request::Events { .. } => "events",
     }
 }
 

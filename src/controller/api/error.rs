@@ -143,6 +143,8 @@ pub enum ApiError {
         needed: mesh_transport::Role,
         held: mesh_transport::Role,
     },
+    #[error(transparent)]
+    Events(#[from] crate::controller::events::EventsError),
 }
 
 fn leader_name(leader: Option<u64>) -> String {
@@ -188,6 +190,7 @@ impl ApiError {
             ApiError::Certs(e) => e.class(),
             ApiError::Logs(e) => e.class(),
             ApiError::Members(e) => e.class(),
+            ApiError::Events(e) => e.class(),
         }
     }
 
@@ -224,6 +227,7 @@ impl ApiError {
             ApiError::Certs(e) => e.cause(),
             ApiError::Logs(e) => e.cause(),
             ApiError::Members(e) => e.cause(),
+            ApiError::Events(e) => e.cause(),
         }
     }
 
