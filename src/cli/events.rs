@@ -4,7 +4,7 @@
 //! left out; with `--follow` it then asks for the events after the last one it printed, each ask
 //! waiting on the leader up to [`events_wait_ms_max`] for the next event (a long poll: an event is
 //! printed as soon as the leader notes it). A follow outlives a leader change: an ask that fails is
-//! asked again of the replicas (the one that answered last first) every [`follow_retry_ms`], and a
+//! asked again of the replicas (all dialled at once, decision 0314) every [`follow_retry_ms`], and a
 //! new leader's first page says that events between may have been lost. It runs until Ctrl-C,
 //! which ends it with exit 0.
 
@@ -178,7 +178,7 @@ async fn list_once(context: &Context, args: &EventsArgs) -> Result<Option<Output
 
 /// `--follow`: prints the first page, then every event after it as it comes, until Ctrl-C or a
 /// closed stdout. Fails only on a refusal the operator must fix (a bad machine, a role).
-async fn follow(mut context: Context, args: &EventsArgs) -> Result<Output, CliError> {
+async fn follow(context: Context, args: &EventsArgs) -> Result<Output, CliError> {
     let mut out = std::io::stdout();
     let mut cursor: Option<EventCursor> = None;
     let mut first = true;
@@ -200,19 +200,12 @@ async fn follow(mut context: Context, args: &EventsArgs) -> Result<Output, CliEr
             }
             Err(_) => {
                 eprintln!(
-                    "meshctl events: no answer within {} ms; asking another replica",
+                    "meshctl events: no answer within {} ms; asking again",
                     wait.as_millis()
                 );
-                context.replicas.rotate_left(1);
                 continue;
             }
         };
-        // The replica that took the ask goes first next time: a dead one costs its dial timeout
-        // once, not at every ask.
-        let took = via.forwarded_by.unwrap_or(via.replica);
-        if let Some(at) = context.replicas.iter().position(|(id, _)| *id == took) {
-            context.replicas[..=at].rotate_right(1);
-        }
         let text = follow_text(args.json, via, &page, first)?;
         first = false;
         // A closed stdout (piped into `head`) ends the follow.

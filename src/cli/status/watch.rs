@@ -23,8 +23,8 @@ pub const watch_interval_ms_default: u64 = 2_000;
 pub const watch_interval_ms_min: u64 = 500;
 /// Longest `--interval-ms`.
 pub const watch_interval_ms_max: u64 = 60_000;
-/// Longest one ask of a drawing may take before it is drawn as an error (a dead first replica
-/// costs the client's 3 s dial timeout before the next is tried).
+/// Longest one ask of a drawing may take before it is drawn as an error (the client dials every
+/// replica at once, decision 0314, so a dead one costs nothing while another answers).
 pub const watch_ask_ms_max: u64 = 10_000;
 
 /// Clears a terminal and puts the cursor top left (ANSI: cursor home, erase display).
@@ -52,7 +52,7 @@ pub fn run(ctx: Option<&Path>, args: &StatusArgs) -> Result<Output, CliError> {
 }
 
 /// Draws every interval until stdout closes (or a usage error).
-async fn draw_until_closed(mut context: Context, args: &StatusArgs) -> Result<Output, CliError> {
+async fn draw_until_closed(context: Context, args: &StatusArgs) -> Result<Output, CliError> {
     let terminal = std::io::stdout().is_terminal() && !args.json;
     let interval = Duration::from_millis(args.interval_ms);
     let mut tick = tokio::time::interval(interval);
@@ -64,18 +64,6 @@ async fn draw_until_closed(mut context: Context, args: &StatusArgs) -> Result<Ou
             ask(&context, &args.machines),
         )
         .await;
-        // The replica that took the ask goes first next time, so a dead one costs its dial
-        // timeout once, not at every drawing; after no answer at all, another one goes first.
-        match &asked {
-            Ok(Ok((via, _))) => {
-                let took = via.forwarded_by.unwrap_or(via.replica);
-                if let Some(at) = context.replicas.iter().position(|(id, _)| *id == took) {
-                    context.replicas[..=at].rotate_right(1);
-                }
-            }
-            Err(_) => context.replicas.rotate_left(1),
-            Ok(Err(_)) => {}
-        }
         let now_ms = crate::controller::service::now_ms();
         let body = match asked {
             Ok(Ok((via, view))) if args.json => json::document(Some(via), StatusJson::from(&view))?,
