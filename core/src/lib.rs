@@ -6,6 +6,7 @@ pub mod declaration;
 pub mod envelope;
 pub mod flat;
 pub mod meshfile;
+pub mod meshwrite;
 pub mod model;
 pub mod plan;
 pub mod report;
