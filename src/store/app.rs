@@ -30,6 +30,9 @@ pub struct DomainSnapshot {
     pub sends: Vec<SendRecord>,
     pub history: Vec<SettingsChange>,
     pub models: Vec<ModelChange>,
+    /// The kept models of model revisions (table `model_revisions`, decision 0302): revision and
+    /// the encoded model as stored, oldest first.
+    pub revisions: Vec<(u64, Vec<u8>)>,
 }
 
 /// The domain state machine of one replica. It is the one owner of the state: readers take an
@@ -129,6 +132,37 @@ impl MeshApp {
         read_models(&txn)
     }
 
+    /// The kept model of model revision `revision` (machines and modules, settings apart), or
+    /// `None` when it is not kept (decision 0302).
+    pub fn model_revision(db: &redb::Database, revision: u64) -> Result<Option<Mesh>, AppError> {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(tables::MODEL_REVISIONS)?;
+        match table.get(revision)? {
+            Some(v) => Ok(Some(mesh_codec::decode("kept model", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The model history row of `revision`, if that revision was a model apply.
+    pub fn model_change(
+        db: &redb::Database,
+        revision: u64,
+    ) -> Result<Option<ModelChange>, AppError> {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(tables::MODEL_HISTORY)?;
+        match table.get(revision)? {
+            Some(v) => Ok(Some(mesh_codec::decode("model change", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The revision of the last model apply, read from the model history's end.
+    pub fn last_model_revision(db: &redb::Database) -> Result<Option<u64>, AppError> {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(tables::MODEL_HISTORY)?;
+        Ok(table.last()?.map(|(k, _)| k.value()))
+    }
+
     /// Every replaced or cleared settings layer, oldest first.
     pub fn settings_history(db: &redb::Database) -> Result<Vec<SettingsChange>, AppError> {
         let txn = db.begin_read()?;
@@ -184,7 +218,13 @@ impl App for MeshApp {
             .map_err(|_| AppError::Other("domain state lock poisoned".into()))?;
         clear_domain_tables(txn)?;
         write_all(txn, &snap)?;
-        *state = Arc::new(snap.state);
+        let mut installed = snap.state;
+        installed.model_revisions = snap
+            .revisions
+            .iter()
+            .map(|(revision, bytes)| (*revision, bytes.len() as u64))
+            .collect();
+        *state = Arc::new(installed);
         Ok(())
     }
 }
@@ -321,6 +361,14 @@ fn write_changes(
                     }
                 }
             }
+            Changed::ModelRevision { revision, bytes } => {
+                let mut t = txn.open_table(tables::MODEL_REVISIONS)?;
+                t.insert(*revision, bytes.as_slice())?;
+            }
+            Changed::ModelRevisionPruned(revision) => {
+                let mut t = txn.open_table(tables::MODEL_REVISIONS)?;
+                t.remove(*revision)?;
+            }
             Changed::Upload(id) => write_upload(txn, state, id)?,
             Changed::UploadChunk { upload, index } => {
                 let mut t = txn.open_table(tables::UPLOAD_CHUNKS)?;
@@ -435,11 +483,19 @@ fn read_snapshot(txn: &ReadTransaction) -> Result<DomainSnapshot, AppError> {
     read_uploads(txn, &mut state)?;
     let history = read_history(txn)?;
     let models = read_models(txn)?;
+    let mut revisions = Vec::new();
+    for row in txn.open_table(tables::MODEL_REVISIONS)?.iter()? {
+        let (k, v) = row?;
+        let bytes = v.value().to_vec();
+        state.model_revisions.insert(k.value(), bytes.len() as u64);
+        revisions.push((k.value(), bytes));
+    }
     Ok(DomainSnapshot {
         state,
         sends,
         history,
         models,
+        revisions,
     })
 }
 
@@ -596,6 +652,7 @@ fn clear_domain_tables(txn: &WriteTransaction) -> Result<(), AppError> {
     clear(txn, tables::REQUESTS)?;
     clear(txn, tables::REVOKED)?;
     clear(txn, tables::SIGNERS)?;
+    clear(txn, tables::MODEL_REVISIONS)?;
     clear(txn, tables::UPLOADS)?;
     txn.open_table(tables::UPLOAD_CHUNKS)?
         .retain(|_, _| false)?;
@@ -655,6 +712,10 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
             m.revision,
             mesh_codec::encode("model change", m)?.as_slice(),
         )?;
+    }
+    let mut revisions = txn.open_table(tables::MODEL_REVISIONS)?;
+    for (revision, bytes) in &snap.revisions {
+        revisions.insert(*revision, bytes.as_slice())?;
     }
     Ok(())
 }
