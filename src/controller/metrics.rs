@@ -360,6 +360,9 @@ pub(crate) fn request_kind(request: &Request) -> &'static str {
         Request::ReplicasList => "replicas_list",
         Request::ReplicasAdd { .. } => "replicas_add",
         Request::ReplicasRemove { .. } => "replicas_remove",
+        Request::ModelShow { .. } => "model_show",
+        Request::Rollback { .. } => "rollback",
+        Request::SettingsRollback { .. } => "settings_rollback",
     }
 }
 

@@ -70,6 +70,15 @@ impl Service {
             let state = self.state()?;
             let mut mesh = mesh.clone();
             let draining = keep_draining(&state, &mut mesh, drain)?;
+            // The model in force already: nothing stored, no revision, no history row (issue
+            // 25 item 1). Decided on this read; a concurrent write moves the revision, and the
+            // write below would be refused and checked again.
+            if state.model_unchanged(&mesh) {
+                return Ok(Body::ApplyUnchanged {
+                    revision: state.revision,
+                    settings_ignored: state.settings_ignored(&mesh),
+                });
+            }
             let changes = self.work.with(&state, |work| {
                 should_be_changes(&state, work.cache(), &mesh)
             })??;
@@ -125,11 +134,14 @@ impl Service {
         first: Applied,
     ) -> Result<Body, ApiError> {
         match (request, first) {
-            (Request::SettingsSet { scope, .. } | Request::SettingsClear { scope, .. }, first) => {
-                settings_answer(scope, first)
-            }
             (
-                Request::Apply { .. } | Request::ApplyUpload { .. },
+                Request::SettingsSet { scope, .. }
+                | Request::SettingsClear { scope, .. }
+                | Request::SettingsRollback { scope, .. },
+                first,
+            ) => settings_answer(scope, first),
+            (
+                Request::Apply { .. } | Request::ApplyUpload { .. } | Request::Rollback { .. },
                 Applied::Model {
                     revision,
                     settings_ignored,
@@ -499,7 +511,7 @@ impl Service {
     }
 }
 
-fn settings_answer(scope: Scope, applied: Applied) -> Result<Body, ApiError> {
+pub(crate) fn settings_answer(scope: Scope, applied: Applied) -> Result<Body, ApiError> {
     match applied {
         Applied::Settings {
             added,

@@ -30,12 +30,23 @@ fn reads() -> Vec<Request> {
         },
         Request::CertsList,
         Request::ReplicasList,
+        Request::ModelShow { revision: Some(3) },
     ]
 }
 
 fn changes() -> Vec<Request> {
     let why = || "test".to_string();
     vec![
+        Request::Rollback {
+            to_revision: 3,
+            why: why(),
+            drain: false,
+        },
+        Request::SettingsRollback {
+            scope: Scope::Mesh,
+            to: 2,
+            why: why(),
+        },
         Request::Apply {
             mesh: Default::default(),
             why: why(),

@@ -163,6 +163,19 @@ impl MeshApp {
         Ok(table.last()?.map(|(k, _)| k.value()))
     }
 
+    /// Settings history entry `id`, if there is one.
+    pub fn settings_change(
+        db: &redb::Database,
+        id: u64,
+    ) -> Result<Option<SettingsChange>, AppError> {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(tables::SETTINGS_HISTORY)?;
+        match table.get(id)? {
+            Some(v) => Ok(Some(mesh_codec::decode("settings change", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
     /// Every replaced or cleared settings layer, oldest first.
     pub fn settings_history(db: &redb::Database) -> Result<Vec<SettingsChange>, AppError> {
         let txn = db.begin_read()?;
