@@ -52,6 +52,24 @@ fn model_show_prints_the_example_mesh_back_as_a_file_that_applies_unchanged_to_t
     assert_eq!(store_revision(&bed)?, before, "no new revision");
     let history = bed.meshctl_ok(&["history"])?.stdout;
     assert!(!history.contains("same"), "no history row: {history}");
+    // The upload path (a model over `apply_inline_bytes_max` goes in chunks) stores nothing
+    // either when the model is in force, and reads back to its digest too.
+    let large = mesh_beds::sized_model(example, 5 * 1024 * 1024);
+    bed.apply(&large, "large")?;
+    let at = store_revision(&bed)?;
+    let again = bed.apply(&large, "large again")?;
+    assert!(
+        again.stdout.starts_with(&format!("unchanged: revision {at} already has this model")),
+        "{}",
+        again.stdout
+    );
+    assert_eq!(store_revision(&bed)?, at, "no new revision");
+    let shown = bed.meshctl_ok(&["model", "show"])?.stdout;
+    assert_eq!(digest(&shown)?, digest(&large)?);
+    // The example's revision is still kept and reads back as it was.
+    let old = bed.meshctl_ok(&["model", "show", "--revision", &before.to_string()])?.stdout;
+    assert_eq!(digest(&old)?, digest(example)?, "{old}");
+    assert!(old.contains("not in force"), "{old}");
     // A revision that stored no model is refused by name, exit 2.
     let none = bed.meshctl(&["model", "show", "--revision", "999"])?;
     assert_eq!(none.code, Some(2), "{}{}", none.stdout, none.stderr);
@@ -84,15 +102,25 @@ fn diff_exits_0_1_or_2_and_rollbacks_of_settings_and_a_move_are_planned_then_pus
     let same = bed.meshctl(&["diff", "-f", &write(&bed, "same.toml", consumer)?])?;
     assert_eq!(same.code, Some(0), "{}{}", same.stdout, same.stderr);
     assert!(same.stdout.starts_with("no differences"), "{}", same.stdout);
-    let moved_text = consumer.replace(
-        "[modules.app]\nmachine = \"g14\"",
-        "[modules.app]\nmachine = \"ace\"",
-    );
+    // app moves to ace, and db's data mount to another directory (held until `--move`, G8).
+    let moved_text = consumer
+        .replace(
+            "[modules.app]\nmachine = \"g14\"",
+            "[modules.app]\nmachine = \"ace\"",
+        )
+        .replace("/srv/db/a", "/srv/db/b");
     let moved = write(&bed, "moved.toml", &moved_text)?;
     let differs = bed.meshctl(&["diff", "-f", &moved])?;
     assert_eq!(differs.code, Some(1), "{}{}", differs.stdout, differs.stderr);
     assert!(
         differs.stdout.contains("~ module app\n    machine: \"g14\" => \"ace\""),
+        "{}",
+        differs.stdout
+    );
+    assert!(
+        differs
+            .stdout
+            .contains("~ module db\n    mount data: /srv/db/a -> data => /srv/db/b -> data"),
         "{}",
         differs.stdout
     );
@@ -118,9 +146,12 @@ fn diff_exits_0_1_or_2_and_rollbacks_of_settings_and_a_move_are_planned_then_pus
     assert!(again.stdout.contains("unchanged"), "{}", again.stdout);
     bed.wait_none_behind(2)?;
 
-    // rollback of a module move: app moved to ace and pushed, then back to g14.
+    // rollback of a module move: app moved to ace (db's mount with it, held until `--move`)
+    // and pushed, then both back.
     bed.meshctl_ok(&["apply", "-f", &moved, "--why", "move app"])?;
-    bed.meshctl_ok(&["push", "--all", "--why", "app to ace"])?;
+    let held = bed.meshctl(&["push", "--all", "--why", "app to ace"])?;
+    assert_eq!(held.code, Some(3), "{}{}", held.stdout, held.stderr);
+    bed.meshctl_ok(&["push", "ace", "--move", "db", "--why", "accept the move"])?;
     runs_on(&bed, "ace", "app")?;
     let to = first_revision.to_string();
     let back = bed.meshctl_ok(&["rollback", "--to-revision", &to, "--why", "app home"])?;
@@ -128,12 +159,28 @@ fn diff_exits_0_1_or_2_and_rollbacks_of_settings_and_a_move_are_planned_then_pus
     let plan = bed.meshctl(&["plan", "--behind", "--detailed-exitcode"])?;
     assert_eq!(plan.code, Some(6), "{}{}", plan.stdout, plan.stderr);
     assert!(plan.stdout.contains("would send g14"), "{}", plan.stdout);
-    assert!(plan.stdout.contains("would send ace"), "{}", plan.stdout);
+    assert!(plan.stdout.contains("would hold ace"), "{}", plan.stdout);
     let shown = bed.meshctl_ok(&["model", "show"])?.stdout;
     assert_eq!(digest(&shown)?, digest(consumer)?, "the first model again");
-    let pushed = bed.meshctl_ok(&["push", "--behind", "--why", "rollback"])?;
-    assert!(pushed.stdout.contains("applied"), "{}", pushed.stdout);
+    assert!(
+        plan.stdout.contains("/srv/db/b") && plan.stdout.contains("/srv/db/a"),
+        "the plan names the held mount: {}",
+        plan.stdout
+    );
+    // Holds included: the rollback's push holds ace (db's mount would move back) until
+    // `--move`, as any change's push does (G8).
+    let held = bed.meshctl(&["push", "--behind", "--why", "rollback"])?;
+    assert_eq!(held.code, Some(3), "{}{}", held.stdout, held.stderr);
     runs_on(&bed, "g14", "app")?;
+    let released = bed.meshctl(&["push", "ace", "--move", "db", "--why", "rollback db"])?;
+    assert_eq!(released.code, Some(0), "{}{}", released.stdout, released.stderr);
+    bed.wait_none_behind(2)?;
+    let status = bed.status()?;
+    let on_ace = Bed::machine(&status, "ace").and_then(|m| m["modules"].as_array()).cloned();
+    assert!(
+        on_ace.is_some_and(|ms| ms.iter().all(|m| m["name"] != "app")),
+        "app left ace: {status}"
+    );
     Ok(())
 }
 
