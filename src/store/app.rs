@@ -844,3 +844,69 @@ mod recent {
         }
     }
 }
+
+#[cfg(test)]
+mod kept_models {
+    use super::*;
+    use crate::store::command::Command;
+
+    fn apply_model(app: &MeshApp, db: &redb::Database, index: u64, env: &str) {
+        let text = format!(
+            "[machines.m]\naddress = \"10.0.0.1\"\n[modules.a]\nmachine = \"m\"\ncommand = \"sh\"\nenv = {{ N = \"{env}\" }}\n"
+        );
+        let mesh = crate::core::meshfile::parse_mesh("mesh.toml", &text).expect("parses");
+        let p = Proposal {
+            epoch: 1,
+            expect_revision: None,
+            actor: "operator:op".into(),
+            time_ms: index,
+            command: Command::ApplyModel {
+                mesh,
+                why: format!("apply {env}"),
+                changes: vec![],
+            },
+        };
+        let bytes = mesh_codec::encode("proposal", &p).expect("encode");
+        let txn = db.begin_write().expect("txn");
+        let at = EntryAt {
+            index,
+            term: 1,
+            position: 0,
+        };
+        app.apply(&txn, at, Some(&bytes)).expect("applied");
+        txn.commit().expect("commit");
+    }
+
+    #[test]
+    fn kept_models_are_written_with_the_apply_and_carried_by_snapshot_and_install() {
+        // Issue 25 item 1, decision 0302: the model of each model revision is in the replicated
+        // store, so a replica that installed a snapshot (a new or lagging one) reads old
+        // revisions back as the others do.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let db = mesh_migrations::open(&tmp.path().join("a")).expect("store");
+        let app = MeshApp::default();
+        apply_model(&app, &db, 1, "one");
+        apply_model(&app, &db, 2, "two");
+        let one = MeshApp::model_revision(&db, 1).expect("read").expect("kept");
+        assert_eq!(one.modules["a"].env.get("N").map(String::as_str), Some("one"));
+        let snapshot = app.snapshot(&db.begin_read().expect("read")).expect("snapshot");
+        let other = mesh_migrations::open(&tmp.path().join("b")).expect("store");
+        let installed = MeshApp::default();
+        let txn = other.begin_write().expect("txn");
+        installed.install(&txn, &snapshot).expect("installed");
+        txn.commit().expect("commit");
+        for revision in [1, 2] {
+            assert_eq!(
+                MeshApp::model_revision(&other, revision).expect("read"),
+                MeshApp::model_revision(&db, revision).expect("read"),
+                "revision {revision}"
+            );
+        }
+        let (a, b) = (app.state().expect("state"), installed.state().expect("state"));
+        assert_eq!(a.model_revisions, b.model_revisions, "the pruning index too");
+        assert_eq!(b.model_revisions.len(), 2);
+        // And a restart (load from the tables) rebuilds the same index.
+        let loaded = MeshApp::load(&other).expect("load");
+        assert_eq!(loaded.state().expect("state").model_revisions, a.model_revisions);
+    }
+}
