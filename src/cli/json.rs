@@ -1340,13 +1340,19 @@ pub struct DiffJson {
 }
 
 /// One changed item: `subject` (`machine ace`, `module web`), `item`, and each side (`null`
-/// where absent).
+/// where absent): a string field's value in the clear, anything else as `diff` prints it (a list,
+/// a file's size and digest, a mount, a probe).
 #[derive(Debug, Serialize)]
 pub struct DiffChangeJson {
     pub subject: String,
     pub item: String,
     pub stored: Option<String>,
     pub file: Option<String>,
+}
+
+/// A quoted string value in the clear; any other value as it is.
+fn clear(value: &str) -> String {
+    unquote(value).unwrap_or_else(|| value.to_string())
 }
 
 impl DiffJson {
@@ -1363,8 +1369,8 @@ impl DiffJson {
                 .map(|l| DiffChangeJson {
                     subject: l.subject.clone(),
                     item: l.item.clone(),
-                    stored: l.was.clone(),
-                    file: l.now.clone(),
+                    stored: l.was.as_deref().map(clear),
+                    file: l.now.as_deref().map(clear),
                 })
                 .collect(),
             settings_differ: d.settings_differ.iter().map(ToString::to_string).collect(),
