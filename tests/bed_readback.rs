@@ -16,11 +16,14 @@ fn digest(text: &str) -> anyhow::Result<String> {
     Ok(blake3::hash(&bytes).to_hex().to_string())
 }
 
-fn store_revision(bed: &Bed) -> anyhow::Result<u64> {
+/// The store's revision and the model revision in force, from `model show --json`.
+fn revisions(bed: &Bed) -> anyhow::Result<(u64, u64)> {
     let doc = bed.meshctl_ok(&["model", "show", "--json"])?.json()?;
-    doc["answer"]["store_revision"]
-        .as_u64()
-        .ok_or_else(|| anyhow::anyhow!("no store_revision in {doc}"))
+    let answer = &doc["answer"];
+    match (answer["store_revision"].as_u64(), answer["model_revision"].as_u64()) {
+        (Some(store), Some(model)) => Ok((store, model)),
+        _ => anyhow::bail!("no revisions in {doc}"),
+    }
 }
 
 #[test]
@@ -40,34 +43,34 @@ fn model_show_prints_the_example_mesh_back_as_a_file_that_applies_unchanged_to_t
     let json = bed.meshctl_ok(&["model", "show", "--json"])?.json()?;
     assert_eq!(json["answer"]["digest"], digest(example)?.as_str());
     assert_eq!(json["answer"]["current"], true);
-    let before = store_revision(&bed)?;
+    let before = revisions(&bed)?;
     let file = bed.dir.join("shown.toml");
     std::fs::write(&file, &shown)?;
     let again = bed.meshctl_ok(&["apply", "-f", &file.display().to_string(), "--why", "same"])?;
     assert!(
-        again.stdout.starts_with(&format!("unchanged: revision {before} already has this model")),
+        again.stdout.starts_with(&format!("unchanged: model revision {} already has this model", before.1)),
         "{}",
         again.stdout
     );
-    assert_eq!(store_revision(&bed)?, before, "no new revision");
+    assert_eq!(revisions(&bed)?, before, "no new revision");
     let history = bed.meshctl_ok(&["history"])?.stdout;
     assert!(!history.contains("same"), "no history row: {history}");
     // The upload path (a model over `apply_inline_bytes_max` goes in chunks) stores nothing
     // either when the model is in force, and reads back to its digest too.
     let large = mesh_beds::sized_model(example, 5 * 1024 * 1024);
     bed.apply(&large, "large")?;
-    let at = store_revision(&bed)?;
+    let at = revisions(&bed)?;
     let again = bed.apply(&large, "large again")?;
     assert!(
-        again.stdout.starts_with(&format!("unchanged: revision {at} already has this model")),
+        again.stdout.starts_with(&format!("unchanged: model revision {} already has this model", at.1)),
         "{}",
         again.stdout
     );
-    assert_eq!(store_revision(&bed)?, at, "no new revision");
+    assert_eq!(revisions(&bed)?, at, "no new revision");
     let shown = bed.meshctl_ok(&["model", "show"])?.stdout;
     assert_eq!(digest(&shown)?, digest(&large)?);
     // The example's revision is still kept and reads back as it was.
-    let old = bed.meshctl_ok(&["model", "show", "--revision", &before.to_string()])?.stdout;
+    let old = bed.meshctl_ok(&["model", "show", "--revision", &before.1.to_string()])?.stdout;
     assert_eq!(digest(&old)?, digest(example)?, "{old}");
     assert!(old.contains("not in force"), "{old}");
     // A revision that stored no model is refused by name, exit 2.

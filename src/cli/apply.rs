@@ -79,7 +79,7 @@ pub fn render_answer(
             return json::output(Some(via), answer, super::exit_done);
         }
         let mut out = format!(
-            "unchanged: revision {revision} already has this model; nothing was stored\n"
+            "unchanged: model revision {revision} already has this model; nothing was stored\n"
         );
         for scope in settings_ignored {
             out.push_str(&ignored_line(scope));

@@ -423,7 +423,8 @@ impl From<&ModuleStatus> for ModuleJson {
 #[derive(Debug, Serialize)]
 pub struct ApplyJson {
     pub revision: u64,
-    /// The store already had this model: nothing was stored, `revision` is the store's (issue 25).
+    /// The store already had this model: nothing was stored, and `revision` is the model revision
+    /// in force (issue 25).
     pub unchanged: bool,
     /// Machines behind their last send now that the revision is stored.
     pub behind: Vec<String>,

@@ -243,7 +243,7 @@ pub enum Body {
     // Issue 25 items 1 and 2 (decision 0302). New variants go last.
     /// An apply (or rollback) of the model already in force: nothing was stored.
     ApplyUnchanged {
-        /// The store's revision, which already has this model.
+        /// The model revision in force, which already has this model.
         revision: u64,
         /// Settings scopes where the file differs from the store (not written, as ever).
         settings_ignored: Vec<String>,

@@ -74,8 +74,12 @@ impl Service {
             // 25 item 1). Decided on this read; a concurrent write moves the revision, and the
             // write below would be refused and checked again.
             if state.model_unchanged(&mesh) {
+                // The model revision in force: the last model apply (a store from before
+                // model history has none: its revision then).
+                let last = MeshApp::last_model_revision(self.replica.database())
+                    .map_err(|e| storage("model history", &e))?;
                 return Ok(Body::ApplyUnchanged {
-                    revision: state.revision,
+                    revision: last.unwrap_or(state.revision),
                     settings_ignored: state.settings_ignored(&mesh),
                 });
             }
