@@ -58,7 +58,8 @@ pub const exit_wait_timeout: u8 = 5;
 2 bad usage or input (nothing was changed); \
 3 something was held (a mount move waits for `push <machine> --move <module>`); \
 4 push --wait: a module failed; 5 push --wait: not settled before the timeout; \
-6 plan --detailed-exitcode: the push would change something. `meshctl help exit-codes` says more.\n\
+6 plan --detailed-exitcode: the push would change something; \
+diff: 0 no differences, 1 differences, 2 an error. `meshctl help exit-codes` says more.\n\
 The context (replica addresses, operator certificate) comes from --context, else MESH_CONTEXT, \
 else ./.mesh/context.toml; `meshctl help context` says more."
 )]
