@@ -41,32 +41,17 @@ impl Service {
 
     /// The model kept for model revision `revision`, or why there is none.
     fn kept_model(&self, state: &DomainState, revision: u64) -> Result<Mesh, ApiError> {
-        if revision > state.revision {
-            return Err(ModelError::NoSuchRevision {
-                revision,
-                newest: state.revision,
-            }
-            .into());
-        }
         let db = self.replica.database();
-        if let Some(mesh) =
-            MeshApp::model_revision(db, revision).map_err(|e| storage("kept models", &e))?
-        {
-            return Ok(mesh);
-        }
-        let was_model = MeshApp::model_change(db, revision)
-            .map_err(|e| storage("model history", &e))?
-            .is_some();
-        if !was_model {
-            return Err(ModelError::NotAModelRevision { revision }.into());
-        }
-        Err(ModelError::NotKept {
-            revision,
-            oldest_kept: state.model_revisions.keys().next().copied(),
-            kept_max: model_revisions_kept_max as u64,
-            bytes_max: model_revisions_bytes_max,
-        }
-        .into())
+        let kept = match revision <= state.revision {
+            true => MeshApp::model_revision(db, revision).map_err(|e| storage("kept models", &e))?,
+            false => None,
+        };
+        let was_model = kept.is_none()
+            && MeshApp::model_change(db, revision)
+                .map_err(|e| storage("model history", &e))?
+                .is_some();
+        let oldest_kept = state.model_revisions.keys().next().copied();
+        Ok(kept_or_why(revision, state.revision, kept, was_model, oldest_kept)?)
     }
 
     /// `Request::Rollback`: revision `to`'s model, with the settings layers in force that name
@@ -151,6 +136,32 @@ impl Service {
     }
 }
 
+/// `revision`'s kept model, or why there is none, never an empty model (decision 0302): past
+/// the store's revision (`newest`), a revision that stored no model (`was_model` false: a
+/// settings write or a mint), or a model revision whose model is pruned or came before models
+/// were kept.
+fn kept_or_why(
+    revision: u64,
+    newest: u64,
+    kept: Option<Mesh>,
+    was_model: bool,
+    oldest_kept: Option<u64>,
+) -> Result<Mesh, ModelError> {
+    if revision > newest {
+        return Err(ModelError::NoSuchRevision { revision, newest });
+    }
+    match (kept, was_model) {
+        (Some(mesh), _) => Ok(mesh),
+        (None, false) => Err(ModelError::NotAModelRevision { revision }),
+        (None, true) => Err(ModelError::NotKept {
+            revision,
+            oldest_kept,
+            kept_max: model_revisions_kept_max as u64,
+            bytes_max: model_revisions_bytes_max,
+        }),
+    }
+}
+
 /// The model in force as the `model` table keeps it: machines and modules, settings apart.
 fn stored_model(state: &DomainState) -> Mesh {
     Mesh {
@@ -217,6 +228,25 @@ mod tests {
             epoch: 2,
             time_ms: 1,
         }
+    }
+
+    #[test]
+    fn a_revision_whose_model_is_not_kept_is_refused_by_name_never_answered_empty() {
+        // Issue 25 item 1, decision 0302: a pruned revision (or one from before models were
+        // kept) names the limit and the oldest kept; a settings revision says it stored no
+        // model; a future one names the newest; only a kept one answers its model.
+        let kept = Mesh::default();
+        assert_eq!(kept_or_why(7, 9, Some(kept.clone()), true, Some(7)), Ok(kept));
+        let gone = kept_or_why(3, 9, None, true, Some(7)).expect_err("pruned");
+        assert_eq!(gone.cause(), "model.not_kept");
+        let text = gone.to_string();
+        assert!(text.starts_with("revision 3 is no longer kept"), "{text}");
+        assert!(text.contains("the newest 50 model revisions"), "{text}");
+        assert!(text.contains("the oldest kept is revision 7"), "{text}");
+        let settings = kept_or_why(8, 9, None, false, Some(7)).expect_err("settings");
+        assert_eq!(settings.cause(), "model.not_a_model_revision");
+        let future = kept_or_why(10, 9, None, false, Some(7)).expect_err("future");
+        assert_eq!(future, ModelError::NoSuchRevision { revision: 10, newest: 9 });
     }
 
     #[test]
