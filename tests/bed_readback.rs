@@ -20,7 +20,10 @@ fn digest(text: &str) -> anyhow::Result<String> {
 fn revisions(bed: &Bed) -> anyhow::Result<(u64, u64)> {
     let doc = bed.meshctl_ok(&["model", "show", "--json"])?.json()?;
     let answer = &doc["answer"];
-    match (answer["store_revision"].as_u64(), answer["model_revision"].as_u64()) {
+    match (
+        answer["store_revision"].as_u64(),
+        answer["model_revision"].as_u64(),
+    ) {
         (Some(store), Some(model)) => Ok((store, model)),
         _ => anyhow::bail!("no revisions in {doc}"),
     }
@@ -37,7 +40,10 @@ fn model_show_prints_the_example_mesh_back_as_a_file_that_applies_unchanged_to_t
     let shown = bed.meshctl_ok(&["model", "show"])?.stdout;
     assert_eq!(digest(&shown)?, digest(example)?, "{shown}");
     assert!(
-        shown.contains(&format!("# digest (blake3 of the encoded model, as apply names it): {}", digest(example)?)),
+        shown.contains(&format!(
+            "# digest (blake3 of the encoded model, as apply names it): {}",
+            digest(example)?
+        )),
         "{shown}"
     );
     let json = bed.meshctl_ok(&["model", "show", "--json"])?.json()?;
@@ -48,7 +54,10 @@ fn model_show_prints_the_example_mesh_back_as_a_file_that_applies_unchanged_to_t
     std::fs::write(&file, &shown)?;
     let again = bed.meshctl_ok(&["apply", "-f", &file.display().to_string(), "--why", "same"])?;
     assert!(
-        again.stdout.starts_with(&format!("unchanged: model revision {} already has this model", before.1)),
+        again.stdout.starts_with(&format!(
+            "unchanged: model revision {} already has this model",
+            before.1
+        )),
         "{}",
         again.stdout
     );
@@ -62,7 +71,10 @@ fn model_show_prints_the_example_mesh_back_as_a_file_that_applies_unchanged_to_t
     let at = revisions(&bed)?;
     let again = bed.apply(&large, "large again")?;
     assert!(
-        again.stdout.starts_with(&format!("unchanged: model revision {} already has this model", at.1)),
+        again.stdout.starts_with(&format!(
+            "unchanged: model revision {} already has this model",
+            at.1
+        )),
         "{}",
         again.stdout
     );
@@ -70,13 +82,19 @@ fn model_show_prints_the_example_mesh_back_as_a_file_that_applies_unchanged_to_t
     let shown = bed.meshctl_ok(&["model", "show"])?.stdout;
     assert_eq!(digest(&shown)?, digest(&large)?);
     // The example's revision is still kept and reads back as it was.
-    let old = bed.meshctl_ok(&["model", "show", "--revision", &before.1.to_string()])?.stdout;
+    let old = bed
+        .meshctl_ok(&["model", "show", "--revision", &before.1.to_string()])?
+        .stdout;
     assert_eq!(digest(&old)?, digest(example)?, "{old}");
     assert!(old.contains("not in force"), "{old}");
     // A revision that stored no model is refused by name, exit 2.
     let none = bed.meshctl(&["model", "show", "--revision", "999"])?;
     assert_eq!(none.code, Some(2), "{}{}", none.stdout, none.stderr);
-    assert!(none.stderr.contains("revision 999 does not exist"), "{}", none.stderr);
+    assert!(
+        none.stderr.contains("revision 999 does not exist"),
+        "{}",
+        none.stderr
+    );
     Ok(())
 }
 
@@ -114,9 +132,17 @@ fn diff_exits_0_1_or_2_and_rollbacks_of_settings_and_a_move_are_planned_then_pus
         .replace("/srv/db/a", "/srv/db/b");
     let moved = write(&bed, "moved.toml", &moved_text)?;
     let differs = bed.meshctl(&["diff", "-f", &moved])?;
-    assert_eq!(differs.code, Some(1), "{}{}", differs.stdout, differs.stderr);
+    assert_eq!(
+        differs.code,
+        Some(1),
+        "{}{}",
+        differs.stdout,
+        differs.stderr
+    );
     assert!(
-        differs.stdout.contains("~ module app\n    machine: \"g14\" => \"ace\""),
+        differs
+            .stdout
+            .contains("~ module app\n    machine: \"g14\" => \"ace\""),
         "{}",
         differs.stdout
     );
@@ -145,7 +171,9 @@ fn diff_exits_0_1_or_2_and_rollbacks_of_settings_and_a_move_are_planned_then_pus
     );
     let pushed = bed.meshctl_ok(&["push", "--behind", "--why", "settings back"])?;
     assert!(pushed.stdout.contains("applied"), "{}", pushed.stdout);
-    let again = bed.meshctl_ok(&["settings", "rollback", "mesh", "--to", "1", "--why", "twice"])?;
+    let again = bed.meshctl_ok(&[
+        "settings", "rollback", "mesh", "--to", "1", "--why", "twice",
+    ])?;
     assert!(again.stdout.contains("unchanged"), "{}", again.stdout);
     bed.wait_none_behind(2)?;
 
@@ -158,7 +186,11 @@ fn diff_exits_0_1_or_2_and_rollbacks_of_settings_and_a_move_are_planned_then_pus
     runs_on(&bed, "ace", "app")?;
     let to = first_revision.to_string();
     let back = bed.meshctl_ok(&["rollback", "--to-revision", &to, "--why", "app home"])?;
-    assert!(back.stdout.starts_with("stored model revision"), "{}", back.stdout);
+    assert!(
+        back.stdout.starts_with("stored model revision"),
+        "{}",
+        back.stdout
+    );
     let plan = bed.meshctl(&["plan", "--behind", "--detailed-exitcode"])?;
     assert_eq!(plan.code, Some(6), "{}{}", plan.stdout, plan.stderr);
     assert!(plan.stdout.contains("would send g14"), "{}", plan.stdout);
@@ -176,10 +208,18 @@ fn diff_exits_0_1_or_2_and_rollbacks_of_settings_and_a_move_are_planned_then_pus
     assert_eq!(held.code, Some(3), "{}{}", held.stdout, held.stderr);
     runs_on(&bed, "g14", "app")?;
     let released = bed.meshctl(&["push", "ace", "--move", "db", "--why", "rollback db"])?;
-    assert_eq!(released.code, Some(0), "{}{}", released.stdout, released.stderr);
+    assert_eq!(
+        released.code,
+        Some(0),
+        "{}{}",
+        released.stdout,
+        released.stderr
+    );
     bed.wait_none_behind(2)?;
     let status = bed.status()?;
-    let on_ace = Bed::machine(&status, "ace").and_then(|m| m["modules"].as_array()).cloned();
+    let on_ace = Bed::machine(&status, "ace")
+        .and_then(|m| m["modules"].as_array())
+        .cloned();
     assert!(
         on_ace.is_some_and(|ms| ms.iter().all(|m| m["name"] != "app")),
         "app left ace: {status}"

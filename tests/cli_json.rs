@@ -247,7 +247,11 @@ fn model_show_json_has_the_file_text_its_digest_and_what_was_left_out() {
         mesh::cli::model::header(&view, &digest),
         mesh::core::meshwrite::write_mesh(&view.mesh)
     );
-    assert_fixture("model_show", via(), json::ModelShowJson::new(&view, digest, text));
+    assert_fixture(
+        "model_show",
+        via(),
+        json::ModelShowJson::new(&view, digest, text),
+    );
 }
 
 #[test]

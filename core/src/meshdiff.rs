@@ -63,10 +63,7 @@ pub fn diff_models(stored: &Mesh, file: &Mesh) -> ModelDiff {
             }),
         }
     }
-    let scopes = union(
-        stored.settings.layers.keys(),
-        file.settings.layers.keys(),
-    );
+    let scopes = union(stored.settings.layers.keys(), file.settings.layers.keys());
     let settings_differ = scopes
         .into_iter()
         .filter(|s| stored.settings.layers.get(s) != file.settings.layers.get(s))

@@ -112,10 +112,16 @@ fn write_module(out: &mut String, name: &str, m: &Module) {
 fn probe_table(probe: &Probe) -> String {
     match probe {
         Probe::Tcp { addr, timeout_ms } => {
-            format!("{{ tcp = {}, timeout_ms = {timeout_ms} }}", inline_string(addr))
+            format!(
+                "{{ tcp = {}, timeout_ms = {timeout_ms} }}",
+                inline_string(addr)
+            )
         }
         Probe::File { path, timeout_ms } => {
-            format!("{{ file = {}, timeout_ms = {timeout_ms} }}", inline_string(path))
+            format!(
+                "{{ file = {}, timeout_ms = {timeout_ms} }}",
+                inline_string(path)
+            )
         }
         Probe::Command {
             command,
@@ -151,8 +157,7 @@ fn array(items: &[String], multiline: bool) -> String {
 /// A bare key when TOML allows one, else a quoted one.
 fn key(k: &str) -> String {
     let bare = !k.is_empty()
-        && k
-            .bytes()
+        && k.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if bare {
         k.to_string()
@@ -167,8 +172,7 @@ fn string(s: &str) -> String {
     let literal_ok = s.contains('\n')
         && !s.contains("'''")
         && !s.ends_with('\'')
-        && s.chars()
-            .all(|c| c == '\n' || c == '\t' || !c.is_control());
+        && s.chars().all(|c| c == '\n' || c == '\t' || !c.is_control());
     if literal_ok {
         // The line break right after the opening quotes is not part of the value.
         format!("'''\n{s}'''")

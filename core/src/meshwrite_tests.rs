@@ -76,9 +76,12 @@ fn awkward_values_round_trip() {
         "\nstarts with a newline".into(),
         "日本語 🚀 \u{85} next-line".into(),
     ];
-    a.env = [("EMPTY".to_string(), String::new()), ("Q".into(), "\"'\\".into())]
-        .into_iter()
-        .collect();
+    a.env = [
+        ("EMPTY".to_string(), String::new()),
+        ("Q".into(), "\"'\\".into()),
+    ]
+    .into_iter()
+    .collect();
     a.files = [
         ("conf/a b.conf".to_string(), "x = \"1\"\n\ty\n".to_string()),
         ("dir/é.txt".into(), String::new()),
@@ -139,7 +142,9 @@ fn awkward_values_round_trip() {
             module: "a".into(),
             machine: "m1".into(),
         },
-        [("true".to_string(), "true".to_string())].into_iter().collect(),
+        [("true".to_string(), "true".to_string())]
+            .into_iter()
+            .collect(),
     );
     round_trip(&mesh);
 }

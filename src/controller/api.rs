@@ -251,7 +251,10 @@ pub enum Body {
     /// `Request::ModelShow`.
     Model(ModelView),
     /// A settings rollback that found the layer already as asked: nothing was written.
-    SettingsUnchanged { scope: Scope, to: u64 },
+    SettingsUnchanged {
+        scope: Scope,
+        to: u64,
+    },
 }
 
 /// `meshctl model show`: a stored model with what it includes (decision 0302).

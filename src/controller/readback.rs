@@ -43,7 +43,9 @@ impl Service {
     fn kept_model(&self, state: &DomainState, revision: u64) -> Result<Mesh, ApiError> {
         let db = self.replica.database();
         let kept = match revision <= state.revision {
-            true => MeshApp::model_revision(db, revision).map_err(|e| storage("kept models", &e))?,
+            true => {
+                MeshApp::model_revision(db, revision).map_err(|e| storage("kept models", &e))?
+            }
             false => None,
         };
         let was_model = kept.is_none()
@@ -51,7 +53,13 @@ impl Service {
                 .map_err(|e| storage("model history", &e))?
                 .is_some();
         let oldest_kept = state.model_revisions.keys().next().copied();
-        Ok(kept_or_why(revision, state.revision, kept, was_model, oldest_kept)?)
+        Ok(kept_or_why(
+            revision,
+            state.revision,
+            kept,
+            was_model,
+            oldest_kept,
+        )?)
     }
 
     /// `Request::Rollback`: revision `to`'s model, with the settings layers in force that name
@@ -118,10 +126,12 @@ impl Service {
             return Ok(Body::SettingsUnchanged { scope, to });
         };
         if matches!(command, Command::SetSettings { .. }) {
-            state.check_scope(&scope).map_err(|e| SettingsError::UnknownScope {
-                scope: scope.clone(),
-                reason: e.to_string(),
-            })?;
+            state
+                .check_scope(&scope)
+                .map_err(|e| SettingsError::UnknownScope {
+                    scope: scope.clone(),
+                    reason: e.to_string(),
+                })?;
         }
         drop(state);
         let command = Command::Once {
@@ -236,7 +246,10 @@ mod tests {
         // kept) names the limit and the oldest kept; a settings revision says it stored no
         // model; a future one names the newest; only a kept one answers its model.
         let kept = Mesh::default();
-        assert_eq!(kept_or_why(7, 9, Some(kept.clone()), true, Some(7)), Ok(kept));
+        assert_eq!(
+            kept_or_why(7, 9, Some(kept.clone()), true, Some(7)),
+            Ok(kept)
+        );
         let gone = kept_or_why(3, 9, None, true, Some(7)).expect_err("pruned");
         assert_eq!(gone.cause(), "model.not_kept");
         let text = gone.to_string();
@@ -246,7 +259,13 @@ mod tests {
         let settings = kept_or_why(8, 9, None, false, Some(7)).expect_err("settings");
         assert_eq!(settings.cause(), "model.not_a_model_revision");
         let future = kept_or_why(10, 9, None, false, Some(7)).expect_err("future");
-        assert_eq!(future, ModelError::NoSuchRevision { revision: 10, newest: 9 });
+        assert_eq!(
+            future,
+            ModelError::NoSuchRevision {
+                revision: 10,
+                newest: 9
+            }
+        );
     }
 
     #[test]

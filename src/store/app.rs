@@ -887,9 +887,16 @@ mod kept_models {
         let app = MeshApp::default();
         apply_model(&app, &db, 1, "one");
         apply_model(&app, &db, 2, "two");
-        let one = MeshApp::model_revision(&db, 1).expect("read").expect("kept");
-        assert_eq!(one.modules["a"].env.get("N").map(String::as_str), Some("one"));
-        let snapshot = app.snapshot(&db.begin_read().expect("read")).expect("snapshot");
+        let one = MeshApp::model_revision(&db, 1)
+            .expect("read")
+            .expect("kept");
+        assert_eq!(
+            one.modules["a"].env.get("N").map(String::as_str),
+            Some("one")
+        );
+        let snapshot = app
+            .snapshot(&db.begin_read().expect("read"))
+            .expect("snapshot");
         let other = mesh_migrations::open(&tmp.path().join("b")).expect("store");
         let installed = MeshApp::default();
         let txn = other.begin_write().expect("txn");
@@ -902,11 +909,20 @@ mod kept_models {
                 "revision {revision}"
             );
         }
-        let (a, b) = (app.state().expect("state"), installed.state().expect("state"));
-        assert_eq!(a.model_revisions, b.model_revisions, "the pruning index too");
+        let (a, b) = (
+            app.state().expect("state"),
+            installed.state().expect("state"),
+        );
+        assert_eq!(
+            a.model_revisions, b.model_revisions,
+            "the pruning index too"
+        );
         assert_eq!(b.model_revisions.len(), 2);
         // And a restart (load from the tables) rebuilds the same index.
         let loaded = MeshApp::load(&other).expect("load");
-        assert_eq!(loaded.state().expect("state").model_revisions, a.model_revisions);
+        assert_eq!(
+            loaded.state().expect("state").model_revisions,
+            a.model_revisions
+        );
     }
 }

@@ -729,7 +729,12 @@ mod kept_models {
         }
         let total: u64 = state.model_revisions.values().sum();
         assert!(total <= model_revisions_bytes_max, "{total}");
-        let per = state.model_revisions.values().next().copied().expect("kept");
+        let per = state
+            .model_revisions
+            .values()
+            .next()
+            .copied()
+            .expect("kept");
         assert_eq!(
             state.model_revisions.len() as u64,
             model_revisions_bytes_max / per,
@@ -743,7 +748,10 @@ mod kept_models {
         // not count (an apply never writes them after the first); any machine or module does.
         let mut state = DomainState::default();
         let first = model("x", 1);
-        assert!(!state.model_unchanged(&first), "the first apply always stores");
+        assert!(
+            !state.model_unchanged(&first),
+            "the first apply always stores"
+        );
         apply(&mut state, &first);
         assert!(state.model_unchanged(&first));
         let mut other_settings = first.clone();

@@ -692,7 +692,11 @@ pub enum ModelError {
     #[error(
         "revision {revision}'s model encodes to {bytes} bytes, over the {limit} bytes one proposal carries; run `meshctl model show --revision {revision} > m.toml` and `meshctl apply -f m.toml` (apply sends large models in chunks); nothing was stored"
     )]
-    TooLarge { revision: u64, bytes: u64, limit: u64 },
+    TooLarge {
+        revision: u64,
+        bytes: u64,
+        limit: u64,
+    },
     /// No settings history entry with that id.
     #[error(
         "settings history has no entry {to} (ids run from 1 to {newest}); `meshctl settings show {scope} --history` lists them"
