@@ -13,6 +13,8 @@ use super::model::{Mesh, Module, Probe};
 
 /// The mesh as `mesh.toml` text that parses back to exactly `mesh`.
 pub fn write_mesh(mesh: &Mesh) -> String {
+    // `write!` into a `String` cannot fail (its `fmt::Write` always answers `Ok`), so the
+    // results below are dropped with `let _`.
     let mut out = String::new();
     for (name, machine) in &mesh.machines {
         let _ = writeln!(out, "[machines.{}]", key(name));
