@@ -216,11 +216,81 @@ fn times_are_rfc3339_utc_with_milliseconds() {
 fn apply_json_names_the_machines_behind() {
     let answer = json::ApplyJson {
         revision: 6,
+        unchanged: false,
         behind: vec!["ace".into(), "g14".into()],
         settings_ignored: vec!["machine/ace".into()],
         draining: vec!["novox".into()],
     };
     assert_fixture("apply", via(), answer);
+}
+
+// ---- issue 25 items 1 and 2: model show, diff, unchanged apply (decision 0302) ----
+
+fn model_view() -> mesh::controller::api::ModelView {
+    let text = "[machines.ace]\naddress = \"10.0.0.1\"\n[modules.db]\nmachine = \"ace\"\ncommand = \"sleep\"\n[settings.mesh]\nregion = \"lab\"\n";
+    mesh::controller::api::ModelView {
+        model_revision: Some(7),
+        store_revision: 9,
+        current: true,
+        mesh: mesh::core::meshfile::parse_mesh("mesh.toml", text).expect("parses"),
+        settings_left_out: vec![Scope::Machine("zz".into())],
+        change: Some(ModelChange {
+            revision: 7,
+            why: "move db".into(),
+            actor: "operator:alice".into(),
+            epoch: 2,
+            time_ms: t0,
+            changes: vec!["ace".into()],
+        }),
+    }
+}
+
+#[test]
+fn model_show_json_has_the_file_text_its_digest_and_what_was_left_out() {
+    let view = model_view();
+    let digest = mesh::cli::model::model_digest(&view.mesh).expect("digest");
+    let text = format!(
+        "{}{}",
+        mesh::cli::model::header(&view, &digest),
+        mesh::core::meshwrite::write_mesh(&view.mesh)
+    );
+    assert_fixture(
+        "model_show",
+        via(),
+        json::ModelShowJson::new(&view, digest, text),
+    );
+}
+
+#[test]
+fn diff_json_lists_each_change_with_both_sides_and_the_settings_apart() {
+    let view = model_view();
+    let mut file = view.mesh.clone();
+    if let Some(db) = file.modules.get_mut("db") {
+        db.machine = "g14".into();
+        db.env.insert("DB_NAME".into(), "mesh".into());
+    }
+    file.machines.insert(
+        "g14".into(),
+        mesh::core::model::Machine {
+            name: "g14".into(),
+            address: "10.0.0.2".into(),
+        },
+    );
+    file.settings.layers.clear();
+    let d = mesh::core::meshdiff::diff_models(&view.mesh, &file);
+    assert_fixture("diff", via(), json::DiffJson::new(&view, &d));
+}
+
+#[test]
+fn an_unchanged_apply_says_so_in_json() {
+    let answer = json::ApplyJson {
+        revision: 9,
+        unchanged: true,
+        behind: vec![],
+        settings_ignored: vec![],
+        draining: vec![],
+    };
+    assert_fixture("apply_unchanged", via(), answer);
 }
 
 fn plan_view() -> PlanView {

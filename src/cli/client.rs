@@ -284,6 +284,7 @@ fn may_ask_again(request: &Request) -> bool {
             | Request::CertsList
             | Request::CertsRevoke { .. }
             | Request::Events { .. }
+            | Request::ModelShow { .. }
     )
 }
 

@@ -119,7 +119,7 @@ pub fn error_kind(e: &CliError) -> &'static str {
         CliError::Client(ClientError::Refused { .. }) => "refused",
         CliError::Client(_) => "failed",
         CliError::Api(e) => e.class().name(),
-        CliError::UploadStopped { cause, .. } => error_kind(cause),
+        CliError::UploadStopped { cause, .. } | CliError::DiffFailed(cause) => error_kind(cause),
         CliError::Init(e) if e.exit_code() == super::exit_bad_input => "usage",
         CliError::Write { .. } | CliError::Init(_) | CliError::Dev(_) | CliError::Render(_) => {
             "failed"
@@ -143,7 +143,7 @@ pub fn error_cause(e: &CliError) -> &'static str {
         CliError::Client(ClientError::Refused { .. }) => "client.refused",
         CliError::Client(_) => "client.failed",
         CliError::Api(e) => e.cause(),
-        CliError::UploadStopped { cause, .. } => error_cause(cause),
+        CliError::UploadStopped { cause, .. } | CliError::DiffFailed(cause) => error_cause(cause),
         CliError::Init(_) => "init",
         CliError::Dev(_) => "dev",
         CliError::Write { .. } => "write",
@@ -431,6 +431,9 @@ impl From<&ModuleStatus> for ModuleJson {
 #[derive(Debug, Serialize)]
 pub struct ApplyJson {
     pub revision: u64,
+    /// The store already had this model: nothing was stored, and `revision` is the model revision
+    /// in force (issue 25).
+    pub unchanged: bool,
     /// Machines behind their last send now that the revision is stored.
     pub behind: Vec<String>,
     /// Settings scopes where the file differs from the store; not written.
@@ -1350,4 +1353,106 @@ pub struct EventsJson {
 pub enum EventFollowJson {
     Event { event: EventJson },
     Gap { gap: GapJson },
+}
+
+// ---- model show, diff (issue 25 item 1, decision 0302) ----
+
+/// `model show --json`: the file's text and what it is.
+#[derive(Debug, Serialize)]
+pub struct ModelShowJson {
+    /// The model revision shown; `null` for a model applied before model history was kept.
+    pub model_revision: Option<u64>,
+    pub store_revision: u64,
+    /// It is the model in force.
+    pub current: bool,
+    /// blake3 of the encoded model (with the settings shown), as `apply` names it; hex.
+    pub digest: String,
+    /// Settings scopes in force left out: they name a machine or module this model lacks.
+    pub settings_left_out: Vec<String>,
+    pub applied: Option<ModelAppliedJson>,
+    /// The mesh.toml text, header comments included.
+    pub text: String,
+}
+
+/// Who applied a model revision, when and why.
+#[derive(Debug, Serialize)]
+pub struct ModelAppliedJson {
+    pub time: Time,
+    pub actor: String,
+    pub why: String,
+}
+
+impl ModelShowJson {
+    pub fn new(
+        view: &crate::controller::api::ModelView,
+        digest: String,
+        text: String,
+    ) -> ModelShowJson {
+        ModelShowJson {
+            model_revision: view.model_revision,
+            store_revision: view.store_revision,
+            current: view.current,
+            digest,
+            settings_left_out: view
+                .settings_left_out
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            applied: view.change.as_ref().map(|c| ModelAppliedJson {
+                time: Time(c.time_ms),
+                actor: c.actor.clone(),
+                why: c.why.clone(),
+            }),
+            text,
+        }
+    }
+}
+
+/// `diff --json`: `differences` decides the exit code (1 when true).
+#[derive(Debug, Serialize)]
+pub struct DiffJson {
+    pub model_revision: Option<u64>,
+    pub differences: bool,
+    pub changes: Vec<DiffChangeJson>,
+    /// Settings scopes whose layer in the file differs from the store's; apply leaves them.
+    pub settings_differ: Vec<String>,
+}
+
+/// One changed item: `subject` (`machine ace`, `module web`), `item`, and each side (`null`
+/// where absent): a string field's value in the clear, anything else as `diff` prints it (a list,
+/// a file's size and digest, a mount, a probe).
+#[derive(Debug, Serialize)]
+pub struct DiffChangeJson {
+    pub subject: String,
+    pub item: String,
+    pub stored: Option<String>,
+    pub file: Option<String>,
+}
+
+/// A quoted string value in the clear; any other value as it is.
+fn clear(value: &str) -> String {
+    unquote(value).unwrap_or_else(|| value.to_string())
+}
+
+impl DiffJson {
+    pub fn new(
+        view: &crate::controller::api::ModelView,
+        d: &crate::core::meshdiff::ModelDiff,
+    ) -> DiffJson {
+        DiffJson {
+            model_revision: view.model_revision,
+            differences: !d.is_empty(),
+            changes: d
+                .lines
+                .iter()
+                .map(|l| DiffChangeJson {
+                    subject: l.subject.clone(),
+                    item: l.item.clone(),
+                    stored: l.was.as_deref().map(clear),
+                    file: l.now.as_deref().map(clear),
+                })
+                .collect(),
+            settings_differ: d.settings_differ.iter().map(ToString::to_string).collect(),
+        }
+    }
 }

@@ -375,6 +375,9 @@ pub(crate) fn request_kind(request: &Request) -> &'static str {
         Request::ReplicasAdd { .. } => "replicas_add",
         Request::ReplicasRemove { .. } => "replicas_remove",
         Request::Events { .. } => "events",
+        Request::ModelShow { .. } => "model_show",
+        Request::Rollback { .. } => "rollback",
+        Request::SettingsRollback { .. } => "settings_rollback",
     }
 }
 

@@ -14,6 +14,7 @@ mod ops;
 mod page;
 mod planview;
 mod push;
+mod readback;
 pub mod recover;
 pub mod relay;
 mod reports;

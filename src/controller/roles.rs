@@ -30,7 +30,8 @@ pub fn role_needed(request: &Request) -> Role {
         | Request::Logs { .. }
         | Request::CertsList
         | Request::ReplicasList
-        | Request::Events { .. } => Role::Viewer,
+        | Request::Events { .. }
+        | Request::ModelShow { .. } => Role::Viewer,
         // Changes to the model, its settings and what runs on its hosts.
         Request::Apply { .. }
         | Request::ApplyChunk { .. }
@@ -38,7 +39,9 @@ pub fn role_needed(request: &Request) -> Role {
         | Request::SettingsSet { .. }
         | Request::SettingsClear { .. }
         | Request::Push { .. }
-        | Request::Genesis { .. } => Role::Operator,
+        | Request::Genesis { .. }
+        | Request::Rollback { .. }
+        | Request::SettingsRollback { .. } => Role::Operator,
         // Who is trusted, who votes, and the backup that holds every minted secret.
         Request::CertsReload
         | Request::CertsRevoke { .. }
@@ -69,6 +72,9 @@ pub fn command_name(request: &Request) -> &'static str {
         Request::ReplicasAdd { .. } => "replicas add",
         Request::ReplicasRemove { .. } => "replicas remove",
         Request::Events { .. } => "events",
+        Request::ModelShow { .. } => "model show",
+        Request::Rollback { .. } => "rollback",
+        Request::SettingsRollback { .. } => "settings rollback",
     }
 }
 

@@ -790,6 +790,19 @@ impl Service {
                 self.apply_upload(actor, id, upload, digest, why, drain)
                     .await
             }
+            Request::ModelShow { revision } => {
+                // A read of the model: answered only by a leader that confirmed it leads.
+                self.read_index().await?;
+                self.model_show(revision)
+            }
+            Request::Rollback {
+                to_revision,
+                why,
+                drain,
+            } => self.rollback(actor, id, to_revision, why, drain).await,
+            Request::SettingsRollback { scope, to, why } => {
+                self.settings_rollback(actor, id, scope, to, why).await
+            }
         }
     }
 
