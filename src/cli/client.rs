@@ -285,6 +285,8 @@ fn may_ask_again(request: &Request) -> bool {
             | Request::CertsRevoke { .. }
             | Request::Events { .. }
             | Request::ModelShow { .. }
+            | Request::Rollback { .. }
+            | Request::SettingsRollback { .. }
     )
 }
 
