@@ -205,6 +205,16 @@ fn drift_on_a_file_and_on_a_replaced_program_is_reported_and_repaired_by_push_be
         drifted_gauge(&bed)?.as_deref(),
         Some("mesh_hosts_drifted 0")
     );
+    // The event log has both moves (decision 0308): the drift and its repair.
+    let events = bed.meshctl_ok(&["events", "--machine", "g14"])?.stdout;
+    assert!(
+        events.contains("broker on g14 drifted: conf/broker.conf changed"),
+        "{events}"
+    );
+    assert!(
+        events.contains("broker on g14 runs as declared again"),
+        "{events}"
+    );
 
     // (b) The program replaced and its process killed: the supervisor starts the new one.
     replace(&program, &script("v2", &marker))?;
