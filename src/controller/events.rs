@@ -29,7 +29,7 @@ use super::service::{Service, now_ms};
 use crate::core::report::{DriftMoves, ModuleState, ModuleStatus};
 
 /// Most events the leader keeps; the oldest are dropped first (readers behind are told how many).
-pub const events_kept_max: usize = 1_000;
+pub const events_kept_max: usize = 10_000;
 /// Most events in one page of `events`.
 pub const events_page_max: u32 = 256;
 /// Longest an `events` request waits for an event before it answers an empty page: under the
