@@ -3,6 +3,7 @@ pub mod api;
 pub mod certs;
 pub mod config;
 mod engine;
+pub mod fleet;
 pub mod floor;
 mod genesis;
 pub mod http;

@@ -523,28 +523,6 @@ impl Service {
         }
     }
 
-    /// How many machines of the model this replica, as leader, finds silent now (decision 0301);
-    /// 0 on a replica that does not lead.
-    pub(crate) fn hosts_silent_now(&self) -> usize {
-        let Ok(term) = self.leading_term() else {
-            return 0;
-        };
-        let Ok(state) = self.app.state() else {
-            // allow(empty-on-error): no state to read means no machine to count; the store's
-            // own error surfaces on the next request
-            return 0;
-        };
-        let now = Instant::now();
-        let silent_after = self.config.silent_after();
-        let mut count = 0;
-        for machine in state.mesh.machines.keys() {
-            if silent_for(self.live.view(term, machine, now), silent_after).is_some() {
-                count += 1;
-            }
-        }
-        count
-    }
-
     /// How many machines had a report refused for size or rate by this replica, as leader, in the
     /// last [`report_refusal_shown_ms`]; 0 on a replica that does not lead.
     pub(crate) fn hosts_refused_now(&self) -> usize {
