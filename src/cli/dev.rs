@@ -1,7 +1,8 @@
 //! `meshctl dev`: the embedded default. Writes a mesh into a directory (new temp dir unless
 //! `--dir`) with free loopback ports, starts 3 `meshd` and 4 `mesh-host` (the binaries beside this
 //! one), applies the embedded `examples/mesh.toml` with its module ports moved to ports free for
-//! this run, pushes `--all`, prints the status and what to try, and runs until Ctrl-C, SIGTERM or
+//! this run, pushes `--all`, prints the status, where each replica's page and each host's
+//! `/metrics` are served, and what to try, and runs until Ctrl-C, SIGTERM or
 //! SIGHUP; then it stops every child. No process outlives it: the signal handlers are installed
 //! before anything is written or started, and every child carries a parent-death signal, so even
 //! a SIGKILLed `dev` takes them along.
@@ -121,6 +122,7 @@ async fn run_until_stopped(args: &DevArgs) -> Result<String, super::CliError> {
     };
     let written = write(&layout)?;
     let pages = serve_status_pages(&layout)?;
+    let host_metrics = serve_host_metrics(&layout)?;
     let mesh_file = dir.join("mesh.toml");
     std::fs::write(&mesh_file, &text).map_err(|source| DevError::Dir {
         path: mesh_file.display().to_string(),
@@ -145,6 +147,9 @@ async fn run_until_stopped(args: &DevArgs) -> Result<String, super::CliError> {
     );
     for (id, addr) in &pages {
         println!("replica {id}'s status page: http://{addr}/ (metrics: http://{addr}/metrics)");
+    }
+    for (name, addr) in &host_metrics {
+        println!("host {name}'s metrics: http://{addr}/metrics");
     }
     let outcome = serve(&mut stop, &mut children, &written.context, &dir, mesh).await;
     println!("stopping {} processes", children.len());
@@ -226,6 +231,25 @@ fn serve_status_pages(layout: &Layout) -> Result<Vec<(u64, std::net::SocketAddr)
         pages.push((*id, addr));
     }
     Ok(pages)
+}
+
+/// Gives every host of the layout its `/metrics` on a free loopback TCP port (issue 25 item 6):
+/// `http` is written at the top of its host.toml, as for the replicas' pages.
+fn serve_host_metrics(layout: &Layout) -> Result<Vec<(String, std::net::SocketAddr)>, DevError> {
+    let ports = free_tcp_ports(layout.machines.len())?;
+    let mut served = Vec::new();
+    for ((name, _), port) in layout.machines.iter().zip(ports) {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let file = layout.dir.join(format!("host-{name}.toml"));
+        let failed = |source| DevError::Dir {
+            path: file.display().to_string(),
+            source,
+        };
+        let text = std::fs::read_to_string(&file).map_err(failed)?;
+        std::fs::write(&file, format!("http = \"{addr}\"\n{text}")).map_err(failed)?;
+        served.push((name.clone(), addr));
+    }
+    Ok(served)
 }
 
 /// The signals that stop `dev`, installed before it writes or starts anything. Once installed,
