@@ -35,9 +35,12 @@ impl Format {
         let mut openmetrics: f64 = 0.0;
         let mut classic: f64 = 0.0;
         for range in accept.split(',') {
-            let mut parts = range.split(';');
-            let media = parts.next().unwrap_or_default().trim();
-            let quality = parts
+            let (media, params) = match range.split_once(';') {
+                Some((media, params)) => (media.trim(), params),
+                None => (range.trim(), ""),
+            };
+            let quality = params
+                .split(';')
                 .filter_map(|p| p.split_once('='))
                 .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
                 // A quality that does not parse is no quality at all: the range is not accepted.
