@@ -71,7 +71,9 @@ impl Format {
     pub fn encode(self, registry: &Registry) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
         match self {
-            Format::Classic => prometheus_client::encoding::prometheus_text::encode(&mut out, registry)?,
+            Format::Classic => {
+                prometheus_client::encoding::prometheus_text::encode(&mut out, registry)?
+            }
             Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, registry)?,
         }
         Ok(out)
@@ -88,7 +90,10 @@ mod tests {
         // Issue 25 item 6: promtool and curl ask for text (or nothing) and must get the classic
         // format; Prometheus names OpenMetrics first and gets it.
         let prometheus_2_42 = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
-        assert_eq!(Format::negotiate(Some(prometheus_2_42)), Format::OpenMetrics);
+        assert_eq!(
+            Format::negotiate(Some(prometheus_2_42)),
+            Format::OpenMetrics
+        );
         assert_eq!(
             Format::negotiate(Some("Application/OpenMetrics-Text")),
             Format::OpenMetrics

@@ -165,10 +165,9 @@ pub fn max_open_files(text: &str) -> Result<f64, String> {
         .ok_or_else(|| "/proc/self/limits has no `Max open files` line".to_string())?;
     match line.split_whitespace().next() {
         Some("unlimited") => Ok(f64::MAX),
-        Some(v) => v
-            .parse::<u64>()
-            .map(|v| v as f64)
-            .map_err(|_| format!("/proc/self/limits: soft limit {v:?} on open files is not a number")),
+        Some(v) => v.parse::<u64>().map(|v| v as f64).map_err(|_| {
+            format!("/proc/self/limits: soft limit {v:?} on open files is not a number")
+        }),
         None => Err("/proc/self/limits: no soft limit on open files".to_string()),
     }
 }
@@ -220,7 +219,11 @@ impl ProcessMetrics {
         });
         if due {
             *logged = Some(now);
-            tracing::warn!(metric, error, "left out of /metrics: cannot read it from /proc");
+            tracing::warn!(
+                metric,
+                error,
+                "left out of /metrics: cannot read it from /proc"
+            );
         }
     }
 }
@@ -246,11 +249,13 @@ impl Collector for ProcessMetrics {
             };
             if spec.counter {
                 let metric = ConstCounter::new(value);
-                let m = encoder.encode_descriptor(spec.name, spec.help, None, metric.metric_type())?;
+                let m =
+                    encoder.encode_descriptor(spec.name, spec.help, None, metric.metric_type())?;
                 metric.encode(m)?;
             } else {
                 let metric = ConstGauge::new(value);
-                let m = encoder.encode_descriptor(spec.name, spec.help, None, metric.metric_type())?;
+                let m =
+                    encoder.encode_descriptor(spec.name, spec.help, None, metric.metric_type())?;
                 metric.encode(m)?;
             }
         }
@@ -284,9 +289,15 @@ mod tests {
         );
         assert!(stat_fields("4242 (cut").is_err());
         assert!(stat_fields("4242 (x) S 1 2").is_err());
-        assert_eq!(boot_time("cpu 1 2\nbtime 1796302653\n"), Ok(1_796_302_653.0));
+        assert_eq!(
+            boot_time("cpu 1 2\nbtime 1796302653\n"),
+            Ok(1_796_302_653.0)
+        );
         assert!(boot_time("cpu 1 2\n").is_err());
-        assert_eq!(status_kb("Name:\tx\nVmRSS:\t    2200 kB\n", "VmRSS:"), Ok(2200.0));
+        assert_eq!(
+            status_kb("Name:\tx\nVmRSS:\t    2200 kB\n", "VmRSS:"),
+            Ok(2200.0)
+        );
         assert!(status_kb("Name:\tx\n", "VmRSS:").is_err());
         let limits = "Limit Soft Hard Units\nMax open files            20000                20000                files     \n";
         assert_eq!(max_open_files(limits), Ok(20_000.0));
@@ -318,7 +329,10 @@ mod tests {
                 assert!(value > 0.0, "{name} {value}");
             }
         }
-        assert!(text.contains("\nmesh_process_read_errors_total 0\n"), "{text}");
+        assert!(
+            text.contains("\nmesh_process_read_errors_total 0\n"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -341,7 +355,10 @@ mod tests {
         assert!(!first.contains("process_resident_memory_bytes"), "{first}");
         assert!(!first.contains("process_max_fds"), "{first}");
         assert!(first.contains("\nprocess_open_fds 7.0\n"), "{first}");
-        assert!(first.contains("\nprocess_cpu_seconds_total 1.5\n"), "{first}");
+        assert!(
+            first.contains("\nprocess_cpu_seconds_total 1.5\n"),
+            "{first}"
+        );
         assert!(
             first.contains("\nmesh_host_process_read_errors_total 2\n"),
             "{first}"

@@ -218,7 +218,10 @@ fn replica_sample(bed: &Bed, id: u64, key: &str) -> anyhow::Result<f64> {
         .page(id)
         .ok_or_else(|| anyhow::anyhow!("replica {id} serves no /metrics"))?;
     let (code, text) = mesh_beds::http_get(page, "/metrics", std::time::Duration::from_secs(5))?;
-    anyhow::ensure!(code == 200, "replica {id}'s /metrics answered {code}: {text}");
+    anyhow::ensure!(
+        code == 200,
+        "replica {id}'s /metrics answered {code}: {text}"
+    );
     text.lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())
         .ok_or_else(|| anyhow::anyhow!("no {key} on replica {id}:\n{text}"))
@@ -248,13 +251,19 @@ fn a_deposed_leader_counts_one_loss_and_a_restarted_ex_leader_counts_nothing() -
     bed.pause_replica(first)?;
     let second = bed.leader_other_than(Some(first))?;
     bed.resume_replica(first)?;
-    bed.wait_for("the deposed leader counting one loss", wait_ms_default, || {
-        let leads = replica_sample(&bed, first, "mesh_raft_leader")?;
-        Ok((leads == 0.0 && changes(&bed, first)? == (1.0, 1.0)).then_some(()))
-    })?;
-    bed.wait_for("the second leader counting its win", wait_ms_default, || {
-        Ok((changes(&bed, second)? == (1.0, 0.0)).then_some(()))
-    })?;
+    bed.wait_for(
+        "the deposed leader counting one loss",
+        wait_ms_default,
+        || {
+            let leads = replica_sample(&bed, first, "mesh_raft_leader")?;
+            Ok((leads == 0.0 && changes(&bed, first)? == (1.0, 1.0)).then_some(()))
+        },
+    )?;
+    bed.wait_for(
+        "the second leader counting its win",
+        wait_ms_default,
+        || Ok((changes(&bed, second)? == (1.0, 0.0)).then_some(())),
+    )?;
 
     bed.kill_replica(second)?;
     let third = bed.leader_other_than(Some(second))?;

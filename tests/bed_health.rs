@@ -144,7 +144,12 @@ const alert_rules: &str = include_str!("../deploy/prometheus/mesh-alerts.yml");
 
 /// `/metrics` at `addr`, sending `Accept: accept` when given; must answer 200.
 fn scrape(addr: SocketAddr, accept: Option<&str>) -> anyhow::Result<HttpAnswer> {
-    let answer = http_get_accepting(addr, "/metrics", accept, Duration::from_millis(http_wait_ms))?;
+    let answer = http_get_accepting(
+        addr,
+        "/metrics",
+        accept,
+        Duration::from_millis(http_wait_ms),
+    )?;
     anyhow::ensure!(
         answer.code == 200,
         "/metrics on {addr} answered {}: {}",
@@ -228,7 +233,11 @@ fn crash_loop_on_metrics(bed: &Bed) -> anyhow::Result<()> {
     assert!((0.0..6.0).contains(&oldest), "{text}");
     let followers = scrape(page(follower)?, None)?.body;
     for key in ["mesh_hosts", "mesh_hosts_failing", "mesh_hosts_up_to_date"] {
-        assert_eq!(sample(&followers, key)?, 0.0, "follower {follower}: {followers}");
+        assert_eq!(
+            sample(&followers, key)?,
+            0.0,
+            "follower {follower}: {followers}"
+        );
     }
 
     // Every endpoint in the classic format passes promtool; OpenMetrics only when asked for.
@@ -240,7 +249,9 @@ fn crash_loop_on_metrics(bed: &Bed) -> anyhow::Result<()> {
     ] {
         let classic = scrape(addr, None)?;
         assert!(
-            classic.content_type.starts_with("text/plain; version=0.0.4"),
+            classic
+                .content_type
+                .starts_with("text/plain; version=0.0.4"),
             "{what}: {}",
             classic.content_type
         );
@@ -249,7 +260,8 @@ fn crash_loop_on_metrics(bed: &Bed) -> anyhow::Result<()> {
         promtool_accepts(what, &scrape(addr, Some("text/plain;version=0.0.4"))?.body)?;
         let open = scrape(addr, Some(prometheus_accept))?;
         assert!(
-            open.content_type.starts_with("application/openmetrics-text"),
+            open.content_type
+                .starts_with("application/openmetrics-text"),
             "{what}: {}",
             open.content_type
         );
@@ -272,9 +284,15 @@ fn crash_loop_on_metrics(bed: &Bed) -> anyhow::Result<()> {
     let mut failed = 0.0;
     for id in 1..=3 {
         let text = scrape(page(id)?, None)?.body;
-        failed += sample(&text, "mesh_requests_total{kind=\"push\",outcome=\"invalid\"}")?;
+        failed += sample(
+            &text,
+            "mesh_requests_total{kind=\"push\",outcome=\"invalid\"}",
+        )?;
     }
-    assert_eq!(failed, 1.0, "one push refused as invalid, counted once over the replicas");
+    assert_eq!(
+        failed, 1.0,
+        "one push refused as invalid, counted once over the replicas"
+    );
 
     // The host's restarts only grow, also when a new declaration gives the module a new
     // supervisor (whose own count starts again at 0).
@@ -290,7 +308,10 @@ fn crash_loop_on_metrics(bed: &Bed) -> anyhow::Result<()> {
     let status = bed.status()?;
     let module = module(&status, "g14", "crash").cloned().unwrap_or_default();
     assert_eq!(module["state"], "ready", "{status}");
-    assert_eq!(module["restarts"], 0, "the new supervisor's own count: {status}");
+    assert_eq!(
+        module["restarts"], 0,
+        "the new supervisor's own count: {status}"
+    );
     let after = sample(&scrape(g14, None)?.body, key)?;
     assert!(
         after >= before,

@@ -163,7 +163,10 @@ impl DevRun {
             let Some((name, url)) = rest.split_once("'s metrics: http://") else {
                 continue;
             };
-            let addr = url.trim_end_matches("/metrics").parse().expect("an address");
+            let addr = url
+                .trim_end_matches("/metrics")
+                .parse()
+                .expect("an address");
             out.push((name.to_string(), addr));
         }
         out

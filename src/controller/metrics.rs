@@ -481,7 +481,9 @@ mod tests {
             refused_reserve: 1,
             ..Default::default()
         };
-        let text = m.encode(&RaftNow::default(), &conns, Format::Classic).expect("encode");
+        let text = m
+            .encode(&RaftNow::default(), &conns, Format::Classic)
+            .expect("encode");
         for line in [
             "\nmesh_handshakes_in_progress 3\n",
             "\nmesh_connections_open 7\n",
@@ -497,7 +499,9 @@ mod tests {
             refused_per_principal: 5,
             ..conns
         };
-        let text = m.encode(&RaftNow::default(), &later, Format::Classic).expect("encode");
+        let text = m
+            .encode(&RaftNow::default(), &later, Format::Classic)
+            .expect("encode");
         assert!(
             text.contains("\nmesh_connections_refused_total{cap=\"per_principal\"} 5\n"),
             "{text}"

@@ -352,11 +352,11 @@ async fn announce_leadership(service: Weak<Service>) {
             s.metrics.leadership(change);
         }
         if now != leading {
-            if let Some(s) = service.upgrade() {
-                if let Some(epoch) = now {
-                    // Silence is counted from here for hosts it has not heard (decision 0301).
-                    s.live.took_office(epoch);
-                }
+            if let Some(s) = service.upgrade()
+                && let Some(epoch) = now
+            {
+                // Silence is counted from here for hosts it has not heard (decision 0301).
+                s.live.took_office(epoch);
             }
             if let Some(epoch) = leading {
                 tracing::warn!(

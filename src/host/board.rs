@@ -144,9 +144,17 @@ mod tests {
         board.restarted("web", 1);
         assert_eq!(board.snapshot()[0].restarts, 2);
         board.claim("web", 2);
-        assert_eq!(board.snapshot()[0].restarts, 0, "the new supervisor's own count");
+        assert_eq!(
+            board.snapshot()[0].restarts,
+            0,
+            "the new supervisor's own count"
+        );
         board.restarted("web", 1);
-        assert_eq!(board.restarts_total().get(), 2, "the old supervisor counts nothing");
+        assert_eq!(
+            board.restarts_total().get(),
+            2,
+            "the old supervisor counts nothing"
+        );
         board.restarted("web", 2);
         assert_eq!(board.snapshot()[0].restarts, 1);
         assert_eq!(board.restarts_total().get(), 3);
