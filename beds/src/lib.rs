@@ -294,8 +294,29 @@ impl Bed {
         let written = write(&layout)?;
         let dir = layout.dir.clone();
         let mut page_addrs = BTreeMap::new();
+        let mut host_pages = BTreeMap::new();
+        // Picked together, and none a port the mesh's modules provide (a run's example ports were
+        // free when picked and nothing listens on them until the modules start).
+        let http_ports = if pages {
+            let taken: std::collections::BTreeSet<u16> = layout
+                .mesh
+                .iter()
+                .flat_map(|m| m.modules.values())
+                .flat_map(|m| m.provides.iter().filter_map(|p| p.port))
+                .collect();
+            let n = layout.replicas.len() + layout.machines.len();
+            let ports: Vec<u16> = free_tcp_ports(n + taken.len())?
+                .into_iter()
+                .filter(|p| !taken.contains(p))
+                .take(n)
+                .collect();
+            anyhow::ensure!(ports.len() == n, "only {} free TCP ports", ports.len());
+            ports
+        } else {
+            Vec::new()
+        };
         if pages {
-            let ports = free_tcp_ports(layout.replicas.len())?;
+            let ports = http_ports[..layout.replicas.len()].iter().copied();
             for ((id, _), port) in layout.replicas.iter().zip(ports) {
                 let addr = SocketAddr::from(([127, 0, 0, 1], port));
                 let file = dir.join(format!("replica-{id}.toml"));
@@ -306,9 +327,8 @@ impl Bed {
                 page_addrs.insert(*id, addr);
             }
         }
-        let mut host_pages = BTreeMap::new();
         if pages {
-            let ports = free_tcp_ports(layout.machines.len())?;
+            let ports = http_ports[layout.replicas.len()..].iter().copied();
             for ((name, _), port) in layout.machines.iter().zip(ports) {
                 let addr = SocketAddr::from(([127, 0, 0, 1], port));
                 let file = dir.join(format!("host-{name}.toml"));
