@@ -1299,6 +1299,7 @@ impl EnvelopeAnswerer {
                     restarts: 0,
                     pid: Some(10_000 + slot as u32),
                     last_exit: None,
+                    drift: Vec::new(),
                 })
                 .collect(),
             refused_older: 0,

@@ -172,6 +172,7 @@ fn main() {
                     confirmed: true,
                     running_mounts: BTreeMap::new(),
                     last_summary: None,
+                    drifted: Vec::new(),
                 },
             )
         })

@@ -183,6 +183,7 @@ impl Flood {
             restarts: (sequence % 1_000_000) as u32,
             pid: None,
             last_exit: None,
+            drift: Vec::new(),
         };
         report.modules = vec![module(flooder_module.into())];
         if let Kind::OverBound = kind {
@@ -261,6 +262,7 @@ fn many_modules(base: &Report, count: usize) -> anyhow::Result<Vec<u8>> {
         restarts: 0,
         pid: None,
         last_exit: None,
+        drift: Vec::new(),
     };
     let report = ManyModules {
         machine: &base.machine,
@@ -290,6 +292,7 @@ fn oversized_body(base: &Report) -> anyhow::Result<Vec<u8>> {
             restarts: 0,
             pid: None,
             last_exit: None,
+            drift: Vec::new(),
         };
         3
     ];

@@ -51,6 +51,9 @@ struct Bed {
     dir: PathBuf,
     stand: Arc<Stand>,
     _endpoint: Endpoint,
+    /// A bound socket that never answers: a replica that is down (its port cannot be taken by
+    /// another test's process while the bed holds it).
+    dead: std::net::UdpSocket,
 }
 
 /// Writes a mesh with `meshctl init`, serves `answer` as replica 2, and points the context at
@@ -89,10 +92,11 @@ async fn bed_answering(answer: Answers, dead_first: bool) -> Bed {
         asked: Mutex::new(Vec::new()),
     });
     endpoint.serve(stand.clone());
-    let dead = mesh::cli::procs::free_ports(1).expect("port")[0];
+    let dead = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind the dead replica");
+    let dead_addr = dead.local_addr().expect("dead addr");
     let mut context = format!("[replicas]\n2 = \"{}\"\n", endpoint.local_addr());
     if dead_first {
-        context.push_str(&format!("1 = \"{dead}\"\n"));
+        context.push_str(&format!("1 = \"{dead_addr}\"\n"));
     }
     context.push_str(
         "[tls]\nca = \"ca.pem\"\ncert = \"operator/cert.pem\"\nkey = \"operator/key.pem\"\n",
@@ -103,6 +107,7 @@ async fn bed_answering(answer: Answers, dead_first: bool) -> Bed {
         dir,
         stand,
         _endpoint: endpoint,
+        dead,
     }
 }
 
@@ -557,4 +562,47 @@ async fn an_operator_from_another_cluster_is_told_to_use_this_clusters_identity_
     );
     assert!(!line.contains("certs renew replica"), "{line}");
     assert!(bed.asked().is_empty(), "{:?}", bed.asked());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g13_a_dead_first_replica_costs_nothing_while_another_answers() {
+    // G13 (any replica will do) and issue 25: replicas are dialled at once, so a command answers
+    // through replica 2 within a 2 s `--timeout` although replica 1, first in id order, never
+    // completes its handshake (asked in order, its 3 s handshake timeout alone is over the limit).
+    let bed = bed(status_answer(Some(2)), true).await;
+    let out = bed.run(&["--timeout", "2s", "status"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("(forwarded by replica 2)"));
+    assert_eq!(bed.asked(), vec![Request::Status]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_cluster_fails_at_the_timeout_in_one_line_naming_it() {
+    // Issue 25: `--timeout` bounds a whole request, every replica's handshake included; a
+    // cluster that never answers is exit 1 naming the limit and how to raise it. A bad value is
+    // refused as usage (exit 2) before anything is asked.
+    let bed = bed(status_answer(None), false).await;
+    let other = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let context = format!(
+        "[replicas]\n1 = \"{}\"\n3 = \"{}\"\n[tls]\nca = \"ca.pem\"\ncert = \"operator/cert.pem\"\nkey = \"operator/key.pem\"\n",
+        bed.dead.local_addr().expect("addr"),
+        other.local_addr().expect("addr"),
+    );
+    let path = bed.dir.join("dead.toml");
+    std::fs::write(&path, context).expect("write context");
+    let out = meshctl(Some(&path), &["--timeout", "1s", "history"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let line = one_line(&out);
+    assert!(line.contains("answered within 1000 ms"), "{line}");
+    assert!(line.contains("--timeout"), "{line}");
+    for bad in ["0s", "soon", "61m"] {
+        let out = bed.run(&["--timeout", bad, "status"]).await;
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "--timeout {bad}: {}",
+            text(&out.stderr)
+        );
+    }
+    assert!(bed.asked().is_empty(), "nothing reached a replica");
 }

@@ -84,6 +84,7 @@ fn module(name: &str, state: ModuleState, restarts: u32, last_exit: Option<Exit>
         restarts,
         pid: Some(4242),
         last_exit,
+        drift: Vec::new(),
     }
 }
 
@@ -101,12 +102,16 @@ fn status_view() -> StatusView {
         name: "ace".into(),
         last_send: Some((3, 7, digest(0xab))),
         last_report: Some((3, 7, 12, Some(digest(0xab)))),
-        behind: false,
-        behind_why: vec![],
+        behind: true,
+        behind_why: vec!["drifted: db: conf/db.conf changed".into()],
         holds: vec![],
         refused_reports: 1,
         modules: vec![
-            module("db", ModuleState::Ready, 0, None),
+            ModuleStatus {
+                // Its config edited by hand on the host (decision 0305).
+                drift: vec!["conf/db.conf changed".into()],
+                ..module("db", ModuleState::Ready, 0, None)
+            },
             module(
                 "app",
                 ModuleState::Failed {
@@ -133,6 +138,7 @@ fn status_view() -> StatusView {
         unproven_refusal: None,
         report_refusal: Some("3 reports refused, the last 2000 ms ago: report refused: the last refusal is 4000 bytes, over report_refusal_bytes_max (2048 bytes)".into()),
         silent_for_ms: None,
+        drifted: vec!["db: conf/db.conf changed".into()],
     };
     let g14 = MachineView {
         name: "g14".into(),
@@ -151,6 +157,7 @@ fn status_view() -> StatusView {
         report_refusal: None,
         // Its host stopped: the leader has not heard it for 50 s (decision 0301).
         silent_for_ms: Some(50_000),
+        drifted: vec![],
     };
     StatusView {
         replicas: vec![
@@ -241,6 +248,12 @@ fn plan_view() -> PlanView {
                     change("file conf/app.toml", None, Some(&digest(0x11).to_string())),
                     change("grant p-9", Some("sql to app@g14 as db, secret 1f2e"), None),
                     change("module", None, Some("postgres")),
+                    // Drift the host reported, which the push restores (decision 0305).
+                    change(
+                        mesh::controller::api::drift_item,
+                        Some("conf/db.conf changed"),
+                        Some("as sent"),
+                    ),
                 ],
                 holds: vec![],
             },

@@ -15,8 +15,9 @@ use mesh::core::declaration::Digest;
 use mesh::core::envelope::{EnvelopeHeader, EpochProof, epoch_max};
 use mesh::core::model::Mesh;
 use mesh::core::report::{
-    Exit, ModuleState, ModuleStatus, Report, report_modules_max, report_name_bytes_max,
-    report_refusal_bytes_max, report_signature_bytes_max, report_text_bytes_max,
+    Exit, ModuleState, ModuleStatus, Report, report_drift_items_max, report_drift_text_bytes_max,
+    report_modules_max, report_name_bytes_max, report_refusal_bytes_max,
+    report_signature_bytes_max, report_text_bytes_max,
 };
 use mesh::core::wire::{ReportReply, report_reply_what, report_what};
 use mesh_transport::{Header, MessageKind, Principal, TransportError, report_frame_bytes_max};
@@ -34,6 +35,7 @@ fn report(report_sequence: u64, restarts: u32) -> Report {
             restarts,
             pid: Some(42),
             last_exit: None,
+            drift: Vec::new(),
         }],
         refused_older: 0,
         last_refusal: None,
@@ -181,6 +183,8 @@ fn the_largest_legal_report_fits_a_hosts_frame_limit() {
             restarts: u32::MAX,
             pid: Some(u32::MAX),
             last_exit: Some(Exit::Signal(i32::MIN)),
+            // Every module drifted at its bounds too (decision 0305).
+            drift: vec!["d".repeat(report_drift_text_bytes_max); report_drift_items_max],
         })
         .collect();
     let machine = name(0);

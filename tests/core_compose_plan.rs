@@ -109,6 +109,7 @@ fn all_confirmed(world: &World, cache: &DigestCache) -> BTreeMap<String, Known> 
                 confirmed: true,
                 running_mounts: BTreeMap::new(),
                 last_summary: Some(std::sync::Arc::new(summarize(&composed.declaration))),
+                drifted: Vec::new(),
             };
             (m.clone(), k)
         })
@@ -236,6 +237,28 @@ fn behind_counts_an_unconfirmed_send_and_pending_mints() {
 }
 
 #[test]
+fn a_drifted_machine_is_behind_with_what_differs_and_push_behind_takes_it() {
+    // Issue 25 item 3 (decision 0305): drift is a reason of the one definition of behind, so
+    // `status` says why and `push --behind` restores the machine, alone.
+    let (mesh, provisions, mut known) = settled_chain(chain_mesh());
+    let world = World::new(mesh, provisions);
+    let cache = DigestCache::build(&world).expect("cache");
+    let up = plan_push(&world, &cache, &known, Target::Behind, &[]).expect("plan");
+    assert!(sent_machines(&up).is_empty(), "{:?}", sent_machines(&up));
+    if let Some(k) = known.get_mut("g14") {
+        k.drifted = vec!["broker: conf/broker.conf changed".into()];
+    }
+    let lag = lags(&cache, &known);
+    let g14 = lag.get("g14").expect("g14");
+    assert!(g14.is_behind());
+    assert_eq!(g14.reasons(), ["drifted: broker: conf/broker.conf changed"]);
+    assert!(!lag.get("ace").expect("ace").is_behind());
+    let p = plan_push(&world, &cache, &known, Target::Behind, &[]).expect("plan");
+    assert_eq!(sent_machines(&p), ["g14"]);
+    assert_eq!(p.sends[0].reason, Reason::Behind);
+}
+
+#[test]
 fn a_push_after_its_mints_are_committed_mints_nothing_and_cascades_nowhere() {
     // G1: provision ids are derived, so composing again never mints the same need twice.
     let mut world = chain();
@@ -263,6 +286,7 @@ fn running(module: &str, mount: &str, dir: &str) -> Known {
             BTreeMap::from([(mount.to_string(), dir.to_string())]),
         )]),
         last_summary: None,
+        drifted: Vec::new(),
     }
 }
 

@@ -222,6 +222,7 @@ fn reports() -> Vec<Report> {
                 restarts: 2,
                 pid: Some(4242),
                 last_exit: Some(Exit::Code(1)),
+                drift: Vec::new(),
             },
             ModuleStatus {
                 name: "app".into(),
@@ -229,6 +230,7 @@ fn reports() -> Vec<Report> {
                 restarts: 0,
                 pid: None,
                 last_exit: None,
+                drift: Vec::new(),
             },
         ],
         refused_older: 1,

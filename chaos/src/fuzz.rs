@@ -186,6 +186,7 @@ fn report() -> Report {
             restarts: 2,
             pid: Some(4242),
             last_exit: Some(mesh::core::report::Exit::Code(1)),
+            drift: Vec::new(),
         }],
         refused_older: 1,
         last_refusal: Some("older envelope".into()),

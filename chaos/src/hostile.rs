@@ -176,6 +176,7 @@ impl Hostile {
             restarts: 1,
             pid: None,
             last_exit: None,
+            drift: Vec::new(),
         };
         let template: Vec<ModuleStatus> = (0..modules).map(module).collect();
         let deadline = tokio::time::Instant::now() + time;
@@ -227,6 +228,7 @@ impl Hostile {
             restarts: 0,
             pid: None,
             last_exit: None,
+            drift: Vec::new(),
         };
         let many = self.next_report(vec![empty; entries]);
         let Ok(many) = mesh_codec::encode(report_what, &many) else {
@@ -245,6 +247,7 @@ impl Hostile {
                 restarts: 0,
                 pid: None,
                 last_exit: None,
+                drift: Vec::new(),
             }])
         };
         let Ok(long) = mesh_codec::encode(report_what, &long) else {

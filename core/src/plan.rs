@@ -101,6 +101,9 @@ pub struct Lag {
     pub mints: Vec<String>,
     /// Ids of provisions that would be issued from its modules once their consumers are pushed.
     pub grants: Vec<String>,
+    /// What its last report says differs from the declaration it runs, as `module: what`
+    /// (decision 0305); a push restores it.
+    pub drifted: Vec<String>,
 }
 
 impl Lag {
@@ -110,6 +113,7 @@ impl Lag {
             || self.changed
             || !self.mints.is_empty()
             || !self.grants.is_empty()
+            || !self.drifted.is_empty()
     }
 
     /// Short words for one status line: `never sent`, `changed`, `2 mints pending`...
@@ -133,9 +137,15 @@ impl Lag {
         if !self.grants.is_empty() {
             out.push(count(self.grants.len(), "grant"));
         }
+        if !self.drifted.is_empty() {
+            out.push(format!("{drifted_reason}{}", self.drifted.join(", ")));
+        }
         out
     }
 }
+
+/// How [`Lag::reasons`] names drift: `drifted: broker: conf/broker.conf changed`.
+pub const drifted_reason: &str = "drifted: ";
 
 /// How far every machine of the cache is from its should-be: the one definition of "behind".
 pub fn lags(cache: &DigestCache, known: &BTreeMap<String, Known>) -> BTreeMap<String, Lag> {
@@ -150,6 +160,7 @@ pub fn lags(cache: &DigestCache, known: &BTreeMap<String, Known>) -> BTreeMap<St
             Some(k) => {
                 lag.unconfirmed = !k.confirmed;
                 lag.changed = k.last_sent != Some(should_be.digest);
+                lag.drifted = k.drifted.clone();
             }
         }
         lag.mints = should_be.wanted.iter().map(|w| w.id()).collect();
@@ -178,6 +189,9 @@ pub struct Known {
     /// The summary of the last send, for the cascade's links (G1). Shared with the store's send
     /// record: a plan over 10,000 machines copies no summary (decision 0287).
     pub last_summary: Option<std::sync::Arc<Summary>>,
+    /// What the last report says differs from the declaration the host runs, as `module: what`
+    /// (decision 0305): a drifted machine is behind until a push restores it.
+    pub drifted: Vec<String>,
 }
 
 /// Which machines a push starts from.

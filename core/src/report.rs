@@ -7,9 +7,12 @@ use super::envelope::{EpochProof, epoch_max};
 
 mod bounds;
 pub use bounds::{
-    OverBound, decode_bounded, report_modules_max, report_name_bytes_max, report_refusal_bytes_max,
+    OverBound, decode_bounded, report_drift_items_max, report_drift_text_bytes_max,
+    report_modules_max, report_name_bytes_max, report_refusal_bytes_max,
     report_signature_bytes_max, report_text_bytes_max,
 };
+
+mod drift_wire;
 
 /// What a host says after an apply or on its reconcile interval.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,7 +33,12 @@ pub struct Report {
 }
 
 /// One module's state on its host.
+///
+/// Its bytes are those of `drift_wire::StatusWire` (decision 0305): a module that has not drifted
+/// encodes exactly as before drift was reported; a drifted one wraps its state in a variant added
+/// last, so stores, logs and fixtures of earlier reports decode unchanged.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "drift_wire::StatusWire", into = "drift_wire::StatusWire")]
 pub struct ModuleStatus {
     pub name: String,
     pub state: ModuleState,
@@ -39,6 +47,11 @@ pub struct ModuleStatus {
     pub pid: Option<u32>,
     /// How its last run ended, kept while it is restarted: a crash loop shows its exit code.
     pub last_exit: Option<Exit>,
+    /// What differs between what the host runs and the declaration it applied (a file edited, a
+    /// secret or grants file changed, a mount gone, the program the command names replaced),
+    /// one short text each (`conf/broker.conf changed`); empty when it runs as declared
+    /// (issue 25 item 3, decision 0305). At most `report_drift_items_max` texts.
+    pub drift: Vec<String>,
 }
 
 /// How a module's process ended. (The lowercase names are for JSON; bincode encodes the index.)
@@ -210,6 +223,41 @@ impl Report {
     }
 }
 
+/// How drift moved from one report of a machine to the next (decision 0305): the modules whose
+/// drift appeared or changed (with what differs now) and those whose drift cleared. For whoever
+/// turns filed reports into events; both empty when drift did not move. Pure.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DriftMoves {
+    pub appeared: Vec<(String, Vec<String>)>,
+    pub cleared: Vec<String>,
+}
+
+impl DriftMoves {
+    /// From `before` (the account's last report, if any) to `after`. A module that left the
+    /// report (removed by a push) clears nothing: it is gone, not repaired.
+    pub fn between(before: Option<&Report>, after: &Report) -> DriftMoves {
+        let drift_before = |name: &str| {
+            before
+                .and_then(|b| b.modules.iter().find(|m| m.name == name))
+                .map(|m| m.drift.as_slice())
+        };
+        let mut moves = DriftMoves::default();
+        for m in &after.modules {
+            let was = drift_before(&m.name).unwrap_or(&[]);
+            if m.drift.is_empty() && !was.is_empty() {
+                moves.cleared.push(m.name.clone());
+            } else if !m.drift.is_empty() && m.drift != was {
+                moves.appeared.push((m.name.clone(), m.drift.clone()));
+            }
+        }
+        moves
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.appeared.is_empty() && self.cleared.is_empty()
+    }
+}
+
 /// What the controller keeps per machine from its reports. Only a report strictly newer than
 /// `last` is filed; any other is refused and counted, and changes nothing else.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -324,6 +372,7 @@ mod tests {
             restarts: 0,
             pid: None,
             last_exit: None,
+            drift: Vec::new(),
         }
     }
 
@@ -442,6 +491,59 @@ mod tests {
         c.modules[0].restarts = 1;
         assert!(!c.says_the_same(&b));
         assert!(!report(1, 3, 3).says_the_same(&a));
+    }
+
+    #[test]
+    fn drift_moves_name_the_modules_whose_drift_appeared_changed_or_cleared() {
+        // Decision 0305: the transition an event hook reads off two filed reports.
+        let with = |drifts: &[(&str, &[&str])]| {
+            let mut r = report(1, 2, 3);
+            for (name, drift) in drifts {
+                let mut m = module(name, ModuleState::Ready);
+                m.drift = drift.iter().map(|d| d.to_string()).collect();
+                r.modules.push(m);
+            }
+            r
+        };
+        let clean = with(&[("broker", &[]), ("web", &[])]);
+        let edited = with(&[("broker", &["conf/broker.conf changed"]), ("web", &[])]);
+        assert!(DriftMoves::between(Some(&clean), &clean).is_empty());
+        assert!(DriftMoves::between(None, &clean).is_empty());
+        let appeared = DriftMoves::between(Some(&clean), &edited);
+        assert_eq!(
+            appeared.appeared,
+            [(
+                "broker".to_string(),
+                vec!["conf/broker.conf changed".to_string()]
+            )]
+        );
+        assert!(appeared.cleared.is_empty());
+        assert!(DriftMoves::between(Some(&edited), &edited).is_empty());
+        let more = with(&[(
+            "broker",
+            &["conf/broker.conf changed", "mount data missing"],
+        )]);
+        assert_eq!(DriftMoves::between(Some(&edited), &more).appeared.len(), 1);
+        let cleared = DriftMoves::between(Some(&edited), &clean);
+        assert_eq!(cleared.cleared, ["broker"]);
+        assert!(cleared.appeared.is_empty());
+        let gone = with(&[("web", &[])]);
+        assert!(
+            DriftMoves::between(Some(&edited), &gone).is_empty(),
+            "removed, not repaired"
+        );
+    }
+
+    #[test]
+    fn drift_appearing_or_clearing_is_a_change_the_leader_files() {
+        // Decision 0216 with 0305: a report that only differs in drift is not "still here".
+        let mut clean = report(1, 2, 3);
+        clean.modules.push(module("broker", ModuleState::Ready));
+        let mut drifted = report(1, 2, 4);
+        drifted.modules.push(module("broker", ModuleState::Ready));
+        drifted.modules[0].drift = vec!["conf/broker.conf changed".into()];
+        assert!(!clean.says_the_same(&drifted), "drift appearing");
+        assert!(!drifted.says_the_same(&clean), "drift clearing");
     }
 
     proptest! {

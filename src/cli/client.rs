@@ -1,11 +1,14 @@
-//! Asks the controller: one QUIC request with the operator's certificate, to the context's
-//! replicas in id order until one answers (G13: any replica will do; a follower forwards).
+//! Asks the controller: one QUIC request with the operator's certificate to whichever replica of
+//! the context completes its handshake first, then the others as they do (G13: any replica will
+//! do; a follower forwards), all within one limit (`--timeout`), so a dead replica costs nothing
+//! while another answers and a dead cluster costs one handshake timeout.
 
 use mesh_transport::{
     Endpoint, Identity, MessageKind, Part, Peer, PkiError, Principal, TransportConfig,
     TransportError,
 };
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::context::Context;
@@ -13,9 +16,26 @@ use crate::controller::api::{Answer, Call, PushEvent, Request, push_event_what};
 
 /// How long to wait for a replica to complete a handshake before trying the next one.
 pub const dial_timeout_ms: u64 = 3_000;
-/// How long a request may take once a replica answered the handshake: a push waits for every
-/// host it sends to, so this is generous.
+/// How long one request may take, handshakes with every replica included, unless `--timeout`
+/// says otherwise: a push waits for every host it sends to, so this is generous.
 pub const request_timeout_ms: u64 = 60_000;
+
+/// `--timeout` of this run (one meshctl process runs one command).
+static request_limit: OnceLock<Duration> = OnceLock::new();
+
+/// Sets how long each request of this run may take (`meshctl --timeout`); the first call wins.
+pub fn limit_requests(limit: Duration) {
+    // allow(empty-on-error): a second call in one process keeps the first limit, as documented
+    let _ = request_limit.set(limit);
+}
+
+/// How long each request may take: `--timeout`, else [`request_timeout_ms`].
+pub fn request_limit_now() -> Duration {
+    request_limit
+        .get()
+        .copied()
+        .unwrap_or(Duration::from_millis(request_timeout_ms))
+}
 
 /// What the codec calls a request and an answer in its errors.
 pub const request_what: &str = "request";
@@ -45,6 +65,14 @@ pub enum ClientError {
         id: u64,
         addr: SocketAddr,
         reason: String,
+    },
+    #[error(
+        "no replica of {context} answered within {after_ms} ms ({tried}); is meshd running there? raise the limit with `--timeout`, or check `replicas` in the context"
+    )]
+    TimedOut {
+        context: String,
+        after_ms: u128,
+        tried: String,
     },
     #[error(
         "replica {id} ({addr}) took the request but gave no answer ({reason}); it may have taken effect: check `meshctl history` before running it again"
@@ -128,37 +156,116 @@ async fn ask_inner<'e>(
     let config = TransportConfig::default()
         .check()
         .map_err(|e| ClientError::Bind(e.to_string()))?;
-    let mut tried = Vec::new();
-    let mut endpoint: Option<Endpoint> = None;
+    let endpoint = Endpoint::bind(any_addr(&context.replicas), &identity, config)
+        .map_err(|e| ClientError::Bind(e.to_string()))?;
+    let limit = request_limit_now();
+    let mut asked = Asked::default();
+    let outcome = tokio::time::timeout(
+        limit,
+        ask_replicas(
+            &endpoint,
+            context,
+            request,
+            body,
+            &mut asked,
+            events.as_deref_mut(),
+        ),
+    )
+    .await;
+    match &outcome {
+        Ok(Ok(_)) => endpoint.close().await,
+        // No replica to say goodbye to, or one that did not answer: no wait for them to hear it.
+        _ => endpoint.abandon(),
+    }
+    match outcome {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(e)) => Err(e),
+        // A change that reached a replica must not be repeated on another one unseen.
+        Err(_) => match asked.taken {
+            Some((id, addr)) if !may_ask_again(request) => Err(ClientError::NoAnswer {
+                id,
+                addr,
+                reason: format!("no answer within {} ms, the --timeout", limit.as_millis()),
+            }),
+            _ => Err(ClientError::TimedOut {
+                context: ctx_name,
+                after_ms: limit.as_millis(),
+                tried: asked.tried_text("none answered its handshake yet"),
+            }),
+        },
+    }
+}
+
+/// What one ask did so far, kept outside its time limit so a timeout can say it.
+#[derive(Default)]
+struct Asked {
+    /// Replicas that did not answer, by id, and why.
+    tried: Vec<(u64, String)>,
+    /// The replica the request was last sent to.
+    taken: Option<(u64, SocketAddr)>,
+}
+
+impl Asked {
+    fn tried_text(&self, none: &str) -> String {
+        let mut tried = self.tried.clone();
+        tried.sort();
+        if tried.is_empty() {
+            return none.to_string();
+        }
+        let lines: Vec<String> = tried.into_iter().map(|(_, line)| line).collect();
+        lines.join("; ")
+    }
+}
+
+/// Dials every replica at once and asks them in the order their handshakes complete, until one
+/// answers or says something final.
+async fn ask_replicas<'e>(
+    ep: &Endpoint,
+    context: &Context,
+    request: &Request,
+    body: Vec<u8>,
+    asked: &mut Asked,
+    mut events: Option<&mut (dyn FnMut(PushEvent) + Send + 'e)>,
+) -> Result<Answer, ClientError> {
+    // A short handshake first, so a dead replica costs seconds, not the whole request limit;
+    // all at once, so it costs nothing while another replica answers.
+    let dial = Duration::from_millis(dial_timeout_ms);
+    let mut dials = tokio::task::JoinSet::new();
     for &(id, addr) in &context.replicas {
-        let ep = match &endpoint {
-            Some(ep) => ep.clone(),
-            None => {
-                let ep = Endpoint::bind(any_addr(&context.replicas), &identity, config.clone())
-                    .map_err(|e| ClientError::Bind(e.to_string()))?;
-                endpoint = Some(ep.clone());
-                ep
+        let ep = ep.clone();
+        dials.spawn(async move { (id, addr, ep.peer_principal(addr, dial).await) });
+    }
+    let again = may_ask_again(request);
+    while let Some(joined) = dials.join_next().await {
+        let (id, addr) = match joined {
+            Ok((id, addr, Ok(_))) => (id, addr),
+            Ok((id, addr, Err(e))) => {
+                asked
+                    .tried
+                    .push((id, format!("replica {id} at {addr}: {e}")));
+                continue;
+            }
+            Err(e) => {
+                asked
+                    .tried
+                    .push((u64::MAX, format!("a handshake task ended: {e}")));
+                continue;
             }
         };
-        let again = may_ask_again(request);
-        match ask_one(&ep, id, addr, body.clone(), again, events.as_deref_mut()).await {
-            Ok(answer) => {
-                ep.close().await;
-                return Ok(answer);
+        asked.taken = Some((id, addr));
+        match ask_one(ep, id, addr, body.clone(), again, events.as_deref_mut()).await {
+            Ok(answer) => return Ok(answer),
+            Err(Attempt::Final(e)) => return Err(e),
+            Err(Attempt::Next(reason)) => {
+                asked
+                    .tried
+                    .push((id, format!("replica {id} at {addr}: {reason}")));
             }
-            Err(Attempt::Final(e)) => {
-                ep.close().await;
-                return Err(e);
-            }
-            Err(Attempt::Next(reason)) => tried.push(format!("replica {id} at {addr}: {reason}")),
         }
     }
-    if let Some(ep) = endpoint {
-        ep.close().await;
-    }
     Err(ClientError::Unreachable {
-        context: ctx_name,
-        tried: tried.join("; "),
+        context: context.path.display().to_string(),
+        tried: asked.tried_text("the context names no replica"),
     })
 }
 
@@ -200,13 +307,9 @@ async fn ask_one<'e>(
     again: bool,
     events: Option<&mut (dyn FnMut(PushEvent) + Send + 'e)>,
 ) -> Result<Answer, Attempt> {
-    // A short handshake first, so a dead replica costs seconds, not the whole request timeout.
-    let dial = Duration::from_millis(dial_timeout_ms);
-    ep.peer_principal(addr, dial)
-        .await
-        .map_err(|e| Attempt::Next(e.to_string()))?;
     let peer = Peer::expecting(addr, Principal::Replica(id));
-    let timeout = Duration::from_millis(request_timeout_ms);
+    // The whole ask is bounded by `--timeout` around it; this bound is only a backstop.
+    let timeout = request_limit_now();
     let sent = match events {
         Some(events) => ask_stream(ep, peer, body, timeout, events).await,
         None => ep.request(peer, MessageKind::Command, body, timeout).await,

@@ -51,7 +51,7 @@ impl ContextError {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ContextFile {
-    /// Replica id → `ip:port`, tried in id order.
+    /// Replica id → `ip:port`, all dialled at once (the client asks whichever answers first).
     pub replicas: BTreeMap<String, String>,
     pub tls: ContextTls,
 }

@@ -139,8 +139,9 @@ first of:
   cert = \"operator/cert.pem\"
   key = \"operator/key.pem\"
 
-Replicas are tried in id order until one answers; any replica will do, a follower forwards
-to the leader. The certificate must name the operator (operator:<name>). Relative paths are
+Every replica is dialled at once and asked in the order their handshakes complete, until
+one answers; any replica will do, a follower forwards to the leader. `--timeout` (default 60s)
+bounds each request, handshakes included. The certificate must name the operator (operator:<name>). Relative paths are
 relative to the directory of the context file, so a context moves with its certificates.
 A context lists at most {context_replicas_max} replicas and is at most {context_file_bytes_max} bytes.
 "

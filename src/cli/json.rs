@@ -246,6 +246,9 @@ pub struct MachineJson {
     /// The answering leader has not heard the host for this long, at least its
     /// `silent_after_ms`: the host is silent; `null` when not (decision 0301).
     pub silent_for_ms: Option<u64>,
+    /// What the last report says differs from the declaration the host runs, as `module: what`:
+    /// the machine is drifted (decision 0305); `[]` when it runs as declared.
+    pub drifted: Vec<String>,
     pub modules: Vec<ModuleJson>,
 }
 
@@ -290,6 +293,9 @@ pub struct ModuleJson {
     pub restarts: u32,
     pub last_exit: Option<ExitJson>,
     pub pid: Option<u32>,
+    /// What differs from its declaration on the host (`conf/broker.conf changed`); `[]` when
+    /// nothing does (decision 0305).
+    pub drift: Vec<String>,
 }
 
 /// `{"kind": "code", "code": 3}` or `{"kind": "signal", "signal": 9}`.
@@ -368,6 +374,7 @@ impl From<&MachineView> for MachineJson {
             unproven_refusal: m.unproven_refusal.clone(),
             report_refusal: m.report_refusal.clone(),
             silent_for_ms: m.silent_for_ms,
+            drifted: m.drifted.clone(),
             modules: m.modules.iter().map(ModuleJson::from).collect(),
         }
     }
@@ -413,6 +420,7 @@ impl From<&ModuleStatus> for ModuleJson {
                 Exit::Signal(signal) => ExitJson::Signal { signal },
             }),
             pid: m.pid,
+            drift: m.drift.clone(),
         }
     }
 }

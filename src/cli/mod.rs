@@ -63,6 +63,11 @@ pub struct Cli {
     /// The context file to use (replica addresses and the operator's TLS identity).
     #[arg(long, global = true, value_name = "FILE")]
     pub context: Option<PathBuf>,
+    /// The longest any one request to the cluster may take, the handshakes with its replicas
+    /// included: `30s`, `500ms`, `2m` (default 60s, at most 60m). Replicas are dialled at once,
+    /// so a dead one costs nothing while another answers.
+    #[arg(long, global = true, value_name = "DURATION", value_parser = push::parse_wait)]
+    pub timeout: Option<std::time::Duration>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -242,6 +247,9 @@ pub fn run(cli: Cli) -> Result<Output, CliError> {
 }
 
 fn run_command(cli: Cli) -> Result<Output, CliError> {
+    if let Some(limit) = cli.timeout {
+        client::limit_requests(limit);
+    }
     let ctx = cli.context;
     match cli.command {
         Command::Check(args) => check::run(&args).map(Output::done),

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::json;
 use super::render::{self, Via};
 use super::{CliError, Output, exit_done};
-use crate::controller::api::{Body, PlanView, PlannedChange, PushTarget, Request};
+use crate::controller::api::{Body, PlanView, PlannedChange, PushTarget, Request, drift_item};
 
 /// Exit code of `plan --detailed-exitcode` when the push would change something. Terraform's 2
 /// is meshctl's "bad input", so a script could not tell the two apart (decision 0092).
@@ -141,10 +141,17 @@ pub fn render_text(via: Via, v: &PlanView) -> String {
     }
     for m in &v.machines {
         let verb = if m.holds.is_empty() { "send" } else { "hold" };
-        let n = m.changes.len();
+        let drift = m.changes.iter().filter(|c| c.item == drift_item).count();
+        let n = m.changes.len() - drift;
         let plural = if n == 1 { "" } else { "s" };
+        // Drift is no change of the declaration: it is counted apart (decision 0305).
+        let restores = match drift {
+            0 => String::new(),
+            1 => ", and restores 1 difference on the host".to_string(),
+            d => format!(", and restores {d} differences on the host"),
+        };
         out.push_str(&format!(
-            "would {verb} {} ({}): {n} change{plural} from the last send\n",
+            "would {verb} {} ({}): {n} change{plural} from the last send{restores}\n",
             m.machine, m.reason
         ));
         for c in &m.changes {

@@ -71,7 +71,8 @@ pub struct PushArgs {
     pub json: bool,
 }
 
-/// `90s`, `500ms`, `2m`, or a bare number of seconds; at most [`wait_ms_max`].
+/// `90s`, `500ms`, `2m`, or a bare number of seconds; at most [`wait_ms_max`] (`--wait` and
+/// meshctl's `--timeout`).
 pub fn parse_wait(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit_ms) = if let Some(n) = text.strip_suffix("ms") {
@@ -89,7 +90,7 @@ pub fn parse_wait(text: &str) -> Result<Duration, String> {
     let ms = n.saturating_mul(unit_ms);
     if ms == 0 || ms > wait_ms_max {
         return Err(format!(
-            "`{text}` is out of range: a wait lasts from 1ms to {}m",
+            "`{text}` is out of range: write from 1ms to {}m",
             wait_ms_max / 60_000
         ));
     }

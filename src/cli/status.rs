@@ -1,8 +1,8 @@
 //! `meshctl status`: each replica as it answered just now (role, its own epoch, its log) or
 //! unreachable, and per machine the last send, the last report (and how long ago the leader filed
 //! it), whether it is behind, its holds, and each module's state from that report: a machine whose
-//! modules fail, or whose host the leader has not heard lately (`SILENT`, decision 0301), never
-//! reads "up to date".
+//! modules fail, whose host the leader has not heard lately (`SILENT`, decision 0301), or whose
+//! host runs other than its declaration (`DRIFTED`, decision 0305), never reads "up to date".
 
 use std::path::Path;
 
@@ -10,6 +10,7 @@ use super::json::{self, role_name};
 use super::render;
 use super::{CliError, Output};
 use crate::controller::api::{Body, MachineView, Request, StatusView};
+use crate::core::plan::drifted_reason;
 use crate::core::report::{Health, ModuleState, ModuleStatus};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -187,17 +188,32 @@ const up_to_date: &str = "up to date";
 
 /// The machine's state from its send and its last report alone.
 fn last_known_state(m: &MachineView) -> String {
-    let first = match (m.behind, m.behind_why.is_empty()) {
-        (false, _) => "applied".to_string(),
-        (true, true) => "BEHIND".to_string(),
-        (true, false) => format!("BEHIND ({})", m.behind_why.join(", ")),
+    // Drift is one of the reasons a machine is behind; it is named on its own (decision 0305).
+    let others: Vec<&str> = m
+        .behind_why
+        .iter()
+        .map(String::as_str)
+        .filter(|r| !r.starts_with(drifted_reason))
+        .collect();
+    let behind = match (m.behind, others.is_empty()) {
+        (false, _) => None,
+        (true, true) if !m.drifted.is_empty() => None,
+        (true, true) => Some("BEHIND".to_string()),
+        (true, false) => Some(format!("BEHIND ({})", others.join(", "))),
+    };
+    let drifted = (!m.drifted.is_empty()).then(|| format!("DRIFTED {}", m.drifted.join(", ")));
+    let first = match (behind, drifted) {
+        (None, None) => "applied".to_string(),
+        (Some(b), None) => b,
+        (None, Some(d)) => d,
+        (Some(b), Some(d)) => format!("{b}, {d}"),
     };
     match &m.health {
         Some(Health::Failing { modules }) => format!("{first}, {} failing", count(modules.len())),
         Some(Health::Settling { modules }) => {
             format!("{first}, {} not ready", count(modules.len()))
         }
-        Some(Health::Ready) | None if m.behind => first,
+        Some(Health::Ready) | None if m.behind || !m.drifted.is_empty() => first,
         Some(Health::Ready) | None => up_to_date.to_string(),
     }
 }
@@ -224,6 +240,9 @@ pub fn module_text(m: &ModuleStatus) -> String {
     }
     if let Some(exit) = m.last_exit {
         text.push_str(&format!(", last {exit}"));
+    }
+    if !m.drift.is_empty() {
+        text.push_str(&format!(", DRIFTED: {}", m.drift.join(", ")));
     }
     text
 }
@@ -282,6 +301,37 @@ mod tests {
     }
 
     #[test]
+    fn a_drifted_machine_reads_drifted_with_what_differs_and_never_up_to_date() {
+        // Issue 25 item 3 (decision 0305): drift alone reads DRIFTED, not BEHIND (drifted...).
+        let mut m = applied(Some(800), None);
+        m.behind = true;
+        m.drifted = vec!["broker: conf/broker.conf changed".into()];
+        m.behind_why = vec![format!("{drifted_reason}broker: conf/broker.conf changed")];
+        assert_eq!(
+            machine_state(&m),
+            "DRIFTED broker: conf/broker.conf changed"
+        );
+        m.behind_why.insert(0, "declaration changed".into());
+        assert_eq!(
+            machine_state(&m),
+            "BEHIND (declaration changed), DRIFTED broker: conf/broker.conf changed"
+        );
+        // Drifted reads DRIFTED even from an answer that does not count it behind.
+        m.behind = false;
+        m.behind_why.clear();
+        assert_eq!(
+            machine_state(&m),
+            "DRIFTED broker: conf/broker.conf changed"
+        );
+        m.behind = true;
+        m.silent_for_ms = Some(50_000);
+        assert_eq!(
+            machine_state(&m),
+            "SILENT for 50s (DRIFTED broker: conf/broker.conf changed)"
+        );
+    }
+
+    #[test]
     fn up_to_date_needs_the_host_heard() {
         // Heard within the threshold: up to date.
         assert_eq!(machine_state(&applied(Some(800), None)), "up to date");
@@ -299,7 +349,9 @@ mod tests {
         let mut cases = Vec::new();
         for heard in [None, Some(800)] {
             for silent in [None, Some(50_000)] {
-                for behind in [false, true] {
+                for (behind, drifted) in
+                    [(false, false), (true, false), (false, true), (true, true)]
+                {
                     for health in [
                         None,
                         Some(Health::Ready),
@@ -312,6 +364,9 @@ mod tests {
                     ] {
                         let mut m = applied(heard, silent);
                         m.behind = behind;
+                        if drifted {
+                            m.drifted = vec!["broker: conf/broker.conf changed".into()];
+                        }
                         m.health = health;
                         cases.push(m);
                     }

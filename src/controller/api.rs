@@ -309,6 +309,10 @@ pub struct MachineView {
     /// yet, or an answer that is not a leader's. Kept in the leader's memory; it clears at the
     /// host's next report.
     pub silent_for_ms: Option<u64>,
+    /// What the last report says differs from the declaration the host runs, as `module: what`
+    /// (`broker: conf/broker.conf changed`; decision 0305): the machine is `DRIFTED`, never "up to
+    /// date", and behind until a push restores it. Empty when it runs as declared.
+    pub drifted: Vec<String>,
 }
 
 /// `meshctl plan`: everything the push would do, machine by machine, like `terraform plan`.
@@ -359,6 +363,10 @@ pub struct PlannedChange {
     pub was: Option<String>,
     pub now: Option<String>,
 }
+
+/// The item of a [`PlannedChange`] that restores drift the host reported (decision 0305): the
+/// declaration is the same, the host is not; `was` says what differs, `now` is `as sent`.
+pub const drift_item: &str = "drift";
 
 /// A provision a push would mint.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,5 +1,6 @@
 //! The leader's fleet-state gauges on `/metrics` (issue 25 item 6, decision 0311): how many
-//! machines of the model are up to date, behind, held, failing, silent, and how long the
+//! machines of the model are up to date, behind, held, failing, silent, drifted (decision 0305),
+//! and how long the
 //! longest-unheard one has gone unheard — counts, never a per-machine label, so the series stay
 //! as few however many machines there are. Counted from the very machine views `status` shows
 //! (one rule, [`FleetCounts::of`]), and only by a leader a quorum confirmed within an election
@@ -23,8 +24,8 @@ use crate::core::report::Health;
 pub struct FleetCounts {
     /// Machines in the model.
     pub machines: u64,
-    /// Heard within `silent_after_ms`, last send confirmed, every module ready: what `status`
-    /// calls "up to date".
+    /// Heard within `silent_after_ms`, last send confirmed, every module ready, nothing drifted:
+    /// what `status` calls "up to date".
     pub up_to_date: u64,
     /// Behind: the should-be declaration differs from the last send, or the send is unconfirmed.
     pub behind: u64,
@@ -34,8 +35,9 @@ pub struct FleetCounts {
     pub failing: u64,
     /// SILENT (decision 0301).
     pub silent: u64,
-    // Drift (issue 25 item 3) adds its count here: `pub drifted: u64`, set from the machine
-    // view's drift in `of` and registered as `mesh_hosts_drifted` in `FleetGauges`.
+    /// Whose last report says what they run differs from their declaration: DRIFTED (decision
+    /// 0305).
+    pub drifted: u64,
     /// The longest time any machine has gone unheard by this leader: since its last report
     /// (filed or only heard), or, for one not heard since this leader took office, how long it
     /// has led (a lower bound).
@@ -55,10 +57,12 @@ impl FleetCounts {
             let silent = m.silent_for_ms.is_some();
             let failing = matches!(m.health, Some(Health::Failing { .. }));
             let ready = matches!(m.health, Some(Health::Ready) | None);
+            let drifted = !m.drifted.is_empty();
             // As `meshctl status` words it (`cli::status::machine_state`, tested to agree).
-            if !silent && m.heard_ago_ms.is_some() && !m.behind && ready {
+            if !silent && m.heard_ago_ms.is_some() && !m.behind && !drifted && ready {
                 c.up_to_date += 1;
             }
+            c.drifted += u64::from(drifted);
             c.behind += u64::from(m.behind);
             c.held += u64::from(!m.holds.is_empty());
             c.failing += u64::from(failing);
@@ -109,6 +113,7 @@ pub(crate) struct FleetGauges {
     held: Gauge,
     failing: Gauge,
     silent: Gauge,
+    drifted: Gauge,
     oldest_report_age: Gauge<f64, AtomicU64>,
 }
 
@@ -121,6 +126,7 @@ impl FleetGauges {
             held: Gauge::default(),
             failing: Gauge::default(),
             silent: Gauge::default(),
+            drifted: Gauge::default(),
             oldest_report_age: Gauge::default(),
         };
         let only = "; 0 on a replica that is not a leader a quorum confirmed within an election timeout, so the leader's word is the sum or the max over the replicas (decision 0311)";
@@ -155,6 +161,11 @@ impl FleetGauges {
             g.silent.clone(),
         );
         r.register(
+            "mesh_hosts_drifted",
+            format!("Machines whose last report says what they run differs from their declaration (decision 0305); each reads DRIFTED in status until a push restores it{only}"),
+            g.drifted.clone(),
+        );
+        r.register(
             "mesh_hosts_oldest_report_age_seconds",
             format!("The longest any machine of the model has gone unheard by the leader, in seconds: since its last report (filed or only heard), or for one not heard since the leader took office, how long it has led{only}"),
             g.oldest_report_age.clone(),
@@ -172,6 +183,7 @@ impl FleetGauges {
         set(&self.held, c.held);
         set(&self.failing, c.failing);
         set(&self.silent, c.silent);
+        set(&self.drifted, c.drifted);
         self.oldest_report_age
             .set(c.oldest_report_age.as_secs_f64());
     }
@@ -214,19 +226,22 @@ mod tests {
         silent.silent_for_ms = Some(9_000);
         let mut unheard = heard("unheard");
         unheard.heard_ago_ms = None;
+        let mut drifted = heard("drifted");
+        drifted.drifted = vec!["broker: conf/broker.conf changed".into()];
         let counts = FleetCounts::of(
-            &[heard("ok"), behind, held, failing, silent, unheard],
+            &[heard("ok"), behind, held, failing, silent, unheard, drifted],
             Duration::from_millis(9_000),
         );
         assert_eq!(
             counts,
             FleetCounts {
-                machines: 6,
+                machines: 7,
                 up_to_date: 1,
                 behind: 2,
                 held: 1,
                 failing: 1,
                 silent: 1,
+                drifted: 1,
                 oldest_report_age: Duration::from_millis(9_000),
             }
         );

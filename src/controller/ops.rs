@@ -739,6 +739,8 @@ fn machine_view(state: &DomainState, machine: &str, lag: Option<&Lag>, now_ms: u
         unproven_refusal: None,
         report_refusal: None,
         silent_for_ms: None,
+        // allow(empty-on-error): never reported: nothing drifted that anyone saw
+        drifted: report.map(super::engine::drifted_of).unwrap_or_default(),
     }
 }
 

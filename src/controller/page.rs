@@ -126,6 +126,14 @@ fn machines(out: &mut String, status: &StatusView, leading: bool) {
             if module.restarts > 0 {
                 let _ = write!(modules, " ({} restarts)", module.restarts);
             }
+            if !module.drift.is_empty() {
+                // Decision 0305: what differs from its declaration on the host.
+                let _ = write!(
+                    modules,
+                    " <span class=\"bad\">DRIFTED</span>: {}",
+                    esc(&module.drift.join(", "))
+                );
+            }
             modules.push_str("<br>");
         }
         let age = m
@@ -167,6 +175,10 @@ fn behind_cell(m: &MachineView, leading: bool) -> String {
         (Some(ms), _) => format!(
             "<span class=\"bad\">SILENT</span> for {:.1} s{behind}",
             ms as f64 / 1000.0
+        ),
+        _ if !m.drifted.is_empty() => format!(
+            "<span class=\"bad\">DRIFTED</span> {}",
+            esc(&m.drifted.join(", "))
         ),
         _ if m.behind => "<span class=\"warn\">behind</span>".to_string(),
         (None, None) if leading => "<span class=\"warn\">not heard yet</span>".to_string(),
@@ -410,5 +422,19 @@ mod tests {
         assert!(!new_leader.contains("up to date"), "{new_leader}");
         let follower = behind_cell(&view(None, None), false);
         assert!(!follower.contains("up to date"), "{follower}");
+    }
+
+    #[test]
+    fn a_drifted_host_reads_drifted_with_what_differs_and_never_up_to_date() {
+        // Decision 0305: the page names the drift where it would say "up to date".
+        let mut m = view(Some(800), None);
+        m.behind = true;
+        m.drifted = vec!["broker: conf/broker.conf changed".into()];
+        let cell = behind_cell(&m, true);
+        assert!(
+            cell.contains("DRIFTED") && cell.contains("broker: conf/broker.conf changed"),
+            "{cell}"
+        );
+        assert!(!cell.contains("up to date"), "{cell}");
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::api::{PlanView, PlannedChange, PlannedMachine, PlannedMint, PushTarget};
+use super::api::{PlanView, PlannedChange, PlannedMachine, PlannedMint, PushTarget, drift_item};
 use crate::core::plan::{PlannedSend, PushPlan};
 use crate::core::summary::{Change, Summary, diff, summarize, value_digest};
 use crate::store::command::{HeldMount, SettingsChange};
@@ -84,7 +84,10 @@ pub(crate) fn plan_view(
         machines.push(PlannedMachine {
             machine: send.machine.clone(),
             reason: send.reason.to_string(),
-            changes: changes_of(last, send, &minted, reveal),
+            changes: changes_of(last, send, &minted, reveal)
+                .into_iter()
+                .chain(drift_restored(state, &send.machine))
+                .collect(),
             // allow(empty-on-error): a send with no hold has no holds
             holds: holds.remove(send.machine.as_str()).unwrap_or_default(),
         });
@@ -169,6 +172,28 @@ pub(crate) fn token_of(view: &PlanView) -> String {
     let hex = blake3::hash(&bytes).to_hex();
     hex.as_str()[..32].to_string()
 }
+
+/// What the host's last report says differs from its declaration (decision 0305), as the
+/// changes a push makes on the host though the declaration is the same: `~ broker: drift:
+/// conf/broker.conf changed => as sent`.
+fn drift_restored(state: &DomainState, machine: &str) -> Vec<PlannedChange> {
+    let mut out = Vec::new();
+    let report = state.accounts.get(machine).and_then(|a| a.report.as_ref());
+    for m in report.iter().flat_map(|r| &r.modules) {
+        for what in &m.drift {
+            out.push(PlannedChange {
+                module: m.name.clone(),
+                item: drift_item.to_string(),
+                was: Some(what.clone()),
+                now: Some(drift_restored_word.to_string()),
+            });
+        }
+    }
+    out
+}
+
+/// A restored drift's value after the push, in `plan`'s changes.
+const drift_restored_word: &str = "as sent";
 
 fn changes_of(
     last: Option<&Summary>,

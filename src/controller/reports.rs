@@ -820,6 +820,7 @@ mod tests {
                 restarts,
                 pid: Some(7),
                 last_exit: None,
+                drift: Vec::new(),
             }],
             refused_older: 0,
             last_refusal: None,

@@ -322,6 +322,7 @@ impl Agent {
             tokio::select! {
                 _ = tokio::time::sleep_until(next) => {
                     next = Instant::now() + interval;
+                    self.check_drift().await;
                     self.report_now().await?;
                 }
                 changed = board.changed() => {
@@ -340,6 +341,17 @@ impl Agent {
                 _ = super::supervise::stopped(&mut stop) => return Ok(()),
             }
         }
+    }
+
+    /// Compares what every module runs with the declaration applied (decision 0305); what
+    /// differs goes on the board and into the report that follows. The host repairs nothing on
+    /// its own: a push does.
+    pub async fn check_drift(&self) {
+        let inner = self.inner.lock().await;
+        if inner.closing {
+            return;
+        }
+        inner.runtime.check_drift();
     }
 
     fn last_reported(&self) -> std::sync::MutexGuard<'_, Shape> {

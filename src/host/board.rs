@@ -75,6 +75,7 @@ impl Board {
                         restarts: 0,
                         pid: None,
                         last_exit: None,
+                        drift: Vec::new(),
                     },
                 },
             );

@@ -11,6 +11,7 @@ use std::io::ErrorKind;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
+use super::drift::{ExpectedFile, ExpectedMount};
 use super::durable;
 use super::validate::relative_parts;
 use crate::core::declaration::DeclaredModule;
@@ -138,18 +139,7 @@ impl Layout {
         if module.grants.is_empty() && !exists {
             return Ok(());
         }
-        let mut file = GrantsFile { grant: Vec::new() };
-        for g in &module.grants {
-            file.grant.push(GrantEntry {
-                id: &g.id,
-                kind: &g.kind,
-                consumer: g.consumer.to_string(),
-                name: &g.name,
-                secret_blake3: &g.secret_blake3,
-            });
-        }
-        let text = toml::to_string(&file)
-            .map_err(|e| fail(&module.name, &path, format!("cannot encode grants: {e}")))?;
+        let text = grants_text(module, &path)?;
         write_inside(
             &module.name,
             &dir,
@@ -157,6 +147,44 @@ impl Layout {
             text.as_bytes(),
             file_mode,
         )
+    }
+
+    /// What [`Layout::prepare`] writes for `module`, as the drift check expects to find it
+    /// (decision 0305): every file with its length, blake3 and mode, and every mount's link.
+    pub fn expected(
+        &self,
+        module: &DeclaredModule,
+    ) -> Result<(Vec<ExpectedFile>, Vec<ExpectedMount>), LayoutError> {
+        let dir = self.module_dir(&module.name);
+        let mut files = Vec::new();
+        for (path, content) in &module.files {
+            files.push(ExpectedFile::of(path, content.as_bytes(), file_mode));
+        }
+        for p in &module.provisions {
+            let path = format!("secrets/{}", p.id);
+            files.push(ExpectedFile::of(&path, p.secret.as_bytes(), secret_mode));
+        }
+        if !module.provisions.is_empty() {
+            let text = provisions_text(module, &dir.join("provisions.toml"))?;
+            files.push(ExpectedFile::of(
+                "provisions.toml",
+                text.as_bytes(),
+                file_mode,
+            ));
+        }
+        if !module.grants.is_empty() {
+            let text = grants_text(module, &dir.join("grants.toml"))?;
+            files.push(ExpectedFile::of("grants.toml", text.as_bytes(), file_mode));
+        }
+        let mounts = module
+            .mounts
+            .iter()
+            .map(|m| ExpectedMount {
+                target: m.target.clone(),
+                host: self.mount_dir(&m.host_dir),
+            })
+            .collect();
+        Ok((files, mounts))
     }
 
     /// Removes a module's directory (its mounts, elsewhere, are kept: they hold data).
@@ -208,26 +236,7 @@ impl Layout {
         if module.provisions.is_empty() && fs::symlink_metadata(&path).is_err() {
             return Ok(());
         }
-        let mut file = ProvisionsFile {
-            provision: Vec::new(),
-        };
-        for p in &module.provisions {
-            file.provision.push(ProvisionEntry {
-                id: &p.id,
-                kind: &p.kind,
-                provider: p.provider.to_string(),
-                name: &p.name,
-                endpoint: p.endpoint.as_deref(),
-                secret_file: format!("secrets/{}", p.id),
-            });
-        }
-        let text = toml::to_string(&file).map_err(|e| {
-            fail(
-                &module.name,
-                &path,
-                format!("cannot encode provisions: {e}"),
-            )
-        })?;
+        let text = provisions_text(module, &path)?;
         write_inside(
             &module.name,
             dir,
@@ -384,6 +393,41 @@ fn create_mount_dir(module: &str, host: &Path) -> Result<(), LayoutError> {
         Err(e) if e.kind() == ErrorKind::AlreadyExists && host.is_dir() => Ok(()),
         Err(e) => Err(fail(module, host, format!("cannot create mount: {e}"))),
     }
+}
+
+/// `grants.toml` as the host writes it for `module`.
+fn grants_text(module: &DeclaredModule, path: &Path) -> Result<String, LayoutError> {
+    let mut file = GrantsFile { grant: Vec::new() };
+    for g in &module.grants {
+        file.grant.push(GrantEntry {
+            id: &g.id,
+            kind: &g.kind,
+            consumer: g.consumer.to_string(),
+            name: &g.name,
+            secret_blake3: &g.secret_blake3,
+        });
+    }
+    toml::to_string(&file)
+        .map_err(|e| fail(&module.name, path, format!("cannot encode grants: {e}")))
+}
+
+/// `provisions.toml` as the host writes it for `module`.
+fn provisions_text(module: &DeclaredModule, path: &Path) -> Result<String, LayoutError> {
+    let mut file = ProvisionsFile {
+        provision: Vec::new(),
+    };
+    for p in &module.provisions {
+        file.provision.push(ProvisionEntry {
+            id: &p.id,
+            kind: &p.kind,
+            provider: p.provider.to_string(),
+            name: &p.name,
+            endpoint: p.endpoint.as_deref(),
+            secret_file: format!("secrets/{}", p.id),
+        });
+    }
+    toml::to_string(&file)
+        .map_err(|e| fail(&module.name, path, format!("cannot encode provisions: {e}")))
 }
 
 fn fail(module: &str, path: &Path, problem: String) -> LayoutError {

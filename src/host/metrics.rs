@@ -364,6 +364,7 @@ mod tests {
             restarts,
             pid: None,
             last_exit: None,
+            drift: Vec::new(),
         }
     }
 

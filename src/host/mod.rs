@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod board;
 pub mod config;
+pub mod drift;
 /// Durable small files; shared with the controller's floor file, so it lives at the crate root.
 pub use crate::durable;
 pub mod layout;

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::board::Board;
+use super::drift::{self, ExpectedFile, ExpectedMount, ProgramSeen};
 use super::layout::Layout;
 use super::probe::Check;
 use super::supervise::{Spec, Supervisor, kill_group};
@@ -32,6 +33,10 @@ pub struct ApplyOutcome {
 struct Running {
     module: DeclaredModule,
     supervisor: Option<Supervisor>,
+    /// The board generation its supervisor writes under.
+    generation: u64,
+    /// What its directory holds as written (decision 0305), computed once at start.
+    expected: Option<(Vec<ExpectedFile>, Vec<ExpectedMount>)>,
 }
 
 /// The modules this host runs now.
@@ -133,6 +138,11 @@ impl Runtime {
         let Some(running) = self.running.get(&module.name) else {
             return Change::Added;
         };
+        if self.drifted(&module.name) {
+            // A push repairs drift (decision 0305): the directory written again, the process
+            // started again from its declaration, whatever else changed or did not.
+            return Change::Changed;
+        }
         if running.module == *module {
             return Change::Same;
         }
@@ -146,6 +156,49 @@ impl Runtime {
         }
     }
 
+    /// Whether the last drift check found `name` running other than declared.
+    fn drifted(&self, name: &str) -> bool {
+        self.board
+            .snapshot()
+            .iter()
+            .any(|m| m.name == name && !m.drift.is_empty())
+    }
+
+    /// Compares every running module with what was written and started for it, and puts what
+    /// differs on the board, where the next report reads it (decision 0305). Reads files; the
+    /// cost is bounded by the declaration (see [`drift`]).
+    pub fn check_drift(&self) {
+        for (name, running) in &self.running {
+            let Some(supervisor) = &running.supervisor else {
+                // Never prepared: it is reported failed, with why.
+                continue;
+            };
+            let dir = self.layout.module_dir(name);
+            let Some((files, mounts)) = &running.expected else {
+                continue;
+            };
+            let files: Vec<_> = files
+                .iter()
+                .map(|f| (f.clone(), drift::see_file(&dir, f)))
+                .collect();
+            let mounts: Vec<_> = mounts
+                .iter()
+                .map(|m| (m.clone(), drift::see_mount(&dir, m)))
+                .collect();
+            let started = supervisor.started();
+            let known = started.running.as_ref().or(started.applied.as_ref());
+            let program = ProgramSeen {
+                command: running.module.command.clone(),
+                now: started.path.as_ref().map(|p| drift::fingerprint(p, known)),
+                applied: started.applied,
+                running: started.running,
+            };
+            let found = drift::differs(&files, &mounts, &program);
+            self.board
+                .update(name, running.generation, |s| s.drift = found);
+        }
+    }
+
     fn regrant(&mut self, module: &DeclaredModule, outcome: &mut ApplyOutcome) {
         match self.layout.write_grants(module) {
             Ok(()) => outcome.regranted.push(module.name.clone()),
@@ -154,8 +207,10 @@ impl Runtime {
                 outcome.failed.push((module.name.clone(), e.to_string()));
             }
         }
+        let expected = self.expected_of(module);
         if let Some(running) = self.running.get_mut(&module.name) {
             running.module = module.clone();
+            running.expected = expected;
         }
     }
 
@@ -185,14 +240,32 @@ impl Runtime {
                 None
             }
         };
+        let expected = self.expected_of(module);
         self.running.insert(
             module.name.clone(),
             Running {
                 module: module.clone(),
                 supervisor,
+                generation,
+                expected,
             },
         );
         prepared.map_err(|e| e.to_string())
+    }
+
+    /// What the drift check expects of `module`'s directory. `None` (logged) only when its
+    /// provisions or grants cannot be encoded, which `prepare` would have failed on first.
+    fn expected_of(
+        &self,
+        module: &DeclaredModule,
+    ) -> Option<(Vec<ExpectedFile>, Vec<ExpectedMount>)> {
+        match self.layout.expected(module) {
+            Ok(expected) => Some(expected),
+            Err(e) => {
+                tracing::warn!(module = %module.name, error = %e, "cannot compute what to check for drift");
+                None
+            }
+        }
     }
 
     fn forget(&mut self, name: &str) {

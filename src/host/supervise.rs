@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::board::{Board, is_ready};
+use super::drift::{self, Fingerprint};
 use super::leftovers;
 use super::logs;
 use super::probe::{self, Check};
@@ -59,6 +60,16 @@ pub struct Spec {
 pub struct Supervisor {
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
+    started: Arc<std::sync::Mutex<Started>>,
+}
+
+/// The program this supervisor started (decision 0305): the file its command resolved to, its
+/// fingerprint at the first start under this declaration (the apply) and at the latest start.
+#[derive(Clone, Debug, Default)]
+pub struct Started {
+    pub path: Option<PathBuf>,
+    pub applied: Option<Fingerprint>,
+    pub running: Option<Fingerprint>,
 }
 
 enum RunEnd {
@@ -72,9 +83,29 @@ impl Supervisor {
         board.claim(&spec.name, generation);
         let (stop, stop_rx) = watch::channel(false);
         let span = tracing::info_span!("module", module = %spec.name, generation);
-        let task = supervise(Arc::new(spec), board, generation, stop_rx);
+        let started = Arc::new(std::sync::Mutex::new(Started::default()));
+        let task = supervise(
+            Arc::new(spec),
+            board,
+            generation,
+            stop_rx,
+            Arc::clone(&started),
+        );
         let task = tokio::spawn(task.instrument(span));
-        Supervisor { stop, task }
+        Supervisor {
+            stop,
+            task,
+            started,
+        }
+    }
+
+    /// The program it started, as of its latest start.
+    pub fn started(&self) -> Started {
+        // A panic while holding this lock leaves facts at worst one start old.
+        self.started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Stops the module (SIGTERM, then SIGKILL after [`stop_grace_ms`]) and waits for the task.
@@ -104,6 +135,7 @@ async fn supervise(
     board: Board,
     generation: u64,
     mut stop: watch::Receiver<bool>,
+    program: Arc<std::sync::Mutex<Started>>,
 ) {
     let name = spec.name.as_str();
     let mut backoff = restart_backoff_ms_min;
@@ -111,8 +143,21 @@ async fn supervise(
         if !wait_to_start(&spec, &board, generation, &mut stop).await {
             break;
         }
+        let print = fingerprint_program(&spec).await;
         let started = Instant::now();
-        match spawn(&spec) {
+        let spawned = spawn(&spec);
+        if spawned.is_ok() {
+            let mut facts = program
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let (path, print) = print.unzip();
+            facts.path = path.or(facts.path.take());
+            if facts.applied.is_none() {
+                facts.applied = print.clone();
+            }
+            facts.running = print;
+        }
+        match spawned {
             Err(error) => {
                 tracing::warn!(module = name, %error, "module cannot start");
                 board.update(name, generation, |s| {
@@ -187,6 +232,30 @@ async fn wait_to_start(
         }
     }
     !*stop.borrow()
+}
+
+/// The file the module's command resolves to and its fingerprint, taken off the async threads
+/// (a large program is read whole once); `None` when it cannot be found or read (the start then
+/// fails and says why).
+async fn fingerprint_program(spec: &Spec) -> Option<(PathBuf, Fingerprint)> {
+    let path = drift::resolve_command(
+        &spec.command,
+        &spec.dir,
+        spec.env.get("PATH").map(String::as_str),
+    )?;
+    let hashed = path.clone();
+    let print = tokio::task::spawn_blocking(move || drift::fingerprint(&hashed, None)).await;
+    match print {
+        Ok(Ok(print)) => Some((path, print)),
+        Ok(Err(error)) => {
+            tracing::warn!(module = %spec.name, %error, "cannot fingerprint the module's program");
+            None
+        }
+        Err(error) => {
+            tracing::warn!(module = %spec.name, %error, "cannot fingerprint the module's program");
+            None
+        }
+    }
 }
 
 fn spawn(spec: &Spec) -> Result<tokio::process::Child, String> {

@@ -380,6 +380,15 @@ impl Endpoint {
     }
 
     /// Closes every connection and stops serving; peers see the connection closed at once.
+    /// Closes every connection at once without waiting for the peers to hear it: for a caller
+    /// that gives up on peers that did not answer (waiting for them to go idle would only add
+    /// `close_wait_ms_max` to its failure).
+    pub fn abandon(&self) {
+        self.inner
+            .quinn
+            .close(quinn::VarInt::from_u32(0), b"endpoint closed");
+    }
+
     pub async fn close(&self) {
         self.inner
             .quinn

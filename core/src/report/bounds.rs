@@ -23,6 +23,13 @@ pub const report_text_bytes_max: usize = 512;
 /// Longest `last_refusal` (why the host refused its last envelope), in bytes; cut like a module's
 /// text.
 pub const report_refusal_bytes_max: usize = 2048;
+/// Most drift texts one module's status may carry (decision 0305); a host with more lists the
+/// first ones and `and N more`.
+pub const report_drift_items_max: usize = 4;
+/// Longest drift text (`conf/broker.conf changed`), in bytes; the host cuts a longer one like a
+/// module's text. With [`report_drift_items_max`], 1,024 drifted modules add about 270 KiB, so
+/// the largest report still fits `report_frame_bytes_max`.
+pub const report_drift_text_bytes_max: usize = 64;
 /// Longest signature in a report's epoch proof, in bytes (an ed25519 signature is 64).
 pub const report_signature_bytes_max: usize = 64;
 
@@ -112,6 +119,7 @@ impl Report {
                     "report_text_bytes_max",
                 )?;
             }
+            check_drift(m)?;
         }
         if let Some(refusal) = &self.last_refusal {
             OverBound::check(
@@ -152,10 +160,43 @@ impl Report {
                 | ModuleState::Running
                 | ModuleState::Stopped => {}
             }
+            clip_drift(&mut m.drift);
         }
         if let Some(refusal) = &mut self.last_refusal {
             clip(refusal, report_refusal_bytes_max);
         }
+    }
+}
+
+/// A module's drift within [`report_drift_items_max`] texts of [`report_drift_text_bytes_max`].
+fn check_drift(m: &ModuleStatus) -> Result<(), OverBound> {
+    OverBound::check(
+        || format!("module {}'s drift list (items)", m.name),
+        m.drift.len(),
+        report_drift_items_max,
+        "report_drift_items_max",
+    )?;
+    for text in &m.drift {
+        OverBound::check(
+            || format!("module {}'s drift text", m.name),
+            text.len(),
+            report_drift_text_bytes_max,
+            "report_drift_text_bytes_max",
+        )?;
+    }
+    Ok(())
+}
+
+/// Keeps the first texts and says how many more there were; cuts each long text.
+fn clip_drift(drift: &mut Vec<String>) {
+    if drift.len() > report_drift_items_max {
+        let kept = report_drift_items_max - 1;
+        let more = drift.len() - kept;
+        drift.truncate(kept);
+        drift.push(format!("and {more} more"));
+    }
+    for text in drift.iter_mut() {
+        clip(text, report_drift_text_bytes_max);
     }
 }
 
@@ -281,6 +322,7 @@ mod tests {
             restarts: 0,
             pid: None,
             last_exit: None,
+            drift: Vec::new(),
         }
     }
 
@@ -440,5 +482,34 @@ mod tests {
                 error: "short".into()
             }
         );
+    }
+
+    #[test]
+    fn drift_is_bounded_in_texts_and_length_and_a_hosts_clip_keeps_it_within() {
+        // Decision 0305: drift adds at most report_drift_items_max short texts per module, so
+        // the largest report still fits a host's frame; the host says how many it left out.
+        let mut m = module("broker", ModuleState::Ready);
+        m.drift = (0..report_drift_items_max + 2)
+            .map(|i| format!("conf/{i}.conf changed"))
+            .collect();
+        let mut r = report(vec![m]);
+        let err = r.check_bounds(1, "x").expect_err("too many");
+        assert!(err.to_string().contains("report_drift_items_max"), "{err}");
+        r.modules[0].drift[0] = "p".repeat(10 * report_drift_text_bytes_max);
+        r.clip_texts();
+        assert_eq!(r.check_bounds(1, "x"), Ok(()));
+        let drift = &r.modules[0].drift;
+        assert_eq!(drift.len(), report_drift_items_max);
+        assert_eq!(drift.last().map(String::as_str), Some("and 3 more"));
+        assert!(drift[0].ends_with('…') && drift[0].len() <= report_drift_text_bytes_max);
+        let mut long = report(vec![module("broker", ModuleState::Ready)]);
+        long.modules[0].drift = vec!["q".repeat(report_drift_text_bytes_max + 1)];
+        let err = long.check_bounds(1, "x").expect_err("long");
+        assert!(
+            err.to_string().contains("report_drift_text_bytes_max"),
+            "{err}"
+        );
+        // The bounded decode keeps drift as sent.
+        assert_eq!(decode_bounded(&encoded(&r)).expect("decode"), Ok(r));
     }
 }

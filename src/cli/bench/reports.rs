@@ -220,6 +220,7 @@ impl HostStart {
                     restarts: if j == 0 { restarts } else { 0 },
                     pid: Some(10_000 + j),
                     last_exit: None,
+                    drift: Vec::new(),
                 })
                 .collect(),
             refused_older: 0,

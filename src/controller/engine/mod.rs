@@ -1035,10 +1035,23 @@ pub(crate) fn known_of(state: &DomainState) -> BTreeMap<String, Known> {
                 confirmed,
                 running_mounts,
                 last_summary: Some(std::sync::Arc::clone(&send.summary)),
+                // allow(empty-on-error): a machine that never reported has shown no drift
+                drifted: report.map(drifted_of).unwrap_or_default(),
             },
         );
     }
     known
+}
+
+/// What a report says differs on its machine, as `module: what` (decision 0305).
+pub(crate) fn drifted_of(report: &crate::core::report::Report) -> Vec<String> {
+    let mut out = Vec::new();
+    for m in &report.modules {
+        for what in &m.drift {
+            out.push(format!("{}: {what}", m.name));
+        }
+    }
+    out
 }
 
 /// The planning target of a push or plan request; an unknown machine is bad input.
