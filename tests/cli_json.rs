@@ -216,11 +216,81 @@ fn times_are_rfc3339_utc_with_milliseconds() {
 fn apply_json_names_the_machines_behind() {
     let answer = json::ApplyJson {
         revision: 6,
+        unchanged: false,
         behind: vec!["ace".into(), "g14".into()],
         settings_ignored: vec!["machine/ace".into()],
         draining: vec!["novox".into()],
     };
     assert_fixture("apply", via(), answer);
+}
+
+// ---- issue 25 items 1 and 2: model show, diff, unchanged apply (decision 0302) ----
+
+fn model_view() -> mesh::controller::api::ModelView {
+    let text = "[machines.ace]\naddress = \"10.0.0.1\"\n[modules.db]\nmachine = \"ace\"\ncommand = \"sleep\"\n[settings.mesh]\nregion = \"lab\"\n";
+    mesh::controller::api::ModelView {
+        model_revision: Some(7),
+        store_revision: 9,
+        current: true,
+        mesh: mesh::core::meshfile::parse_mesh("mesh.toml", text).expect("parses"),
+        settings_left_out: vec![Scope::Machine("zz".into())],
+        change: Some(ModelChange {
+            revision: 7,
+            why: "move db".into(),
+            actor: "operator:alice".into(),
+            epoch: 2,
+            time_ms: t0,
+            changes: vec!["ace".into()],
+        }),
+    }
+}
+
+#[test]
+fn model_show_json_has_the_file_text_its_digest_and_what_was_left_out() {
+    let view = model_view();
+    let digest = mesh::cli::model::model_digest(&view.mesh).expect("digest");
+    let text = format!(
+        "{}{}",
+        mesh::cli::model::header(&view, &digest),
+        mesh::core::meshwrite::write_mesh(&view.mesh)
+    );
+    assert_fixture(
+        "model_show",
+        via(),
+        json::ModelShowJson::new(&view, digest, text),
+    );
+}
+
+#[test]
+fn diff_json_lists_each_change_with_both_sides_and_the_settings_apart() {
+    let view = model_view();
+    let mut file = view.mesh.clone();
+    if let Some(db) = file.modules.get_mut("db") {
+        db.machine = "g14".into();
+        db.env.insert("DB_NAME".into(), "mesh".into());
+    }
+    file.machines.insert(
+        "g14".into(),
+        mesh::core::model::Machine {
+            name: "g14".into(),
+            address: "10.0.0.2".into(),
+        },
+    );
+    file.settings.layers.clear();
+    let d = mesh::core::meshdiff::diff_models(&view.mesh, &file);
+    assert_fixture("diff", via(), json::DiffJson::new(&view, &d));
+}
+
+#[test]
+fn an_unchanged_apply_says_so_in_json() {
+    let answer = json::ApplyJson {
+        revision: 9,
+        unchanged: true,
+        behind: vec![],
+        settings_ignored: vec![],
+        draining: vec![],
+    };
+    assert_fixture("apply_unchanged", via(), answer);
 }
 
 fn plan_view() -> PlanView {
@@ -790,4 +860,47 @@ fn logs_json_is_one_document_per_line_with_a_rotation_when_following() {
     assert_matches_fixture("logs_line", lines[1]);
     let second: serde_json::Value = serde_json::from_str(lines[2]).expect("json");
     assert_eq!(second["answer"]["line"], "ready on :5432", "{second}");
+}
+
+// --- `events --json` (issue 25 item 5, decision 0308) ---
+
+fn crash_event() -> mesh::controller::events::Event {
+    use mesh::controller::events::{Event, EventKind};
+    Event {
+        index: 4,
+        at_ms: 1_796_304_039_200,
+        kind: EventKind::ModuleRestarted,
+        machine: Some("g14".into()),
+        module: Some("broker".into()),
+        text: "broker ended (signal 9) and was started again (1 restarts); now waiting".into(),
+    }
+}
+
+#[test]
+fn events_json_names_each_event_with_its_cursor_kind_and_place() {
+    // Issue 25 item 5: `events --json` is one document of the events kept, each with the cursor
+    // it is at (term, index), an RFC 3339 time, a kebab-case kind and machine/module or null.
+    let answer = json::EventsJson {
+        term: 2,
+        earlier: 3,
+        events: vec![json::EventJson::new(2, &crash_event())],
+    };
+    assert_fixture("events", via(), answer);
+}
+
+#[test]
+fn events_follow_json_is_one_document_per_event_or_gap() {
+    // Issue 25 item 5: `events --follow --json` prints a document a line: a gap when the leader
+    // changed (events may be lost), then each event.
+    use mesh::controller::events::EventsGap;
+    let gap = json::EventFollowJson::Gap {
+        gap: json::GapJson::new(3, &EventsGap::OlderTerm { term: 2 }),
+    };
+    let line = json::document(via(), gap).expect("renders");
+    assert_matches_fixture("events_follow_gap", &line);
+    let event = json::EventFollowJson::Event {
+        event: json::EventJson::new(3, &crash_event()),
+    };
+    let line = json::document(via(), event).expect("renders");
+    assert_matches_fixture("events_follow_event", &line);
 }

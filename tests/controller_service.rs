@@ -813,6 +813,24 @@ async fn g10_a_viewer_reads_status_and_history_and_is_refused_every_write_leavin
         ),
         (set.clone(), "settings set", mesh_transport::Role::Operator),
         (
+            Request::Rollback {
+                to_revision: 1,
+                why: "viewer".into(),
+                drain: false,
+            },
+            "rollback",
+            mesh_transport::Role::Operator,
+        ),
+        (
+            Request::SettingsRollback {
+                scope: Scope::Mesh,
+                to: 1,
+                why: "viewer".into(),
+            },
+            "settings rollback",
+            mesh_transport::Role::Operator,
+        ),
+        (
             Request::Push {
                 target: PushTarget::Machine("ace".into()),
                 why: "viewer".into(),

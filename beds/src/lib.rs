@@ -132,6 +132,12 @@ impl Streaming {
         self.lines.recv_timeout(wait).ok()
     }
 
+    /// meshctl's process id (to send it a signal: `status --watch` and `events --follow` end on
+    /// SIGINT).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether meshctl is still running (it has not answered yet).
     pub fn running(&mut self) -> anyhow::Result<bool> {
         Ok(self.child.try_wait().context("meshctl's status")?.is_none())

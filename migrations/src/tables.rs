@@ -93,6 +93,11 @@ pub const UPLOAD_CHUNKS: TableDefinition<(&[u8], u32), &[u8]> =
 /// ed25519 verifying key, at most one per replica the cluster may have.
 pub const SIGNERS: TableDefinition<u64, &[u8]> = TableDefinition::new("signers");
 
+/// The model of each kept model revision (since 0011): revision → the encoded model as the
+/// `model` table holds it (machines and modules; settings live in their layers), the newest kept
+/// within the domain's count and byte limits (decision 0302).
+pub const MODEL_REVISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("model_revisions");
+
 /// Table shapes that a later migration replaced. Only migrations and fixture tests use them.
 pub mod superseded {
     use redb::TableDefinition;
@@ -122,4 +127,5 @@ pub const CATALOGUE: &[(&str, u64)] = &[
     ("uploads", 8),
     ("upload_chunks", 8),
     ("signers", 9),
+    ("model_revisions", 11),
 ];

@@ -124,7 +124,12 @@ fn write_fixture_rows(db: &Database, version: u64) {
         {
             let mut t = txn.open_table(tables::REQUESTS).expect("open requests");
             for i in 0..rows_per_table {
-                let key = [i as u8; 16];
+                let id = [i as u8; 16];
+                // A store at 0010 or later already keys each row by its order, then its id.
+                let key = match version {
+                    10.. => tables::request_key(rows_per_table - i, &id).to_vec(),
+                    _ => id.to_vec(),
+                };
                 t.insert(key.as_slice(), request_value(i).as_slice())
                     .expect("insert request");
             }
@@ -206,6 +211,12 @@ fn check_fixture_rows(db: &Database, version: u64) {
             );
         }
     }
+    // Since 0011: the kept models, empty after an upgrade (models applied before were never kept).
+    let txn = db.begin_read().expect("begin read");
+    let kept = txn
+        .open_table(tables::MODEL_REVISIONS)
+        .expect("model_revisions exists");
+    assert_eq!(kept.len().expect("len"), 0, "from version {version}");
 }
 
 fn table_names(db: &Database) -> Vec<String> {

@@ -52,18 +52,54 @@ pub fn run(ctx: Option<&Path>, args: &ApplyArgs) -> Result<Output, CliError> {
             render::ask(ctx, &apply).map_err(|e| stopped(&upload, total, total, e))?
         }
     };
+    render_answer(via, &body, args.json, "apply")
+}
+
+/// What `apply` and `rollback` print for the store's answer: a new revision, or none stored
+/// because the store already has this model (issue 25 item 1).
+pub fn render_answer(
+    via: Via,
+    body: &Body,
+    as_json: bool,
+    asked: &'static str,
+) -> Result<Output, CliError> {
+    if let Body::ApplyUnchanged {
+        revision,
+        settings_ignored,
+    } = body
+    {
+        if as_json {
+            let answer = json::ApplyJson {
+                revision: *revision,
+                unchanged: true,
+                behind: Vec::new(),
+                settings_ignored: settings_ignored.clone(),
+                draining: Vec::new(),
+            };
+            return json::output(Some(via), answer, super::exit_done);
+        }
+        let mut out = format!(
+            "unchanged: model revision {revision} already has this model; nothing was stored\n"
+        );
+        for scope in settings_ignored {
+            out.push_str(&ignored_line(scope));
+        }
+        out.push_str(&via.note());
+        return Ok(Output::done(out));
+    }
     let Body::Applied {
         revision,
         changes,
         settings_ignored,
         draining,
-    } = &body
+    } = body
     else {
-        return Err(render::unexpected(via, "apply", &body));
+        return Err(render::unexpected(via, asked, body));
     };
-    if args.json {
+    if as_json {
         let answer = json::ApplyJson {
             revision: *revision,
+            unchanged: false,
             behind: changes.clone(),
             settings_ignored: settings_ignored.clone(),
             draining: draining.clone(),
@@ -76,6 +112,12 @@ pub fn run(ctx: Option<&Path>, args: &ApplyArgs) -> Result<Output, CliError> {
         draining,
     };
     Ok(Output::done(render_text(via, *revision, &lists)))
+}
+
+fn ignored_line(scope: &str) -> String {
+    format!(
+        "settings [{scope}] in the file differ from the store and were NOT applied; settings change only with `meshctl settings set {scope} ...`\n"
+    )
 }
 
 /// How `apply` sends a model: in one request, or as an upload.
@@ -190,9 +232,7 @@ pub fn render_text(via: Via, revision: u64, lists: &Lists<'_>) -> String {
         ));
     }
     for scope in *ignored {
-        out.push_str(&format!(
-            "settings [{scope}] in the file differ from the store and were NOT applied; settings change only with `meshctl settings set {scope} ...`\n"
-        ));
+        out.push_str(&ignored_line(scope));
     }
     for machine in *draining {
         out.push_str(&format!(

@@ -296,6 +296,10 @@ fn may_ask_again(request: &Request) -> bool {
             | Request::CertsReload
             | Request::CertsList
             | Request::CertsRevoke { .. }
+            | Request::Events { .. }
+            | Request::ModelShow { .. }
+            | Request::Rollback { .. }
+            | Request::SettingsRollback { .. }
     )
 }
 

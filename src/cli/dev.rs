@@ -190,7 +190,7 @@ async fn serve(
         died = first_death(children) => return Err(died.into()),
     }
     println!(
-        "\ntry, in another shell:\n  export MESH_CONTEXT={}\n  alias meshctl={}\n  meshctl status\n  meshctl plan g14 --diff\n  meshctl settings set module/broker@g14 max_connections=256 --why \"more clients\"\n  meshctl push g14 --why \"raise broker limit\"\n  meshctl history\n\nCtrl-C stops every process.",
+        "\ntry, in another shell:\n  export MESH_CONTEXT={}\n  alias meshctl={}\n  meshctl status\n  meshctl plan g14 --diff\n  meshctl settings set module/broker@g14 max_connections=256 --why \"more clients\"\n  meshctl push g14 --why \"raise broker limit\"\n  meshctl history\n  meshctl events --follow    # in a third shell: crashes, silent hosts, pushes as they happen\n\nCtrl-C stops every process.",
         context_file.display(),
         std::env::current_exe()
             .map(|p| p.display().to_string())

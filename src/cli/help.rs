@@ -8,8 +8,8 @@ use super::context::{
     context_default_path, context_env, context_file_bytes_max, context_replicas_max,
 };
 use super::{
-    Cli, CliError, exit_bad_input, exit_done, exit_failed, exit_held, exit_module_failed,
-    exit_wait_timeout,
+    Cli, CliError, exit_bad_input, exit_diff_failed, exit_done, exit_failed, exit_held,
+    exit_module_failed, exit_wait_timeout,
 };
 
 /// The help topics, with a one-line summary each.
@@ -110,7 +110,15 @@ pub fn exit_codes_text() -> String {
   {exit_wait_timeout}  push --wait: a machine did not report its modules ready before the timeout.
   {changes}  plan --detailed-exitcode: the push would change something (0 when it would not).
 
+`meshctl diff -f FILE` exits as `kubectl diff` does: {exit_done} when an apply of the file would store
+nothing, {exit_failed} when it would store a new model (the differences are printed), {exit_diff_failed} on any error
+(a bad file, no replica, a refusal). `meshctl apply` of a file the store already has exits {exit_done}
+and says `unchanged`: no revision is stored.
+
 When several apply to one push, the first of {exit_failed}, {exit_module_failed}, {exit_wait_timeout}, {exit_held} wins.
+status --watch and events --follow run until Ctrl-C, which ends them with {exit_done}; they go on
+through a cluster unreachable for a while (saying so), and end early only on bad usage
+({exit_bad_input}) or, for events, a certificate whose role may not ask ({exit_failed}).
 With --json the exit code is the same, and an error is printed on stdout as
 {{\"schema\": \"mesh/v1\", \"error\": {{\"kind\", \"cause\", \"exit_code\", \"message\"}}}} (see docs/json.md).
 "

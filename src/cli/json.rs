@@ -119,7 +119,7 @@ pub fn error_kind(e: &CliError) -> &'static str {
         CliError::Client(ClientError::Refused { .. }) => "refused",
         CliError::Client(_) => "failed",
         CliError::Api(e) => e.class().name(),
-        CliError::UploadStopped { cause, .. } => error_kind(cause),
+        CliError::UploadStopped { cause, .. } | CliError::DiffFailed(cause) => error_kind(cause),
         CliError::Init(e) if e.exit_code() == super::exit_bad_input => "usage",
         CliError::Write { .. } | CliError::Init(_) | CliError::Dev(_) | CliError::Render(_) => {
             "failed"
@@ -143,7 +143,7 @@ pub fn error_cause(e: &CliError) -> &'static str {
         CliError::Client(ClientError::Refused { .. }) => "client.refused",
         CliError::Client(_) => "client.failed",
         CliError::Api(e) => e.cause(),
-        CliError::UploadStopped { cause, .. } => error_cause(cause),
+        CliError::UploadStopped { cause, .. } | CliError::DiffFailed(cause) => error_cause(cause),
         CliError::Init(_) => "init",
         CliError::Dev(_) => "dev",
         CliError::Write { .. } => "write",
@@ -431,6 +431,9 @@ impl From<&ModuleStatus> for ModuleJson {
 #[derive(Debug, Serialize)]
 pub struct ApplyJson {
     pub revision: u64,
+    /// The store already had this model: nothing was stored, and `revision` is the model revision
+    /// in force (issue 25).
+    pub unchanged: bool,
     /// Machines behind their last send now that the revision is stored.
     pub behind: Vec<String>,
     /// Settings scopes where the file differs from the store; not written.
@@ -1280,4 +1283,176 @@ pub fn log_documents(via: Via, chunk: &LogChunk, with_rotation: bool) -> Result<
         out.push_str(&document(Some(via), answer)?);
     }
     Ok(out)
+}
+
+// --- `events --json` (issue 25 item 5, decision 0308) ---
+
+/// One event: when (RFC 3339), its place in the leader's log (`term`, `index`: the cursor),
+/// what (`kind`), where (`machine`, `module`, `null` when the event is not of one) and its line.
+#[derive(Debug, Serialize)]
+pub struct EventJson {
+    pub time: Time,
+    pub term: u64,
+    pub index: u64,
+    pub kind: &'static str,
+    pub machine: Option<String>,
+    pub module: Option<String>,
+    pub text: String,
+}
+
+impl EventJson {
+    pub fn new(term: u64, e: &crate::controller::events::Event) -> EventJson {
+        EventJson {
+            time: Time(e.at_ms),
+            term,
+            index: e.index,
+            kind: e.kind.word(),
+            machine: e.machine.clone(),
+            module: e.module.clone(),
+            text: e.text.clone(),
+        }
+    }
+}
+
+/// Events a reader could not be shown: `older_term` (the cursor was of an earlier leader's term,
+/// whose events are not kept: some may be lost) or `dropped` (`count` events fell out of the
+/// bounded log unread).
+#[derive(Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum GapJson {
+    OlderTerm { term: u64, now_term: u64 },
+    Dropped { count: u64 },
+}
+
+impl GapJson {
+    pub fn new(now_term: u64, gap: &crate::controller::events::EventsGap) -> GapJson {
+        match gap {
+            crate::controller::events::EventsGap::OlderTerm { term } => GapJson::OlderTerm {
+                term: *term,
+                now_term,
+            },
+            crate::controller::events::EventsGap::Dropped { count } => {
+                GapJson::Dropped { count: *count }
+            }
+        }
+    }
+}
+
+/// `events --json`: the events the leader keeps (of the machine asked for), oldest first;
+/// `earlier` of them before these not shown (`--limit`).
+#[derive(Debug, Serialize)]
+pub struct EventsJson {
+    pub term: u64,
+    pub earlier: u64,
+    pub events: Vec<EventJson>,
+}
+
+/// `events --follow --json`: one document a line, an event or a gap, as they come.
+#[derive(Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EventFollowJson {
+    Event { event: EventJson },
+    Gap { gap: GapJson },
+}
+
+// ---- model show, diff (issue 25 item 1, decision 0302) ----
+
+/// `model show --json`: the file's text and what it is.
+#[derive(Debug, Serialize)]
+pub struct ModelShowJson {
+    /// The model revision shown; `null` for a model applied before model history was kept.
+    pub model_revision: Option<u64>,
+    pub store_revision: u64,
+    /// It is the model in force.
+    pub current: bool,
+    /// blake3 of the encoded model (with the settings shown), as `apply` names it; hex.
+    pub digest: String,
+    /// Settings scopes in force left out: they name a machine or module this model lacks.
+    pub settings_left_out: Vec<String>,
+    pub applied: Option<ModelAppliedJson>,
+    /// The mesh.toml text, header comments included.
+    pub text: String,
+}
+
+/// Who applied a model revision, when and why.
+#[derive(Debug, Serialize)]
+pub struct ModelAppliedJson {
+    pub time: Time,
+    pub actor: String,
+    pub why: String,
+}
+
+impl ModelShowJson {
+    pub fn new(
+        view: &crate::controller::api::ModelView,
+        digest: String,
+        text: String,
+    ) -> ModelShowJson {
+        ModelShowJson {
+            model_revision: view.model_revision,
+            store_revision: view.store_revision,
+            current: view.current,
+            digest,
+            settings_left_out: view
+                .settings_left_out
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            applied: view.change.as_ref().map(|c| ModelAppliedJson {
+                time: Time(c.time_ms),
+                actor: c.actor.clone(),
+                why: c.why.clone(),
+            }),
+            text,
+        }
+    }
+}
+
+/// `diff --json`: `differences` decides the exit code (1 when true).
+#[derive(Debug, Serialize)]
+pub struct DiffJson {
+    pub model_revision: Option<u64>,
+    pub differences: bool,
+    pub changes: Vec<DiffChangeJson>,
+    /// Settings scopes whose layer in the file differs from the store's; apply leaves them.
+    pub settings_differ: Vec<String>,
+}
+
+/// One changed item: `subject` (`machine ace`, `module web`), `item`, and each side (`null`
+/// where absent): a string field's value in the clear, anything else as `diff` prints it (a list,
+/// a file's size and digest, a mount, a probe).
+#[derive(Debug, Serialize)]
+pub struct DiffChangeJson {
+    pub subject: String,
+    pub item: String,
+    pub stored: Option<String>,
+    pub file: Option<String>,
+}
+
+/// A quoted string value in the clear; any other value as it is.
+fn clear(value: &str) -> String {
+    unquote(value).unwrap_or_else(|| value.to_string())
+}
+
+impl DiffJson {
+    pub fn new(
+        view: &crate::controller::api::ModelView,
+        d: &crate::core::meshdiff::ModelDiff,
+    ) -> DiffJson {
+        DiffJson {
+            model_revision: view.model_revision,
+            differences: !d.is_empty(),
+            changes: d
+                .lines
+                .iter()
+                .map(|l| DiffChangeJson {
+                    subject: l.subject.clone(),
+                    item: l.item.clone(),
+                    stored: l.was.as_deref().map(clear),
+                    file: l.now.as_deref().map(clear),
+                })
+                .collect(),
+            settings_differ: d.settings_differ.iter().map(ToString::to_string).collect(),
+        }
+    }
 }

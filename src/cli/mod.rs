@@ -9,12 +9,14 @@ pub mod check;
 pub mod client;
 pub mod context;
 pub mod dev;
+pub mod events;
 pub mod help;
 pub mod history;
 pub mod init;
 pub mod json;
 pub mod logs;
 pub mod machines;
+pub mod model;
 pub mod plan;
 pub mod procs;
 pub mod push;
@@ -39,6 +41,8 @@ pub const exit_failed: u8 = 1;
 pub const exit_bad_input: u8 = 2;
 /// Exit code: something was held (a mount move waits for `--move`).
 pub const exit_held: u8 = 3;
+/// Exit code of `diff` on any error (as `kubectl diff`: 0 none, 1 differences, above 1 error).
+pub const exit_diff_failed: u8 = 2;
 /// Exit code of `push --wait`: a module failed on a machine the push sent to.
 pub const exit_module_failed: u8 = 4;
 /// Exit code of `push --wait`: a machine did not report its modules ready before the timeout.
@@ -55,7 +59,8 @@ pub const exit_wait_timeout: u8 = 5;
 2 bad usage or input (nothing was changed); \
 3 something was held (a mount move waits for `push <machine> --move <module>`); \
 4 push --wait: a module failed; 5 push --wait: not settled before the timeout; \
-6 plan --detailed-exitcode: the push would change something. `meshctl help exit-codes` says more.\n\
+6 plan --detailed-exitcode: the push would change something; \
+diff: 0 no differences, 1 differences, 2 an error. `meshctl help exit-codes` says more.\n\
 The context (replica addresses, operator certificate) comes from --context, else MESH_CONTEXT, \
 else ./.mesh/context.toml; `meshctl help context` says more."
 )]
@@ -109,6 +114,19 @@ pub enum Command {
     /// Module output from a machine, read by its mesh-host through a replica: the last
     /// `--lines` of each stream, then new lines with `--follow`.
     Logs(logs::LogsArgs),
+    /// What happened to the fleet (modules failed, restarted, recovered; hosts silent and back;
+    /// leader changes; pushes, holds, trust changes), from the leader's event log; `--follow`
+    /// prints new events as they happen, until Ctrl-C.
+    Events(events::EventsArgs),
+    /// The stored model as a mesh.toml: `model show [--revision N]`.
+    #[command(subcommand)]
+    Model(model::ModelCommand),
+    /// Compare a mesh file with the stored model before anything is stored: exit 0 no
+    /// differences, 1 differences, 2 an error (as `kubectl diff`).
+    Diff(model::DiffArgs),
+    /// Store a new model revision equal to an earlier one's model; sends nothing (`plan` shows
+    /// what a push would send, `push` sends it).
+    Rollback(model::RollbackArgs),
     /// Write load through the operator API, shaped like `etcdctl check perf`: `--load s|m|l|xl`;
     /// prints writes/s, p50, p99, slowest and stddev, exits 1 below the load's target.
     Bench(bench::BenchArgs),
@@ -135,6 +153,10 @@ impl Command {
             Command::Replicas(replicas::ReplicasCommand::List(a)) => a.json,
             Command::Certs(certs::CertsCommand::List(a)) => a.json,
             Command::Logs(a) => a.json,
+            Command::Events(a) => a.json,
+            Command::Model(model::ModelCommand::Show(a)) => a.json,
+            Command::Diff(a) => a.json,
+            Command::Rollback(a) => a.json,
             Command::Init(_)
             | Command::Dev(_)
             | Command::Machines(_)
@@ -195,6 +217,9 @@ pub enum CliError {
     Dev(#[from] dev::DevError),
     #[error("cannot render the answer: {0}; this is a bug in meshctl, report it")]
     Render(String),
+    /// `diff` failed: exit 2 whatever the cause, as `kubectl diff` (1 means differences).
+    #[error(transparent)]
+    DiffFailed(Box<CliError>),
 }
 
 impl CliError {
@@ -209,6 +234,7 @@ impl CliError {
             },
             CliError::Init(e) => e.exit_code(),
             CliError::UploadStopped { cause, .. } => cause.exit_code(),
+            CliError::DiffFailed(_) => exit_diff_failed,
             CliError::Write { .. }
             | CliError::Plan { .. }
             | CliError::Dev(_)
@@ -266,7 +292,13 @@ fn run_command(cli: Cli) -> Result<Output, CliError> {
         Command::Certs(cmd) => certs::run(ctx.as_deref(), &cmd),
         Command::Replicas(cmd) => replicas::run(ctx.as_deref(), &cmd),
         Command::Logs(args) => logs::run(ctx.as_deref(), &args),
+        Command::Events(args) => events::run(ctx.as_deref(), &args),
         Command::Bench(args) => bench::run(ctx.as_deref(), &args),
+        Command::Model(cmd) => model::run(ctx.as_deref(), &cmd),
+        Command::Diff(args) => {
+            model::diff(ctx.as_deref(), &args).map_err(|e| CliError::DiffFailed(Box::new(e)))
+        }
+        Command::Rollback(args) => model::rollback(ctx.as_deref(), &args),
         Command::Completions(args) => help::completions(args.shell).map(Output::done),
         Command::Help(args) => help::help(&args).map(Output::done),
     }

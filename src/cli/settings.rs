@@ -39,6 +39,22 @@ pub enum SettingsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Make a scope's layer what settings history entry N left it: the `after` side of write #N
+    /// as `settings show <scope> --history` lists it (cleared, if #N cleared it), in one write
+    /// kept in the history like any other. Sends nothing; `plan` shows what a push would send.
+    Rollback {
+        /// `mesh`, `machine/<m>`, `module/<mod>` or `module/<mod>@<m>`.
+        scope: String,
+        /// The history entry id (`#N` in `settings show <scope> --history`).
+        #[arg(long = "to", value_name = "N")]
+        to: u64,
+        /// Why; kept in the settings history (as `settings rollback to #N: <why>`).
+        #[arg(long)]
+        why: Option<String>,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove a scope's whole layer (kept in the history).
     Clear {
         /// `mesh`, `machine/<m>`, `module/<mod>` or `module/<mod>@<m>`.
@@ -95,6 +111,11 @@ pub fn request(cmd: &SettingsCommand) -> Result<Request, CliError> {
                 why,
             })
         }
+        SettingsCommand::Rollback { scope, to, why, .. } => Ok(Request::SettingsRollback {
+            scope: parse_scope(scope)?,
+            to: *to,
+            why: super::require_why("settings rollback", why.as_deref())?,
+        }),
         SettingsCommand::Clear { scope, why, .. } => Ok(Request::SettingsClear {
             scope: parse_scope(scope)?,
             why: super::require_why("settings clear", why.as_deref())?,
@@ -141,7 +162,9 @@ impl SettingsCommand {
     /// Whether `--json` was given, also among the assignments of `set`.
     pub fn wants_json(&self) -> bool {
         match self {
-            SettingsCommand::Show { json, .. } | SettingsCommand::Clear { json, .. } => *json,
+            SettingsCommand::Show { json, .. }
+            | SettingsCommand::Clear { json, .. }
+            | SettingsCommand::Rollback { json, .. } => *json,
             SettingsCommand::Set {
                 json, assignments, ..
             } => *json || split_flags(assignments).is_ok_and(|(_, late)| late.json),
@@ -203,6 +226,15 @@ pub fn run(ctx: Option<&Path>, cmd: &SettingsCommand) -> Result<Output, CliError
             removed,
         } => Ok(Output::done(render_set(
             via, scope, added, changed, removed,
+        ))),
+        Body::SettingsUnchanged { scope, .. } if as_json => json::output(
+            Some(via),
+            json::SettingsSetJson::new(scope, &[], &[], &[]),
+            super::exit_done,
+        ),
+        Body::SettingsUnchanged { scope, to } => Ok(Output::done(format!(
+            "{scope}: unchanged: the layer already is what #{to} left it; nothing was written\n{}",
+            via.note()
         ))),
         _ => Err(render::unexpected(via, "settings", &body)),
     }

@@ -22,9 +22,20 @@ pub struct StatusArgs {
     /// Print the answer as JSON instead of lines.
     #[arg(long)]
     pub json: bool,
+    /// Draw the status again every `--interval-ms` until Ctrl-C (which ends it with exit 0);
+    /// the screen is cleared between drawings only on a terminal. A failed ask is shown and
+    /// asked again, never fatal.
+    #[arg(long)]
+    pub watch: bool,
+    /// How often `--watch` draws, in ms (500 to 60000).
+    #[arg(long, value_name = "MS", default_value_t = watch_interval_ms_default, requires = "watch")]
+    pub interval_ms: u64,
 }
 
 pub fn run(ctx: Option<&Path>, args: &StatusArgs) -> Result<Output, CliError> {
+    if args.watch {
+        return watch::run(ctx, args);
+    }
     let (via, body) = render::ask(ctx, &Request::Status)?;
     let Body::Status(mut view) = body else {
         return Err(render::unexpected(via, "status", &body));
@@ -39,6 +50,10 @@ pub fn run(ctx: Option<&Path>, args: &StatusArgs) -> Result<Output, CliError> {
         via.note()
     )))
 }
+
+/// `status --watch` (issue 25 item 5).
+mod watch;
+pub use watch::{watch_interval_ms_default, watch_interval_ms_max, watch_interval_ms_min};
 
 /// Narrows `view` to the machines `names` (all when empty), in the answer's order; a name the
 /// answer does not have is refused, naming it and the machines there are.

@@ -139,6 +139,31 @@ pub enum Request {
     ReplicasRemove {
         id: u64,
     },
+    /// `meshctl events`: a page of the leader's event log, waiting for the next event when
+    /// asked (decision 0308).
+    Events {
+        query: super::events::EventsQuery,
+    },
+    // Issue 25 items 1 and 2 (decision 0302): read back and roll back. New variants go last.
+    /// `meshctl model show` and `meshctl diff`: the model in force, or as kept at model revision
+    /// `revision`, with the settings layers that name it. Writes nothing.
+    ModelShow {
+        revision: Option<u64>,
+    },
+    /// `meshctl rollback`: store a new model revision equal to model revision `to_revision`'s
+    /// model, through every check an apply makes. Sends nothing.
+    Rollback {
+        to_revision: u64,
+        why: String,
+        drain: bool,
+    },
+    /// `meshctl settings rollback`: one settings write that makes `scope`'s layer what it was
+    /// right after settings history entry `to` (decision 0303). Sends nothing.
+    SettingsRollback {
+        scope: Scope,
+        to: u64,
+        why: String,
+    },
 }
 
 /// What a push is aimed at. A bare push (no machine, no flag) never reaches the wire: meshctl refuses it.
@@ -220,12 +245,47 @@ pub enum Body {
     /// Module output read by a machine's host, bounded in lines and bytes.
     Logs(LogsAnswer),
     Replicas(super::members::ReplicasView),
+    /// A page of the leader's event log (decision 0308).
+    Events(super::events::EventsPage),
+    // Issue 25 items 1 and 2 (decision 0302). New variants go last.
+    /// An apply (or rollback) of the model already in force: nothing was stored.
+    ApplyUnchanged {
+        /// The model revision in force, which already has this model.
+        revision: u64,
+        /// Settings scopes where the file differs from the store (not written, as ever).
+        settings_ignored: Vec<String>,
+    },
+    /// `Request::ModelShow`.
+    Model(ModelView),
+    /// A settings rollback that found the layer already as asked: nothing was written.
+    SettingsUnchanged {
+        scope: Scope,
+        to: u64,
+    },
+}
+
+/// `meshctl model show`: a stored model with what it includes (decision 0302).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelView {
+    /// The model revision shown (the last model apply, or the one asked for); `None` for a
+    /// store whose model came before model history was kept.
+    pub model_revision: Option<u64>,
+    /// The store's revision now (settings writes and mints move it too).
+    pub store_revision: u64,
+    /// Whether this is the model in force (no `--revision`, or the revision of the last apply).
+    pub current: bool,
+    /// Machines and modules as kept, and the settings layers in force now that name them.
+    pub mesh: Mesh,
+    /// Layers in force left out because they name a machine or module this model lacks.
+    pub settings_left_out: Vec<Scope>,
+    /// Who stored it, why and when, when the model history has the revision.
+    pub change: Option<ModelChange>,
 }
 
 /// Why a request failed: one enum per operation beside the shared cases (decision 0210).
 mod error;
 pub use error::{
-    ApiError, ApplyError, CertsError, ErrorClass, GenesisError, LogsError, PushError,
+    ApiError, ApplyError, CertsError, ErrorClass, GenesisError, LogsError, ModelError, PushError,
     SettingsError, SettingsRule, SnapshotError,
 };
 

@@ -144,6 +144,7 @@ async fn status_page(service: &Service) -> Result<String, String> {
         status: &status,
         mesh: &state.mesh,
         history: &history,
+        made_ms: super::service::now_ms(),
     }))
 }
 

@@ -430,6 +430,10 @@ pub const request_kinds: &[&str] = &[
     "replicas_list",
     "replicas_add",
     "replicas_remove",
+    "events",
+    "model_show",
+    "rollback",
+    "settings_rollback",
     unreadable_kind,
 ];
 
@@ -462,6 +466,10 @@ pub(crate) fn request_kind(request: &Request) -> &'static str {
         Request::ReplicasList => "replicas_list",
         Request::ReplicasAdd { .. } => "replicas_add",
         Request::ReplicasRemove { .. } => "replicas_remove",
+        Request::Events { .. } => "events",
+        Request::ModelShow { .. } => "model_show",
+        Request::Rollback { .. } => "rollback",
+        Request::SettingsRollback { .. } => "settings_rollback",
     }
 }
 

@@ -70,6 +70,19 @@ impl Service {
             let state = self.state()?;
             let mut mesh = mesh.clone();
             let draining = keep_draining(&state, &mut mesh, drain)?;
+            // The model in force already: nothing stored, no revision, no history row (issue
+            // 25 item 1). Decided on this read; a concurrent write moves the revision, and the
+            // write below would be refused and checked again.
+            if state.model_unchanged(&mesh) {
+                // The model revision in force: the last model apply (a store from before
+                // model history has none: its revision then).
+                let last = MeshApp::last_model_revision(self.replica.database())
+                    .map_err(|e| storage("model history", &e))?;
+                return Ok(Body::ApplyUnchanged {
+                    revision: last.unwrap_or(state.revision),
+                    settings_ignored: state.settings_ignored(&mesh),
+                });
+            }
             let changes = self.work.with(&state, |work| {
                 should_be_changes(&state, work.cache(), &mesh)
             })??;
@@ -125,11 +138,14 @@ impl Service {
         first: Applied,
     ) -> Result<Body, ApiError> {
         match (request, first) {
-            (Request::SettingsSet { scope, .. } | Request::SettingsClear { scope, .. }, first) => {
-                settings_answer(scope, first)
-            }
             (
-                Request::Apply { .. } | Request::ApplyUpload { .. },
+                Request::SettingsSet { scope, .. }
+                | Request::SettingsClear { scope, .. }
+                | Request::SettingsRollback { scope, .. },
+                first,
+            ) => settings_answer(scope, first),
+            (
+                Request::Apply { .. } | Request::ApplyUpload { .. } | Request::Rollback { .. },
                 Applied::Model {
                     revision,
                     settings_ignored,
@@ -509,7 +525,7 @@ impl Service {
     }
 }
 
-fn settings_answer(scope: Scope, applied: Applied) -> Result<Body, ApiError> {
+pub(crate) fn settings_answer(scope: Scope, applied: Applied) -> Result<Body, ApiError> {
     match applied {
         Applied::Settings {
             added,

@@ -13,6 +13,10 @@ use crate::core::report::{Health, ModuleState};
 
 /// History rows shown, newest first.
 pub const history_rows_max: usize = 20;
+/// How often the page refreshes itself, in ms (issue 25 item 5): in place with its script, by a
+/// reload without scripts. The server draws it at most once per `page_fresh_ms_max` (1 s) however
+/// many browsers ask.
+pub const page_refresh_ms: u64 = 2_000;
 /// Width of one machine's column in the graph, in SVG units.
 const column_w: i64 = 210;
 /// Height of one module's row in the graph.
@@ -35,6 +39,8 @@ pub struct Page<'a> {
     pub mesh: &'a Mesh,
     /// Newest last, as `history` answers.
     pub history: &'a [HistoryItem],
+    /// When it was drawn: the serving replica's wall clock, ms since the Unix epoch.
+    pub made_ms: u64,
 }
 
 /// The whole HTML document.
@@ -47,10 +53,12 @@ pub fn render(page: &Page) -> String {
     let _ = write!(
         out,
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>mesh: replica {id}</title>\
-<style>{style}</style></head><body>\n<h1>mesh</h1>\n<p class=\"summary\">served by replica {id} · \
-leader: <b id=\"leader\">{leader}</b> · term {term} · model revision {rev} · epoch floor {floor}</p>\n",
+<style>{style}</style>{refresh}</head><body>\n<h1>mesh</h1>\n<p class=\"summary\">served by replica {id} · \
+leader: <b id=\"leader\">{leader}</b> · term {term} · model revision {rev} · epoch floor {floor}</p>\n{made}",
         id = page.replica,
         style = style,
+        refresh = refresh_head(),
+        made = made_line(page.made_ms),
         leader = esc(&leader),
         term = page.term,
         rev = page.status.revision,
@@ -76,6 +84,33 @@ leader: <b id=\"leader\">{leader}</b> · term {term} · model revision {rev} · 
     history(&mut out, page.history);
     out.push_str("</body></html>\n");
     out
+}
+
+/// The page's self-refresh (issue 25 item 5): without scripts a reload every
+/// [`page_refresh_ms`] (`<noscript>`); with them, the page fetched again and its body swapped in
+/// place (no flash, the scroll kept), the drawing's age counted each second from when the browser
+/// got it (no clock of the browser compared with the server's), and a failed fetch shown in
+/// `#stale` rather than a page silently old.
+fn refresh_head() -> String {
+    let seconds = page_refresh_ms.div_ceil(1000);
+    format!(
+        "<noscript><meta http-equiv=\"refresh\" content=\"{seconds}\"></noscript>\
+<script>(function(){{var got=Date.now();\
+function age(){{var a=document.getElementById('age');if(a)a.textContent=Math.round((Date.now()-got)/1000)+' s ago';}}\
+function refresh(){{fetch(location.href,{{cache:'no-store'}}).then(function(r){{if(!r.ok)throw new Error('HTTP '+r.status);return r.text();}})\
+.then(function(t){{var d=new DOMParser().parseFromString(t,'text/html');document.body.innerHTML=d.body.innerHTML;got=Date.now();age();}})\
+.catch(function(e){{var s=document.getElementById('stale');if(s)s.textContent='not refreshed: '+e.message;}});}}\
+setInterval(refresh,{page_refresh_ms});setInterval(age,1000);}})();</script>"
+    )
+}
+
+/// When the page was drawn (UTC) and how long ago; the age counts on in the browser with scripts.
+fn made_line(made_ms: u64) -> String {
+    format!(
+        "<p class=\"made\">drawn <span id=\"made\" data-ms=\"{made_ms}\">{} UTC</span> (<span id=\"age\">0 s ago</span>) · refreshes every {:.0} s <span id=\"stale\" class=\"bad\"></span></p>\n",
+        esc(&utc(made_ms)),
+        page_refresh_ms as f64 / 1000.0
+    )
 }
 
 const style: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}\
@@ -251,17 +286,20 @@ pub fn graph_svg(mesh: &Mesh, status: &StatusView) -> String {
             let Some(&(px, py)) = at.get(need.from.as_str()) else {
                 continue;
             };
-            let (x1, y1) = (px + box_w, py + box_h / 2);
-            let (x2, y2) = (x, y + box_h / 2);
-            let bend = ((x2 - x1).abs() / 2).max(40);
+            let Edge {
+                x1,
+                y1,
+                c1x,
+                c2x,
+                x2,
+                y2,
+            } = edge((px, py), (x, y));
             let _ = writeln!(
                 out,
-                "<path class=\"edge\" data-from=\"{}\" data-to=\"{}\" d=\"M{x1},{y1} C{},{y1} {},{y2} {x2},{y2}\" fill=\"none\" stroke=\"#555\" marker-end=\"url(#arrow)\"/>\
+                "<path class=\"edge\" data-from=\"{}\" data-to=\"{}\" d=\"M{x1},{y1} C{c1x},{y1} {c2x},{y2} {x2},{y2}\" fill=\"none\" stroke=\"#555\" marker-end=\"url(#arrow)\"/>\
 <text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#555\">{}</text>",
                 esc(&need.from),
                 esc(&module.name),
-                x1 + bend,
-                x2 - bend,
                 (x1 + x2) / 2,
                 (y1 + y2) / 2 - 4,
                 esc(&need.kind)
@@ -297,6 +335,66 @@ pub fn graph_svg(mesh: &Mesh, status: &StatusView) -> String {
     }
     out.push_str("</svg>\n");
     out
+}
+
+/// One provider → consumer edge of the graph: a cubic curve from `(x1, y1)` to `(x2, y2)` whose
+/// control points share those rows (`c1x` beside the start, `c2x` beside the end), so it leaves
+/// the provider's box and enters the consumer's box horizontally, and its arrow (`orient="auto"`,
+/// along the curve's last tangent, from `c2x` to `x2`) points into the consumer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Edge {
+    pub x1: i64,
+    pub y1: i64,
+    pub c1x: i64,
+    pub c2x: i64,
+    pub x2: i64,
+    pub y2: i64,
+}
+
+/// Least horizontal reach of an edge's control points, so a short edge still curves.
+const bend_min: i64 = 40;
+
+/// The edge from the provider's box at `p` to the consumer's box at `c` (top-left corners). It
+/// never crosses either box the wrong way (issue 25 item 5): a consumer to the right is entered
+/// on its left side from the provider's right side; a consumer to the left on its right side from
+/// the provider's left side (drawn from the right side, the edge ran back through both boxes and
+/// its arrow read consumer → provider); a consumer in the same column on its right side, the curve
+/// bulging right of the column.
+pub fn edge(p: (i64, i64), c: (i64, i64)) -> Edge {
+    let (y1, y2) = (p.1 + box_h / 2, c.1 + box_h / 2);
+    if c.0 >= p.0 + box_w {
+        let (x1, x2) = (p.0 + box_w, c.0);
+        let bend = ((x2 - x1) / 2).max(bend_min);
+        Edge {
+            x1,
+            y1,
+            c1x: x1 + bend,
+            c2x: x2 - bend,
+            x2,
+            y2,
+        }
+    } else if c.0 + box_w <= p.0 {
+        let (x1, x2) = (p.0, c.0 + box_w);
+        let bend = ((x1 - x2) / 2).max(bend_min);
+        Edge {
+            x1,
+            y1,
+            c1x: x1 - bend,
+            c2x: x2 + bend,
+            x2,
+            y2,
+        }
+    } else {
+        let (x1, x2) = (p.0 + box_w, c.0 + box_w);
+        Edge {
+            x1,
+            y1,
+            c1x: x1 + bend_min,
+            c2x: x2 + bend_min,
+            x2,
+            y2,
+        }
+    }
 }
 
 fn history(out: &mut String, items: &[HistoryItem]) {
@@ -406,6 +504,136 @@ mod tests {
             silent_for_ms,
             ..MachineView::default()
         }
+    }
+
+    /// The example mesh with `worker` moved from shanks to g14: web (novox) → worker is then an
+    /// edge from right to left (issue 25 item 5).
+    fn worker_on_g14() -> Mesh {
+        let text = crate::cli::dev::example_mesh.replace(
+            "[modules.worker]\nmachine = \"shanks\"",
+            "[modules.worker]\nmachine = \"g14\"",
+        );
+        assert_ne!(
+            text,
+            crate::cli::dev::example_mesh,
+            "the example moved worker"
+        );
+        crate::core::meshfile::parse_mesh("mesh.toml", &text).expect("the example parses")
+    }
+
+    /// The numbers of the `d` of the edge `from` → `to` in `svg`: `M x1,y1 C c1x,y1 c2x,y2 x2,y2`.
+    fn edge_in(svg: &str, from: &str, to: &str) -> Edge {
+        let tag = format!("data-from=\"{from}\" data-to=\"{to}\" d=\"");
+        let at = svg
+            .find(&tag)
+            .unwrap_or_else(|| panic!("no edge {from} -> {to}:\n{svg}"));
+        let d = &svg[at + tag.len()..];
+        let d = &d[..d.find('"').expect("end of d")];
+        let n: Vec<i64> = d
+            .split(|c: char| !(c.is_ascii_digit() || c == '-'))
+            .filter(|t| !t.is_empty())
+            .map(|t| t.parse().expect("a number"))
+            .collect();
+        assert_eq!(n.len(), 8, "{d}");
+        Edge {
+            x1: n[0],
+            y1: n[1],
+            c1x: n[2],
+            c2x: n[4],
+            x2: n[6],
+            y2: n[7],
+        }
+    }
+
+    /// The top-left corner of module `name`'s box in `svg`.
+    fn box_at(svg: &str, name: &str) -> (i64, i64) {
+        let tag = format!("data-module=\"{name}\"><rect x=\"");
+        let at = svg.find(&tag).expect("the module's box");
+        let rest = &svg[at + tag.len()..];
+        let x: i64 = rest[..rest.find('"').expect("x")].parse().expect("x");
+        let rest = &rest[rest.find("y=\"").expect("y") + 3..];
+        let y: i64 = rest[..rest.find('"').expect("y")].parse().expect("y");
+        (x, y)
+    }
+
+    #[test]
+    fn an_edge_leaves_its_provider_and_enters_its_consumer_on_the_facing_sides_in_both_directions()
+    {
+        // Issue 25 item 5: graph edges never cross boxes the wrong way. With worker moved to g14,
+        // web (novox, right) → worker (g14, left) was drawn from web's right side to worker's left
+        // side, through both boxes, its arrow reading worker → web.
+        let mesh = worker_on_g14();
+        let svg = graph_svg(
+            &mesh,
+            &StatusView {
+                replicas: vec![],
+                machines: vec![],
+                revision: 1,
+                epoch_floor: 1,
+                store_reset: None,
+                certs_expiring: vec![],
+            },
+        );
+        let (web, worker) = (box_at(&svg, "web"), box_at(&svg, "worker"));
+        assert!(
+            worker.0 + box_w <= web.0,
+            "worker left of web: {worker:?} {web:?}"
+        );
+        let e = edge_in(&svg, "web", "worker");
+        // Out of web's left side, into worker's right side, the arrow's last tangent pointing left.
+        assert_eq!((e.x1, e.x2), (web.0, worker.0 + box_w), "{e:?}");
+        assert!(e.c1x < e.x1 && e.c2x > e.x2, "{e:?}");
+        // Left to right as before: broker (g14) → web (novox).
+        let (broker, web) = (box_at(&svg, "broker"), box_at(&svg, "web"));
+        let e = edge_in(&svg, "broker", "web");
+        assert_eq!((e.x1, e.x2), (broker.0 + box_w, web.0), "{e:?}");
+        assert!(e.c1x > e.x1 && e.c2x < e.x2, "{e:?}");
+        // Same column: broker → worker, both on g14: right side to right side, bulging right.
+        let e = edge_in(&svg, "broker", "worker");
+        assert_eq!((e.x1, e.x2), (broker.0 + box_w, worker.0 + box_w), "{e:?}");
+        assert!(e.c1x > e.x1 && e.c2x > e.x2, "{e:?}");
+    }
+
+    #[test]
+    fn the_page_refreshes_itself_and_says_when_it_was_drawn() {
+        // Issue 25 item 5: the page refreshes itself (in place with a script, by a reload without)
+        // and shows when it was drawn (UTC) and its age.
+        let mesh = worker_on_g14();
+        let status = StatusView {
+            replicas: vec![],
+            machines: vec![],
+            revision: 1,
+            epoch_floor: 1,
+            store_reset: None,
+            certs_expiring: vec![],
+        };
+        let html = render(&Page {
+            replica: 2,
+            term: 3,
+            leader: Some(1),
+            status: &status,
+            mesh: &mesh,
+            history: &[],
+            made_ms: 1_764_770_000_000,
+        });
+        let seconds = page_refresh_ms / 1000;
+        assert!(
+            html.contains(&format!(
+                "<noscript><meta http-equiv=\"refresh\" content=\"{seconds}\"></noscript>"
+            )),
+            "{html}"
+        );
+        assert!(
+            html.contains(&format!("setInterval(refresh,{page_refresh_ms})")),
+            "{html}"
+        );
+        assert!(
+            html.contains(
+                "drawn <span id=\"made\" data-ms=\"1764770000000\">2025-12-03 13:53:20 UTC</span>"
+            ),
+            "{html}"
+        );
+        assert!(html.contains("<span id=\"age\">"), "{html}");
     }
 
     #[test]

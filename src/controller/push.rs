@@ -205,6 +205,8 @@ impl Service {
             None => Reveal::none(),
         };
         let mut secret = |_: &MintRequest| random_secret();
+        // For the push's events (decision 0308).
+        let push_why = job.why.clone();
         let now = self.clock.now();
         let (engine, actions) = self.work.with(&state, |work| {
             let begin = Begin {
@@ -221,8 +223,13 @@ impl Service {
             };
             PushEngine::begin(now, begin)
         })?;
-        if !actions.iter().any(|a| matches!(a, Action::Answer(_))) {
+        let began = !actions.iter().any(|a| matches!(a, Action::Answer(_)));
+        if began {
             let machines = engine.machines();
+            self.events.push(
+                lease.epoch,
+                vec![super::events::push_begun(actor, &machines, &push_why)],
+            );
             offer(
                 lines,
                 &PushEvent::Begin {
@@ -231,7 +238,12 @@ impl Service {
                 },
             );
         }
-        self.drive(actor, lease.epoch, engine, actions, lines).await
+        let answer = self.drive(actor, lease.epoch, engine, actions, lines).await;
+        if began {
+            self.events
+                .push(lease.epoch, super::events::push_ended(actor, &answer));
+        }
+        answer
     }
 
     /// Carries out the engine's actions until it answers.

@@ -445,6 +445,8 @@ struct Done {
     arrived: Instant,
     /// A machine of the model (else it counts in the outsiders' quota).
     known: bool,
+    /// The events it makes once filed (decision 0308).
+    changes: Vec<super::events::Draft>,
 }
 
 /// The queue into the batching task.
@@ -523,6 +525,30 @@ impl Service {
         }
     }
 
+    /// Every machine of the model and whether this replica, leading in `term`, finds it silent now
+    /// (`Some(for how long, ms)`, decision 0301); `None` when the state cannot be read (logged; the
+    /// caller looks again at its next tick). For the event log's host silent / back (decision 0308).
+    pub(crate) fn silent_hosts(
+        &self,
+        term: u64,
+    ) -> Option<std::collections::BTreeMap<String, Option<u64>>> {
+        let state = match self.app.state() {
+            Ok(state) => state,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the state to look for silent hosts");
+                return None;
+            }
+        };
+        let now = Instant::now();
+        let silent_after = self.config.silent_after();
+        let mut silent = std::collections::BTreeMap::new();
+        for machine in state.mesh.machines.keys() {
+            let quiet = silent_for(self.live.view(term, machine, now), silent_after);
+            silent.insert(machine.clone(), quiet.map(millis));
+        }
+        Some(silent)
+    }
+
     /// How many machines had a report refused for size or rate by this replica, as leader, in the
     /// last [`report_refusal_shown_ms`]; 0 on a replica that does not lead.
     pub(crate) fn hosts_refused_now(&self) -> usize {
@@ -541,7 +567,7 @@ impl Service {
         bytes: usize,
     ) -> Result<ReportReply, String> {
         let arrived = Instant::now();
-        let (route, known) = {
+        let (route, known, changes) = {
             // The snapshot is dropped before any wait: one held across an apply makes it copy.
             // The account is read in place, not copied: it holds a whole report.
             let state = self.app.state().map_err(|e| e.to_string())?;
@@ -554,7 +580,24 @@ impl Service {
             } else {
                 self.live.route_outsider(term)
             };
-            (route, known)
+            // The events this report makes once filed (decision 0308): its modules against the
+            // account's last report. A report only heard says the same: it makes none.
+            let changes = match route {
+                Route::File { .. } if known => {
+                    let last = state
+                        .accounts
+                        .get(&report.machine)
+                        .and_then(|a| a.report.as_ref());
+                    let before = last.map(|r| r.modules.as_slice());
+                    let mut changes =
+                        super::events::module_changes(&report.machine, before, &report.modules);
+                    let drift = crate::core::report::DriftMoves::between(last, &report);
+                    changes.extend(super::events::drift_changes(&report.machine, &drift));
+                    changes
+                }
+                _ => Vec::new(),
+            };
+            (route, known, changes)
         };
         let heard = match route {
             Route::Heard => {
@@ -570,6 +613,7 @@ impl Service {
             position: report.position(),
             arrived,
             known,
+            changes,
         };
         let (reply, answer) = oneshot::channel();
         let queued = Queued {
@@ -684,8 +728,11 @@ impl Service {
                 vec![None; count]
             }
         };
-        for ((done, reply), accepted) in waiting.into_iter().zip(answers) {
+        for ((mut done, reply), accepted) in waiting.into_iter().zip(answers) {
             self.live.filed(term, &done, accepted);
+            if accepted == Some(true) {
+                self.events.push(term, std::mem::take(&mut done.changes));
+            }
             let _ = reply.send(accepted);
         }
     }
@@ -911,6 +958,7 @@ mod tests {
             position: report.position(),
             arrived: Instant::now(),
             known,
+            changes: Vec::new(),
         }
     }
 

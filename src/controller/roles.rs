@@ -29,7 +29,9 @@ pub fn role_needed(request: &Request) -> Role {
         | Request::SettingsShow { .. }
         | Request::Logs { .. }
         | Request::CertsList
-        | Request::ReplicasList => Role::Viewer,
+        | Request::ReplicasList
+        | Request::Events { .. }
+        | Request::ModelShow { .. } => Role::Viewer,
         // Changes to the model, its settings and what runs on its hosts.
         Request::Apply { .. }
         | Request::ApplyChunk { .. }
@@ -37,7 +39,9 @@ pub fn role_needed(request: &Request) -> Role {
         | Request::SettingsSet { .. }
         | Request::SettingsClear { .. }
         | Request::Push { .. }
-        | Request::Genesis { .. } => Role::Operator,
+        | Request::Genesis { .. }
+        | Request::Rollback { .. }
+        | Request::SettingsRollback { .. } => Role::Operator,
         // Who is trusted, who votes, and the backup that holds every minted secret.
         Request::CertsReload
         | Request::CertsRevoke { .. }
@@ -67,6 +71,10 @@ pub fn command_name(request: &Request) -> &'static str {
         Request::ReplicasList => "replicas list",
         Request::ReplicasAdd { .. } => "replicas add",
         Request::ReplicasRemove { .. } => "replicas remove",
+        Request::Events { .. } => "events",
+        Request::ModelShow { .. } => "model show",
+        Request::Rollback { .. } => "rollback",
+        Request::SettingsRollback { .. } => "settings rollback",
     }
 }
 

@@ -30,12 +30,32 @@ fn reads() -> Vec<Request> {
         },
         Request::CertsList,
         Request::ReplicasList,
+        // `meshctl events` (issue 25 item 5): a read of the leader's event log.
+        Request::Events {
+            query: crate::controller::events::EventsQuery {
+                from: crate::controller::events::EventsFrom::Oldest,
+                machine: None,
+                limit: 10,
+                wait_ms: 0,
+            },
+        },
+        Request::ModelShow { revision: Some(3) },
     ]
 }
 
 fn changes() -> Vec<Request> {
     let why = || "test".to_string();
     vec![
+        Request::Rollback {
+            to_revision: 3,
+            why: why(),
+            drain: false,
+        },
+        Request::SettingsRollback {
+            scope: Scope::Mesh,
+            to: 2,
+            why: why(),
+        },
         Request::Apply {
             mesh: Default::default(),
             why: why(),
@@ -118,8 +138,8 @@ fn g10_a_viewer_may_read_and_nothing_else_an_operator_may_change_the_model_an_ad
             assert!(check("alice", None, request).is_ok(), "{request:?}");
         }
     }
-    // Every variant of Request (19) is in one of the lists.
-    assert_eq!(seen, 19, "a request is missing from the table test");
+    // Every variant of Request (23) is in one of the lists.
+    assert_eq!(seen, 23, "a request is missing from the table test");
 }
 
 #[test]

@@ -118,6 +118,8 @@ pub struct Service {
     pub(crate) filer: super::reports::Filer,
     /// The floor after a restore without its floor file, until proven (G9, decision 0274).
     pub(crate) unproven: super::unproven::Unproven,
+    /// The leader's event log, in memory for its term (decision 0308).
+    pub(crate) events: super::events::Events,
 }
 
 /// A started replica: the service and the tasks around it. Call [`Running::shutdown`] to stop it.
@@ -240,8 +242,11 @@ pub async fn start_on(
         handling: super::reports::Handling::default(),
         filer,
         unproven: super::unproven::Unproven::new(unproven),
+        events: super::events::Events::new(),
     });
     super::reports::spawn_filer(Arc::downgrade(&service), filer_queue);
+    // Host silent / back events while this replica leads (decision 0308); ends with the service.
+    tokio::spawn(super::events::watch_silence(Arc::downgrade(&service)));
     let http = match service.config.http() {
         Some(addr) => Some(super::http::HttpServer::start(addr, Arc::downgrade(&service)).await?),
         None => None,
@@ -352,11 +357,18 @@ async fn announce_leadership(service: Weak<Service>) {
             s.metrics.leadership(change);
         }
         if now != leading {
-            if let Some(s) = service.upgrade()
-                && let Some(epoch) = now
-            {
-                // Silence is counted from here for hosts it has not heard (decision 0301).
-                s.live.took_office(epoch);
+            if let Some(s) = service.upgrade() {
+                if let Some(epoch) = now {
+                    // Silence is counted from here for hosts it has not heard (decision 0301).
+                    s.live.took_office(epoch);
+                }
+                // The event log follows leadership (decision 0308).
+                if let Some(epoch) = leading {
+                    s.events.stepped_down(id, epoch, term);
+                }
+                if let Some(epoch) = now {
+                    s.events.took_office(id, epoch);
+                }
             }
             if let Some(epoch) = leading {
                 tracing::warn!(
@@ -685,9 +697,14 @@ impl Service {
         lines: &Sink,
     ) -> Result<Body, ApiError> {
         let kind = request_kind(&request);
+        // A trust change is an event once done (decision 0308): described before the request moves.
+        let trust = super::events::trust_change(actor, &request);
         let started = std::time::Instant::now();
         let answer = self.handle_uncounted(actor, id, request, lines).await;
         self.metrics.request(kind, started.elapsed(), &answer);
+        if let (Some(draft), Ok(_)) = (trust, &answer) {
+            self.note_events(vec![draft]);
+        }
         answer
     }
 
@@ -750,6 +767,7 @@ impl Service {
             }
             Request::ReplicasRemove { id } => self.replicas_remove(actor, id, lines).await,
             Request::CertsRevoke { target, why } => self.revoke(actor, id, target, why).await,
+            Request::Events { query } => self.events_page(query).await,
             Request::ApplyChunk {
                 upload,
                 index,
@@ -774,6 +792,19 @@ impl Service {
             } => {
                 self.apply_upload(actor, id, upload, digest, why, drain)
                     .await
+            }
+            Request::ModelShow { revision } => {
+                // A read of the model: answered only by a leader that confirmed it leads.
+                self.read_index().await?;
+                self.model_show(revision)
+            }
+            Request::Rollback {
+                to_revision,
+                why,
+                drain,
+            } => self.rollback(actor, id, to_revision, why, drain).await,
+            Request::SettingsRollback { scope, to, why } => {
+                self.settings_rollback(actor, id, scope, to, why).await
             }
         }
     }

@@ -30,6 +30,9 @@ pub struct DomainSnapshot {
     pub sends: Vec<SendRecord>,
     pub history: Vec<SettingsChange>,
     pub models: Vec<ModelChange>,
+    /// The kept models of model revisions (table `model_revisions`, decision 0302): revision and
+    /// the encoded model as stored, oldest first.
+    pub revisions: Vec<(u64, Vec<u8>)>,
 }
 
 /// The domain state machine of one replica. It is the one owner of the state: readers take an
@@ -129,6 +132,50 @@ impl MeshApp {
         read_models(&txn)
     }
 
+    /// The kept model of model revision `revision` (machines and modules, settings apart), or
+    /// `None` when it is not kept (decision 0302).
+    pub fn model_revision(db: &redb::Database, revision: u64) -> Result<Option<Mesh>, AppError> {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(tables::MODEL_REVISIONS)?;
+        match table.get(revision)? {
+            Some(v) => Ok(Some(mesh_codec::decode("kept model", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The model history row of `revision`, if that revision was a model apply.
+    pub fn model_change(
+        db: &redb::Database,
+        revision: u64,
+    ) -> Result<Option<ModelChange>, AppError> {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(tables::MODEL_HISTORY)?;
+        match table.get(revision)? {
+            Some(v) => Ok(Some(mesh_codec::decode("model change", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The revision of the last model apply, read from the model history's end.
+    pub fn last_model_revision(db: &redb::Database) -> Result<Option<u64>, AppError> {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(tables::MODEL_HISTORY)?;
+        Ok(table.last()?.map(|(k, _)| k.value()))
+    }
+
+    /// Settings history entry `id`, if there is one.
+    pub fn settings_change(
+        db: &redb::Database,
+        id: u64,
+    ) -> Result<Option<SettingsChange>, AppError> {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(tables::SETTINGS_HISTORY)?;
+        match table.get(id)? {
+            Some(v) => Ok(Some(mesh_codec::decode("settings change", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
     /// Every replaced or cleared settings layer, oldest first.
     pub fn settings_history(db: &redb::Database) -> Result<Vec<SettingsChange>, AppError> {
         let txn = db.begin_read()?;
@@ -184,7 +231,13 @@ impl App for MeshApp {
             .map_err(|_| AppError::Other("domain state lock poisoned".into()))?;
         clear_domain_tables(txn)?;
         write_all(txn, &snap)?;
-        *state = Arc::new(snap.state);
+        let mut installed = snap.state;
+        installed.model_revisions = snap
+            .revisions
+            .iter()
+            .map(|(revision, bytes)| (*revision, bytes.len() as u64))
+            .collect();
+        *state = Arc::new(installed);
         Ok(())
     }
 }
@@ -321,6 +374,14 @@ fn write_changes(
                     }
                 }
             }
+            Changed::ModelRevision { revision, bytes } => {
+                let mut t = txn.open_table(tables::MODEL_REVISIONS)?;
+                t.insert(*revision, bytes.as_slice())?;
+            }
+            Changed::ModelRevisionPruned(revision) => {
+                let mut t = txn.open_table(tables::MODEL_REVISIONS)?;
+                t.remove(*revision)?;
+            }
             Changed::Upload(id) => write_upload(txn, state, id)?,
             Changed::UploadChunk { upload, index } => {
                 let mut t = txn.open_table(tables::UPLOAD_CHUNKS)?;
@@ -435,11 +496,19 @@ fn read_snapshot(txn: &ReadTransaction) -> Result<DomainSnapshot, AppError> {
     read_uploads(txn, &mut state)?;
     let history = read_history(txn)?;
     let models = read_models(txn)?;
+    let mut revisions = Vec::new();
+    for row in txn.open_table(tables::MODEL_REVISIONS)?.iter()? {
+        let (k, v) = row?;
+        let bytes = v.value().to_vec();
+        state.model_revisions.insert(k.value(), bytes.len() as u64);
+        revisions.push((k.value(), bytes));
+    }
     Ok(DomainSnapshot {
         state,
         sends,
         history,
         models,
+        revisions,
     })
 }
 
@@ -596,6 +665,7 @@ fn clear_domain_tables(txn: &WriteTransaction) -> Result<(), AppError> {
     clear(txn, tables::REQUESTS)?;
     clear(txn, tables::REVOKED)?;
     clear(txn, tables::SIGNERS)?;
+    clear(txn, tables::MODEL_REVISIONS)?;
     clear(txn, tables::UPLOADS)?;
     txn.open_table(tables::UPLOAD_CHUNKS)?
         .retain(|_, _| false)?;
@@ -655,6 +725,10 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
             m.revision,
             mesh_codec::encode("model change", m)?.as_slice(),
         )?;
+    }
+    let mut revisions = txn.open_table(tables::MODEL_REVISIONS)?;
+    for (revision, bytes) in &snap.revisions {
+        revisions.insert(*revision, bytes.as_slice())?;
     }
     Ok(())
 }
@@ -768,5 +842,87 @@ mod recent {
             let all_settings = MeshApp::settings_history(&db).expect("settings");
             assert_eq!(recent.settings, tail(all_settings, n), "settings, n = {n}");
         }
+    }
+}
+
+#[cfg(test)]
+mod kept_models {
+    use super::*;
+    use crate::store::command::Command;
+
+    fn apply_model(app: &MeshApp, db: &redb::Database, index: u64, env: &str) {
+        let text = format!(
+            "[machines.m]\naddress = \"10.0.0.1\"\n[modules.a]\nmachine = \"m\"\ncommand = \"sh\"\nenv = {{ N = \"{env}\" }}\n"
+        );
+        let mesh = crate::core::meshfile::parse_mesh("mesh.toml", &text).expect("parses");
+        let p = Proposal {
+            epoch: 1,
+            expect_revision: None,
+            actor: "operator:op".into(),
+            time_ms: index,
+            command: Command::ApplyModel {
+                mesh,
+                why: format!("apply {env}"),
+                changes: vec![],
+            },
+        };
+        let bytes = mesh_codec::encode("proposal", &p).expect("encode");
+        let txn = db.begin_write().expect("txn");
+        let at = EntryAt {
+            index,
+            term: 1,
+            position: 0,
+        };
+        app.apply(&txn, at, Some(&bytes)).expect("applied");
+        txn.commit().expect("commit");
+    }
+
+    #[test]
+    fn kept_models_are_written_with_the_apply_and_carried_by_snapshot_and_install() {
+        // Issue 25 item 1, decision 0302: the model of each model revision is in the replicated
+        // store, so a replica that installed a snapshot (a new or lagging one) reads old
+        // revisions back as the others do.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let db = mesh_migrations::open(&tmp.path().join("a")).expect("store");
+        let app = MeshApp::default();
+        apply_model(&app, &db, 1, "one");
+        apply_model(&app, &db, 2, "two");
+        let one = MeshApp::model_revision(&db, 1)
+            .expect("read")
+            .expect("kept");
+        assert_eq!(
+            one.modules["a"].env.get("N").map(String::as_str),
+            Some("one")
+        );
+        let snapshot = app
+            .snapshot(&db.begin_read().expect("read"))
+            .expect("snapshot");
+        let other = mesh_migrations::open(&tmp.path().join("b")).expect("store");
+        let installed = MeshApp::default();
+        let txn = other.begin_write().expect("txn");
+        installed.install(&txn, &snapshot).expect("installed");
+        txn.commit().expect("commit");
+        for revision in [1, 2] {
+            assert_eq!(
+                MeshApp::model_revision(&other, revision).expect("read"),
+                MeshApp::model_revision(&db, revision).expect("read"),
+                "revision {revision}"
+            );
+        }
+        let (a, b) = (
+            app.state().expect("state"),
+            installed.state().expect("state"),
+        );
+        assert_eq!(
+            a.model_revisions, b.model_revisions,
+            "the pruning index too"
+        );
+        assert_eq!(b.model_revisions.len(), 2);
+        // And a restart (load from the tables) rebuilds the same index.
+        let loaded = MeshApp::load(&other).expect("load");
+        assert_eq!(
+            loaded.state().expect("state").model_revisions,
+            a.model_revisions
+        );
     }
 }

@@ -41,7 +41,19 @@ pub struct DomainState {
     pub uploads: BTreeMap<super::staging::UploadId, super::staging::Upload>,
     /// The envelope keys of replicas added after init (decision 0230).
     pub signers: super::signers::Signers,
+    /// The model revisions whose model is kept (table `model_revisions`, decision 0302), each
+    /// with its encoded size: what pruning counts. Rebuilt from the table (or a snapshot's rows)
+    /// on load and install, so it is not part of a snapshot's state.
+    #[serde(skip)]
+    pub model_revisions: BTreeMap<u64, u64>,
 }
+
+/// How many model revisions keep their model (decision 0302): the newest 50, enough to roll
+/// back across weeks of daily applies.
+pub const model_revisions_kept_max: usize = 50;
+/// Most bytes of kept models together (decision 0302): 64 MiB, eight models of the largest size
+/// (`model_bytes_max`, 8 MiB). The newest model is always kept, whatever its size.
+pub const model_revisions_bytes_max: u64 = 64 * 1024 * 1024;
 
 /// A row the redb layer must write after an apply, in the same transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,6 +88,13 @@ pub enum Changed {
     },
     /// A replica's envelope key written or (gone from the state) removed.
     Signer(u64),
+    /// The model of a model revision, encoded as the `model` table holds it, kept (decision 0302).
+    ModelRevision {
+        revision: u64,
+        bytes: std::sync::Arc<Vec<u8>>,
+    },
+    /// A kept model revision's model pruned (over the count or byte limit).
+    ModelRevisionPruned(u64),
 }
 
 impl DomainState {
@@ -355,7 +374,16 @@ impl DomainState {
             }
         }
         super::revoked::revoke_dropped_machines(self, p, mesh, changed)?;
+        // Encoded before anything changes, so a refusal leaves the state as it was. The kept
+        // model is what the `model` table holds: machines and modules, settings apart.
+        let stored = Mesh {
+            settings: Default::default(),
+            ..mesh.clone()
+        };
+        let bytes = mesh_codec::encode("model", &stored)
+            .map_err(|e| Refusal::Invalid(format!("the model does not encode: {e}")))?;
         let applied = self.apply_model(p, mesh, why, changed);
+        self.keep_model_revision(bytes, changed);
         changed.push(Changed::ModelHistory(ModelChange {
             revision: self.revision,
             why: why.to_string(),
@@ -377,9 +405,7 @@ impl DomainState {
         why: &str,
         changed: &mut Vec<Changed>,
     ) -> Applied {
-        let first = self.revision == 0
-            && self.mesh.machines.is_empty()
-            && self.mesh.settings.layers.is_empty();
+        let first = self.first_apply();
         let mut settings_ignored = Vec::new();
         if first {
             for (scope, layer) in &mesh.settings.layers {
@@ -387,18 +413,7 @@ impl DomainState {
             }
             self.mesh = mesh.clone();
         } else {
-            for scope in mesh
-                .settings
-                .layers
-                .keys()
-                .chain(self.mesh.settings.layers.keys())
-            {
-                if mesh.settings.layers.get(scope) != self.mesh.settings.layers.get(scope) {
-                    settings_ignored.push(scope.to_string());
-                }
-            }
-            settings_ignored.sort();
-            settings_ignored.dedup();
+            settings_ignored = self.settings_ignored(mesh);
             let settings = std::mem::take(&mut self.mesh.settings);
             self.mesh = Mesh {
                 settings,
@@ -411,6 +426,63 @@ impl DomainState {
             revision: self.revision,
             settings_ignored,
         }
+    }
+
+    /// Keeps the model just applied as its revision's, then prunes the oldest kept while more
+    /// than [`model_revisions_kept_max`] are kept or they hold more than
+    /// [`model_revisions_bytes_max`] together; the newest is never pruned.
+    fn keep_model_revision(&mut self, bytes: Vec<u8>, changed: &mut Vec<Changed>) {
+        self.model_revisions
+            .insert(self.revision, bytes.len() as u64);
+        changed.push(Changed::ModelRevision {
+            revision: self.revision,
+            bytes: std::sync::Arc::new(bytes),
+        });
+        loop {
+            let total: u64 = self.model_revisions.values().sum();
+            let over = self.model_revisions.len() > model_revisions_kept_max
+                || total > model_revisions_bytes_max;
+            if !over || self.model_revisions.len() <= 1 {
+                break;
+            }
+            let Some((oldest, _)) = self.model_revisions.pop_first() else {
+                break;
+            };
+            changed.push(Changed::ModelRevisionPruned(oldest));
+        }
+    }
+
+    /// The first apply of a store: its file's settings seed the layers.
+    fn first_apply(&self) -> bool {
+        self.revision == 0 && self.mesh.machines.is_empty() && self.mesh.settings.layers.is_empty()
+    }
+
+    /// Whether an apply of `mesh` would store the model already in force (issue 25 item 1): the
+    /// same machines and modules. Settings do not count: after the first apply an apply never
+    /// writes them. Such an apply stores nothing: no revision, no history row.
+    pub fn model_unchanged(&self, mesh: &Mesh) -> bool {
+        !self.first_apply()
+            && self.mesh.machines == mesh.machines
+            && self.mesh.modules == mesh.modules
+    }
+
+    /// The settings scopes where `mesh`'s layers differ from the store's: an apply leaves them
+    /// as the store has them (they change with settings commands, which keep history).
+    pub fn settings_ignored(&self, mesh: &Mesh) -> Vec<String> {
+        let mut ignored = Vec::new();
+        for scope in mesh
+            .settings
+            .layers
+            .keys()
+            .chain(self.mesh.settings.layers.keys())
+        {
+            if mesh.settings.layers.get(scope) != self.mesh.settings.layers.get(scope) {
+                ignored.push(scope.to_string());
+            }
+        }
+        ignored.sort();
+        ignored.dedup();
+        ignored
     }
 
     fn mint(
@@ -596,5 +668,100 @@ mod floor_tests {
         }
         let (out, _) = state.apply(3, &proposal(3, sends));
         assert!(matches!(out, Outcome::Applied(_)), "{out:?}");
+    }
+}
+
+#[cfg(test)]
+mod kept_models {
+    use super::*;
+    use crate::core::meshfile::parse_mesh;
+
+    fn apply(state: &mut DomainState, mesh: &Mesh) -> Vec<Changed> {
+        let p = Proposal {
+            epoch: 1,
+            expect_revision: None,
+            actor: "operator:op".into(),
+            time_ms: 1,
+            command: Command::ApplyModel {
+                mesh: mesh.clone(),
+                why: "test".into(),
+                changes: vec![],
+            },
+        };
+        let (out, changed) = state.apply(1, &p);
+        assert!(matches!(out, Outcome::Applied(_)), "{out:?}");
+        changed
+    }
+
+    fn model(file: &str, n: usize) -> Mesh {
+        let text = format!(
+            "[machines.m]\naddress = \"10.0.0.1\"\n[modules.a]\nmachine = \"m\"\ncommand = \"sh\"\nenv = {{ N = \"{n}\" }}\nfiles = {{ \"f\" = \"{file}\" }}\n[settings.mesh]\nk = \"v\"\n"
+        );
+        parse_mesh("mesh.toml", &text).expect("parses")
+    }
+
+    #[test]
+    fn the_store_keeps_the_newest_models_within_the_count_and_byte_limits() {
+        // Issue 25 item 1, decision 0302: each model apply keeps its model, and the oldest are
+        // pruned past `model_revisions_kept_max` revisions, so kept models cannot fill a disk.
+        let mut state = DomainState::default();
+        let mut pruned = Vec::new();
+        for n in 0..(model_revisions_kept_max + 7) {
+            let changed = apply(&mut state, &model("x", n));
+            for c in changed {
+                if let Changed::ModelRevisionPruned(r) = c {
+                    pruned.push(r);
+                }
+            }
+        }
+        assert_eq!(state.model_revisions.len(), model_revisions_kept_max);
+        assert_eq!(pruned, (1..=7).collect::<Vec<u64>>(), "the oldest go first");
+        assert_eq!(
+            state.model_revisions.keys().next_back(),
+            Some(&state.revision),
+            "the newest is kept"
+        );
+        // The byte budget: models of 3 MiB each, far fewer than the count limit fit.
+        let big = "x".repeat(3 * 1024 * 1024);
+        let mut state = DomainState::default();
+        for n in 0..25 {
+            apply(&mut state, &model(&big, n));
+        }
+        let total: u64 = state.model_revisions.values().sum();
+        assert!(total <= model_revisions_bytes_max, "{total}");
+        let per = state
+            .model_revisions
+            .values()
+            .next()
+            .copied()
+            .expect("kept");
+        assert_eq!(
+            state.model_revisions.len() as u64,
+            model_revisions_bytes_max / per,
+            "as many as fit in the budget"
+        );
+    }
+
+    #[test]
+    fn an_apply_of_the_model_in_force_is_unchanged_whatever_its_settings() {
+        // Issue 25 item 1: applying the stored model again stores nothing; its settings do
+        // not count (an apply never writes them after the first); any machine or module does.
+        let mut state = DomainState::default();
+        let first = model("x", 1);
+        assert!(
+            !state.model_unchanged(&first),
+            "the first apply always stores"
+        );
+        apply(&mut state, &first);
+        assert!(state.model_unchanged(&first));
+        let mut other_settings = first.clone();
+        other_settings.settings = Default::default();
+        assert!(state.model_unchanged(&other_settings));
+        assert!(!state.model_unchanged(&model("x", 2)), "an env value moved");
+        let mut moved_machine = first.clone();
+        if let Some(m) = moved_machine.machines.get_mut("m") {
+            m.address = "10.0.0.2".into();
+        }
+        assert!(!state.model_unchanged(&moved_machine), "an address moved");
     }
 }

@@ -143,6 +143,11 @@ pub enum ApiError {
         needed: mesh_transport::Role,
         held: mesh_transport::Role,
     },
+    #[error(transparent)]
+    Events(#[from] crate::controller::events::EventsError),
+    /// `model show`, `rollback` and `settings rollback` (issue 25, decision 0302).
+    #[error(transparent)]
+    Model(#[from] ModelError),
 }
 
 fn leader_name(leader: Option<u64>) -> String {
@@ -188,6 +193,8 @@ impl ApiError {
             ApiError::Certs(e) => e.class(),
             ApiError::Logs(e) => e.class(),
             ApiError::Members(e) => e.class(),
+            ApiError::Events(e) => e.class(),
+            ApiError::Model(e) => e.class(),
         }
     }
 
@@ -224,6 +231,8 @@ impl ApiError {
             ApiError::Certs(e) => e.cause(),
             ApiError::Logs(e) => e.cause(),
             ApiError::Members(e) => e.cause(),
+            ApiError::Events(e) => e.cause(),
+            ApiError::Model(e) => e.cause(),
         }
     }
 
@@ -657,3 +666,80 @@ impl LogsError {
 #[cfg(test)]
 #[path = "error_tests.rs"]
 mod tests;
+
+/// `model show`, `rollback` and `settings rollback` (issue 25 items 1 and 2, decision 0302).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum ModelError {
+    /// The revision is past the store's.
+    #[error(
+        "revision {revision} does not exist: the store is at revision {newest}; `meshctl history` lists model revisions"
+    )]
+    NoSuchRevision { revision: u64, newest: u64 },
+    /// The revision changed settings or minted, and stored no model.
+    #[error(
+        "revision {revision} stored no model (it was a settings write or a mint); `meshctl history` lists model revisions"
+    )]
+    NotAModelRevision { revision: u64 },
+    /// A model revision whose model the store no longer keeps (pruned, or applied before
+    /// models were kept).
+    #[error(
+        "revision {revision} is no longer kept: the store keeps the models of the newest {kept_max} model revisions within {bytes_max} bytes, and models applied before this release were never kept; {}",
+        oldest_kept_words(*oldest_kept)
+    )]
+    NotKept {
+        revision: u64,
+        oldest_kept: Option<u64>,
+        kept_max: u64,
+        bytes_max: u64,
+    },
+    /// A rolled-back model too large for one proposal (the CLI's upload path takes it).
+    #[error(
+        "revision {revision}'s model encodes to {bytes} bytes, over the {limit} bytes one proposal carries; run `meshctl model show --revision {revision} > m.toml` and `meshctl apply -f m.toml` (apply sends large models in chunks); nothing was stored"
+    )]
+    TooLarge {
+        revision: u64,
+        bytes: u64,
+        limit: u64,
+    },
+    /// No settings history entry with that id.
+    #[error(
+        "settings history has no entry {to} (ids run from 1 to {newest}); `meshctl settings show {scope} --history` lists them"
+    )]
+    NoSuchSettingsEntry { scope: Scope, to: u64, newest: u64 },
+    /// The entry is another scope's.
+    #[error(
+        "settings history entry {to} changed [{entry_scope}], not [{scope}]; `meshctl settings show {scope} --history` lists its entries"
+    )]
+    OtherScope {
+        scope: Scope,
+        to: u64,
+        entry_scope: Scope,
+    },
+}
+
+fn oldest_kept_words(oldest: Option<u64>) -> String {
+    match oldest {
+        Some(r) => format!("the oldest kept is revision {r}"),
+        None => "none is kept yet".to_string(),
+    }
+}
+
+impl ModelError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            ModelError::TooLarge { .. } => ErrorClass::Refused,
+            _ => ErrorClass::Invalid,
+        }
+    }
+
+    pub fn cause(&self) -> &'static str {
+        match self {
+            ModelError::NoSuchRevision { .. } => "model.no_such_revision",
+            ModelError::NotAModelRevision { .. } => "model.not_a_model_revision",
+            ModelError::NotKept { .. } => "model.not_kept",
+            ModelError::TooLarge { .. } => "model.too_large",
+            ModelError::NoSuchSettingsEntry { .. } => "model.no_such_settings_entry",
+            ModelError::OtherScope { .. } => "model.other_scope",
+        }
+    }
+}
