@@ -24,10 +24,12 @@ fn sends_in_history(bed: &Bed) -> anyhow::Result<usize> {
 }
 
 #[test]
-fn g7_plan_shows_every_machine_it_would_send_with_its_own_diff_and_settings_in_the_clear()
+fn g7_plan_shows_every_machine_it_would_send_with_its_own_diff_and_values_in_the_clear()
 -> anyhow::Result<()> {
     // G7: after a mesh-wide setting changes, `plan --behind` lists both machines, each with its
-    // own diff line showing the old and new value (the store holds them in the clear).
+    // own diff line showing the old and new value (the store holds them in the clear). An env
+    // value a model change replaced shows in the clear too, from the kept model of the earlier
+    // revision (issue 25: it showed as a digest).
     let bed = settled()?;
     let quiet = bed.meshctl(&["plan", "--behind", "--detailed-exitcode"])?;
     assert_eq!(quiet.code, Some(0), "{}{}", quiet.stdout, quiet.stderr);
@@ -57,6 +59,23 @@ fn g7_plan_shows_every_machine_it_would_send_with_its_own_diff_and_settings_in_t
         let line = format!("  ~ {module}: setting region: \"lab\" => \"eu\"");
         assert!(plan.stdout.contains(&line), "{line} in {}", plan.stdout);
     }
+    let with_env = |value: &str| {
+        consumer.replace(
+            "[modules.db]\n",
+            &format!("[modules.db]\nenv = {{ DB_NAME = \"{value}\" }}\n"),
+        )
+    };
+    bed.apply(&with_env("mesh"), "name the database")?;
+    bed.meshctl_ok(&["push", "--all", "--why", "name the database"])?;
+    bed.apply(&with_env("mesh2"), "rename the database")?;
+    let plan = bed.meshctl(&["plan", "ace", "--diff"])?;
+    let line = "  ~ db: env DB_NAME: \"mesh\" => \"mesh2\"";
+    assert!(
+        plan.stdout.contains(line),
+        "{line} in {}{}",
+        plan.stdout,
+        plan.stderr
+    );
     Ok(())
 }
 

@@ -15,7 +15,8 @@ use crate::store::state::DomainState;
 pub const unminted_secret: &str = "minted at push";
 
 /// Values the store holds in the clear, by their summary digest: settings (current layers and their
-/// history) and module env. Files and secrets are never in it.
+/// history) and module env (the model in force and the kept models of earlier revisions, decision
+/// 0302, so a value a change replaced shows in the clear too). Files and secrets are never in it.
 pub(crate) struct Reveal {
     values: BTreeMap<String, String>,
 }
@@ -28,7 +29,13 @@ impl Reveal {
         }
     }
 
-    pub(crate) fn new(state: &DomainState, history: &[SettingsChange]) -> Reveal {
+    /// From the state, the settings history and `earlier` models (kept models of earlier
+    /// revisions, newest first, as many as the caller read).
+    pub(crate) fn new(
+        state: &DomainState,
+        history: &[SettingsChange],
+        earlier: &[crate::core::model::Mesh],
+    ) -> Reveal {
         let mut values = BTreeMap::new();
         let mut add = |v: &String| {
             values.insert(value_digest(v), v.clone());
@@ -41,8 +48,10 @@ impl Reveal {
                 layer.values().for_each(&mut add);
             }
         }
-        for module in state.mesh.modules.values() {
-            module.env.values().for_each(&mut add);
+        for mesh in std::iter::once(&state.mesh).chain(earlier) {
+            for module in mesh.modules.values() {
+                module.env.values().for_each(&mut add);
+            }
         }
         Reveal { values }
     }

@@ -33,6 +33,7 @@ use crate::core::compose::MintRequest;
 use crate::core::envelope::{Envelope, Position, seal};
 use crate::core::wire::{EnvelopeReply, envelope_reply_what};
 use crate::store::app::MeshApp;
+use crate::store::state::DomainState;
 use crate::store::command::{Applied, Command};
 
 pub(crate) use super::engine::known_of;
@@ -106,7 +107,39 @@ fn offer(lines: &Sink, event: &PushEvent) {
     }
 }
 
+/// Most bytes of earlier kept models a plan reads to show replaced env values in the clear
+/// (decision 0302 keeps up to 64 MiB of them): newest first, at least one.
+pub const reveal_models_bytes_max: u64 = 8 * 1024 * 1024;
+
 impl Service {
+    /// What a plan may show in the clear: settings and their history, env of the model in force
+    /// and of the kept models of earlier revisions, newest first, within
+    /// [`reveal_models_bytes_max`] (a value older than those shows as its digest).
+    fn reveal(&self, state: &DomainState) -> Result<Reveal, ApiError> {
+        let db = self.replica.database();
+        let history = MeshApp::settings_history(db)
+            .map_err(|e| super::ops::storage("settings history", &e))?;
+        let current = MeshApp::last_model_revision(db)
+            .map_err(|e| super::ops::storage("model history", &e))?;
+        let mut earlier = Vec::new();
+        let mut read = 0u64;
+        for (&revision, &bytes) in state.model_revisions.iter().rev() {
+            if Some(revision) == current {
+                continue;
+            }
+            if !earlier.is_empty() && read.saturating_add(bytes) > reveal_models_bytes_max {
+                break;
+            }
+            let kept = MeshApp::model_revision(db, revision)
+                .map_err(|e| super::ops::storage("kept model", &e))?;
+            if let Some(mesh) = kept {
+                read = read.saturating_add(bytes);
+                earlier.push(mesh);
+            }
+        }
+        Ok(Reveal::new(state, &history, &earlier))
+    }
+
     /// `Request::Plan`: everything a push of `target` would do, each machine diffed against its
     /// last send (G7). Plans exactly as the push does, with placeholder secrets; writes nothing.
     pub(crate) async fn plan(
@@ -115,9 +148,7 @@ impl Service {
         moves: Vec<String>,
     ) -> Result<Body, ApiError> {
         let state = self.state()?;
-        let history = MeshApp::settings_history(self.replica.database())
-            .map_err(|e| super::ops::storage("settings history", &e))?;
-        let reveal = Reveal::new(&state, &history);
+        let reveal = self.reveal(&state)?;
         let view = self.work.with(&state, |work| {
             plan_dry(&state, work, target, moves, &reveal)
         })??;
@@ -197,11 +228,7 @@ impl Service {
             return Ok((Body::Push(view), None));
         }
         let reveal = match job.saved {
-            Some(_) => {
-                let history = MeshApp::settings_history(self.replica.database())
-                    .map_err(|e| super::ops::storage("settings history", &e))?;
-                Reveal::new(&state, &history)
-            }
+            Some(_) => self.reveal(&state)?,
             None => Reveal::none(),
         };
         let mut secret = |_: &MintRequest| random_secret();

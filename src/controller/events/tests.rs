@@ -11,6 +11,7 @@ fn module(name: &str, state: ModuleState, restarts: u32, last_exit: Option<Exit>
         restarts,
         pid: Some(100),
         last_exit,
+        drift: Vec::new(),
     }
 }
 
