@@ -162,14 +162,7 @@ async fn ask_inner<'e>(
     let mut asked = Asked::default();
     let outcome = tokio::time::timeout(
         limit,
-        ask_replicas(
-            &endpoint,
-            context,
-            request,
-            body,
-            &mut asked,
-            events.as_deref_mut(),
-        ),
+        ask_replicas(&endpoint, context, request, body, &mut asked, events.as_deref_mut()),
     )
     .await;
     match &outcome {
@@ -240,15 +233,11 @@ async fn ask_replicas<'e>(
         let (id, addr) = match joined {
             Ok((id, addr, Ok(_))) => (id, addr),
             Ok((id, addr, Err(e))) => {
-                asked
-                    .tried
-                    .push((id, format!("replica {id} at {addr}: {e}")));
+                asked.tried.push((id, format!("replica {id} at {addr}: {e}")));
                 continue;
             }
             Err(e) => {
-                asked
-                    .tried
-                    .push((u64::MAX, format!("a handshake task ended: {e}")));
+                asked.tried.push((u64::MAX, format!("a handshake task ended: {e}")));
                 continue;
             }
         };
@@ -257,9 +246,7 @@ async fn ask_replicas<'e>(
             Ok(answer) => return Ok(answer),
             Err(Attempt::Final(e)) => return Err(e),
             Err(Attempt::Next(reason)) => {
-                asked
-                    .tried
-                    .push((id, format!("replica {id} at {addr}: {reason}")));
+                asked.tried.push((id, format!("replica {id} at {addr}: {reason}")));
             }
         }
     }
