@@ -8,10 +8,12 @@ pub mod controller;
 // The pure domain is its own crate (core/, decision 0130); `crate::core::…` paths name it.
 pub use mesh_core as core;
 pub mod durable;
+pub mod exposition;
 pub mod hex;
 pub mod host;
 pub mod limits;
 pub mod logging;
+pub mod process_metrics;
 pub mod readonly_http;
 pub mod store;
 pub mod timefmt;

@@ -24,8 +24,12 @@ use tokio::task::{JoinHandle, JoinSet};
 pub const header_read_ms: u64 = 5_000;
 /// Pause after a failed accept (out of file descriptors, say) before the next.
 pub const accept_retry_ms: u64 = 100;
-/// The content type of `/metrics`: the text format, OpenMetrics flavour, which Prometheus scrapes.
-pub const metrics_content_type: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of `/metrics` in OpenMetrics, served to a scraper whose `Accept` prefers it.
+pub const openmetrics_content_type: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of `/metrics` in the classic Prometheus text format (0.0.4), served unless
+/// the scraper's `Accept` prefers OpenMetrics (decision 0311).
+pub const classic_content_type: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// An answer of the server.
 pub type Answer = Response<Full<Bytes>>;

@@ -209,3 +209,85 @@ fn g2_g3_paused_old_leader_never_gets_a_host_to_apply_its_epoch_after_resuming()
     }
     Ok(())
 }
+
+// ---- Leadership counters (issue 25 item 6, decision 0312) --------------------------------------
+
+/// `key`'s value on replica `id`'s `/metrics`; an error while it does not answer or lacks it.
+fn replica_sample(bed: &Bed, id: u64, key: &str) -> anyhow::Result<f64> {
+    let page = bed
+        .page(id)
+        .ok_or_else(|| anyhow::anyhow!("replica {id} serves no /metrics"))?;
+    let (code, text) = mesh_beds::http_get(page, "/metrics", std::time::Duration::from_secs(5))?;
+    anyhow::ensure!(
+        code == 200,
+        "replica {id}'s /metrics answered {code}: {text}"
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no {key} on replica {id}:\n{text}"))
+}
+
+/// `(won, lost)` of replica `id`'s `mesh_leadership_changes_total`.
+fn changes(bed: &Bed, id: u64) -> anyhow::Result<(f64, f64)> {
+    Ok((
+        replica_sample(bed, id, "mesh_leadership_changes_total{change=\"won\"}")?,
+        replica_sample(bed, id, "mesh_leadership_changes_total{change=\"lost\"}")?,
+    ))
+}
+
+#[test]
+fn a_deposed_leader_counts_one_loss_and_a_restarted_ex_leader_counts_nothing() -> anyhow::Result<()>
+{
+    // Issue 25 item 6 (decision 0312): leadership counters an SRE can alert on. A leader paused
+    // until another is elected, then resumed, counts the term it won and the one loss; a leader
+    // SIGKILLed and started again comes up as its old term's leader from its disk (openraft
+    // restores it), is never acknowledged by the others, and counts neither a win nor a loss.
+    let mut bed = Bed::start_with_pages(binaries!(), 3, pair)?;
+    let first = bed.leader_other_than(None)?;
+    bed.wait_for("the first leader counting its win", wait_ms_default, || {
+        Ok((changes(&bed, first)? == (1.0, 0.0)).then_some(()))
+    })?;
+
+    bed.pause_replica(first)?;
+    let second = bed.leader_other_than(Some(first))?;
+    bed.resume_replica(first)?;
+    bed.wait_for(
+        "the deposed leader counting one loss",
+        wait_ms_default,
+        || {
+            let leads = replica_sample(&bed, first, "mesh_raft_leader")?;
+            Ok((leads == 0.0 && changes(&bed, first)? == (1.0, 1.0)).then_some(()))
+        },
+    )?;
+    bed.wait_for(
+        "the second leader counting its win",
+        wait_ms_default,
+        || Ok((changes(&bed, second)? == (1.0, 0.0)).then_some(())),
+    )?;
+
+    bed.kill_replica(second)?;
+    let third = bed.leader_other_than(Some(second))?;
+    let term = bed.wait_for("the third leader's term", wait_ms_default, || {
+        let term = replica_sample(&bed, third, "mesh_raft_term")?;
+        Ok((replica_sample(&bed, third, "mesh_raft_leader")? == 1.0).then_some(term))
+    })?;
+    bed.restart_replica(second)?;
+    bed.wait_for(
+        "the restarted ex-leader following the third leader's term",
+        wait_ms_default,
+        || {
+            let follows = replica_sample(&bed, second, "mesh_raft_leader")? == 0.0
+                && replica_sample(&bed, second, "mesh_raft_term")? >= term;
+            Ok(follows.then_some(()))
+        },
+    )?;
+    assert_eq!(
+        changes(&bed, second)?,
+        (0.0, 0.0),
+        "a restart is neither a win nor a loss; replica {second}'s log:\n{}",
+        bed.replica_log(second)
+    );
+    let first_won = if third == first { 2.0 } else { 1.0 };
+    assert_eq!(changes(&bed, first)?, (first_won, 1.0));
+    Ok(())
+}

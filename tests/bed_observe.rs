@@ -121,7 +121,8 @@ fn metrics_count_a_push_and_the_status_page_shows_the_leader_and_the_machines() 
     let leader = bed.leader_other_than(None)?;
     let (code, text) = get(http[&leader], "/metrics")?;
     assert_eq!(code, 200, "{text}");
-    assert!(text.contains("# TYPE mesh_pushes counter"), "{text}");
+    // The classic format, asked for by nobody in particular (decision 0311).
+    assert!(text.contains("# TYPE mesh_pushes_total counter"), "{text}");
     let keys = [
         ("mesh_pushes_total{outcome=\"done\"}", 1.0),
         ("mesh_sends_total{outcome=\"applied\"}", 2.0),

@@ -1,7 +1,8 @@
 //! `meshctl dev` never leaves a process behind and can run twice on one machine (issue 13 part 7):
 //! the real binary is started in a session of its own, so every process it starts, however deep,
 //! is found by its session id in /proc; a guard SIGKILLs whatever is left of that session when a
-//! test ends, passed or failed.
+//! test ends, passed or failed. Each host of a run serves its `/metrics` on a port of that run
+//! and dev prints where (issue 25 item 6).
 
 use std::collections::BTreeSet;
 use std::os::unix::process::CommandExt;
@@ -152,6 +153,25 @@ impl DevRun {
         }
     }
 
+    /// Where dev said each host serves `/metrics` (`host ace's metrics: http://…/metrics`).
+    fn host_metrics(&self) -> Vec<(String, std::net::SocketAddr)> {
+        let mut out = Vec::new();
+        for line in self.output().lines() {
+            let Some(rest) = line.strip_prefix("host ") else {
+                continue;
+            };
+            let Some((name, url)) = rest.split_once("'s metrics: http://") else {
+                continue;
+            };
+            let addr = url
+                .trim_end_matches("/metrics")
+                .parse()
+                .expect("an address");
+            out.push((name.to_string(), addr));
+        }
+        out
+    }
+
     /// The module ports of the mesh this run applied (`<dir>/mesh.toml`).
     fn module_ports(&self) -> BTreeSet<u16> {
         let text = std::fs::read_to_string(self.dir.join("mesh.toml")).expect("dev's mesh.toml");
@@ -272,6 +292,20 @@ fn two_dev_runs_use_different_ports_and_a_killed_one_leaves_no_module() {
             "expected the example's modules to run, found {modules}:\n{}",
             run.output()
         );
+    }
+    // Every host of both runs serves its own /metrics, where dev said.
+    let mut served = BTreeSet::new();
+    for run in [&first, &second] {
+        let hosts = run.host_metrics();
+        let names: Vec<&str> = hosts.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["ace", "g14", "novox", "shanks"], "{}", run.output());
+        for (name, addr) in hosts {
+            assert!(served.insert(addr), "{addr} given twice:\n{}", run.output());
+            let (code, text) = mesh_beds::http_get(addr, "/metrics", Duration::from_secs(5))
+                .unwrap_or_else(|e| panic!("host {name}'s /metrics at {addr}: {e:#}"));
+            assert_eq!(code, 200, "{text}");
+            assert!(text.contains("mesh_host_build_info"), "{name}: {text}");
+        }
     }
     kill_and_check(&mut first, Signal::SIGKILL, "with every module running");
     kill_and_check(&mut second, Signal::SIGKILL, "with every module running");

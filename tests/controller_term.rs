@@ -194,3 +194,42 @@ async fn g9_a_term_another_leadership_signed_is_left_at_the_first_report_that_pr
     .await;
     bed.shutdown().await;
 }
+
+/// `key`'s value in replica `id`'s `/metrics` as it would answer now.
+fn metric(bed: &Bed, id: u64, key: &str) -> f64 {
+    let text = bed.service(id).metrics_text().expect("metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} on replica {id}:\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_others_stops_counting_the_fleet_and_the_new_leader_counts_it() {
+    // Issue 25 item 6, decision 0311: only a leader a quorum confirmed within an election
+    // timeout reports the fleet gauges. A leader cut off from the others still thinks it leads
+    // (openraft 0.9 does not step down by itself) but must say 0, so an alert summing the
+    // replicas never counts the fleet twice, nor every host silent from a deposed leader.
+    let (bed, old, _) = pushed_once().await;
+    wait_until("the leader counting ace", || async {
+        metric(&bed, old, "mesh_hosts") == 1.0
+    })
+    .await;
+    for id in [1, 2, 3].into_iter().filter(|id| *id != old) {
+        assert_eq!(metric(&bed, id, "mesh_hosts"), 0.0, "follower {id}");
+    }
+    let (new, _) = bed.isolate_and_elect(old).await;
+    wait_until("the cut-off leader saying 0", || async {
+        metric(&bed, old, "mesh_hosts") == 0.0
+    })
+    .await;
+    assert_eq!(
+        bed.service(old).replica().metrics().borrow().state,
+        openraft::ServerState::Leader,
+        "the cut-off replica still believes it leads"
+    );
+    wait_until("the new leader counting ace", || async {
+        metric(&bed, new, "mesh_hosts") == 1.0
+    })
+    .await;
+    bed.shutdown().await;
+}

@@ -97,7 +97,7 @@ async fn host_metrics_count_envelopes_by_outcome_reports_and_modules_by_state() 
     );
     assert_eq!(at("mesh_host_modules{state=\"ready\"}"), 1.0, "{text}");
     assert_eq!(at("mesh_host_modules{state=\"failed\"}"), 0.0, "{text}");
-    assert_eq!(at("mesh_host_module_restarts"), 0.0, "{text}");
+    assert_eq!(at("mesh_host_module_restarts_total"), 0.0, "{text}");
     let queued = at("mesh_host_reports_queued_total");
     let delivered = at("mesh_host_reports_delivered_total");
     assert!(queued >= 2.0 && delivered >= 1.0, "{text}");

@@ -196,6 +196,9 @@ pub struct Bed {
     hosts: BTreeMap<String, Guarded>,
     /// Replica id → its status page (`http` in its replica.toml), for a [`Bed::start_with_pages`] bed.
     pages: BTreeMap<u64, SocketAddr>,
+    /// Machine → its mesh-host's `/metrics` (`http` in its host.toml), for a
+    /// [`Bed::start_with_pages`] bed.
+    host_pages: BTreeMap<String, SocketAddr>,
     /// Process (`replica-<id>`, `host-<m>`, `meshctl`) → the command put before it
     /// (`ip netns exec <ns>`); empty on loopback.
     prefix: BTreeMap<String, Vec<String>>,
@@ -213,7 +216,8 @@ impl Bed {
     }
 
     /// Like [`Bed::start`], every replica also serving its status page and `/metrics` on a free
-    /// loopback TCP port (`http` in its replica.toml, as `meshctl dev` does); see [`Bed::page`].
+    /// loopback TCP port (`http` in its replica.toml, as `meshctl dev` does), and every mesh-host
+    /// its `/metrics` (`http` in its host.toml); see [`Bed::page`] and [`Bed::host_page`].
     pub fn start_with_pages(bins: Binaries, replicas: u64, mesh_text: &str) -> anyhow::Result<Bed> {
         Bed::start_loopback(bins, replicas, mesh_text, true)
     }
@@ -296,8 +300,29 @@ impl Bed {
         let written = write(&layout)?;
         let dir = layout.dir.clone();
         let mut page_addrs = BTreeMap::new();
+        let mut host_pages = BTreeMap::new();
+        // Picked together, and none a port the mesh's modules provide (a run's example ports were
+        // free when picked and nothing listens on them until the modules start).
+        let http_ports = if pages {
+            let taken: std::collections::BTreeSet<u16> = layout
+                .mesh
+                .iter()
+                .flat_map(|m| m.modules.values())
+                .flat_map(|m| m.provides.iter().filter_map(|p| p.port))
+                .collect();
+            let n = layout.replicas.len() + layout.machines.len();
+            let ports: Vec<u16> = free_tcp_ports(n + taken.len())?
+                .into_iter()
+                .filter(|p| !taken.contains(p))
+                .take(n)
+                .collect();
+            anyhow::ensure!(ports.len() == n, "only {} free TCP ports", ports.len());
+            ports
+        } else {
+            Vec::new()
+        };
         if pages {
-            let ports = free_tcp_ports(layout.replicas.len())?;
+            let ports = http_ports[..layout.replicas.len()].iter().copied();
             for ((id, _), port) in layout.replicas.iter().zip(ports) {
                 let addr = SocketAddr::from(([127, 0, 0, 1], port));
                 let file = dir.join(format!("replica-{id}.toml"));
@@ -306,6 +331,17 @@ impl Bed {
                 std::fs::write(&file, format!("http = \"{addr}\"\n{text}"))
                     .context("write replica config")?;
                 page_addrs.insert(*id, addr);
+            }
+        }
+        if pages {
+            let ports = http_ports[layout.replicas.len()..].iter().copied();
+            for ((name, _), port) in layout.machines.iter().zip(ports) {
+                let addr = SocketAddr::from(([127, 0, 0, 1], port));
+                let file = dir.join(format!("host-{name}.toml"));
+                let text = std::fs::read_to_string(&file).context("read host config")?;
+                std::fs::write(&file, format!("http = \"{addr}\"\n{text}"))
+                    .context("write host config")?;
+                host_pages.insert(name.clone(), addr);
             }
         }
         std::fs::write(dir.join("mesh.toml"), mesh_text).context("write bed mesh")?;
@@ -332,6 +368,7 @@ impl Bed {
             replicas: BTreeMap::new(),
             hosts: BTreeMap::new(),
             pages: page_addrs,
+            host_pages,
             prefix,
             fabric,
             _tmp: tmp,
@@ -411,6 +448,11 @@ impl Bed {
     /// Where replica `id` serves its status page, on a [`Bed::start_with_pages`] bed.
     pub fn page(&self, id: u64) -> Option<SocketAddr> {
         self.pages.get(&id).copied()
+    }
+
+    /// Where machine `name`'s mesh-host serves `/metrics`, on a [`Bed::start_with_pages`] bed.
+    pub fn host_page(&self, name: &str) -> Option<SocketAddr> {
+        self.host_pages.get(name).copied()
     }
 
     /// The namespaces of a [`Bed::start_netns`] bed (to cut and heal links), `None` on loopback.
@@ -853,13 +895,33 @@ pub fn sized_model(base: &str, bytes: usize) -> String {
 /// `GET path` from the HTTP server at `addr` (a status page or `/metrics`), every step within
 /// `wait`: the status code and the body.
 pub fn http_get(addr: SocketAddr, path: &str, wait: Duration) -> anyhow::Result<(u16, String)> {
+    let answer = http_get_accepting(addr, path, None, wait)?;
+    Ok((answer.code, answer.body))
+}
+
+/// One HTTP answer: status code, `Content-Type` (empty when none) and body.
+#[derive(Clone, Debug)]
+pub struct HttpAnswer {
+    pub code: u16,
+    pub content_type: String,
+    pub body: String,
+}
+
+/// Like [`http_get`], sending `Accept: accept` when given, and keeping the answer's content type.
+pub fn http_get_accepting(
+    addr: SocketAddr,
+    path: &str,
+    accept: Option<&str>,
+    wait: Duration,
+) -> anyhow::Result<HttpAnswer> {
     use std::io::{Read as _, Write as _};
     let mut stream = std::net::TcpStream::connect_timeout(&addr, wait)?;
     stream.set_read_timeout(Some(wait))?;
     stream.set_write_timeout(Some(wait))?;
+    let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n"
     )?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
@@ -872,5 +934,82 @@ pub fn http_get(addr: SocketAddr, path: &str, wait: Duration) -> anyhow::Result<
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| anyhow!("no status in {head:?}"))?;
-    Ok((code, body.to_string()))
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_string())
+        })
+        .unwrap_or_default();
+    Ok(HttpAnswer {
+        code,
+        content_type,
+        body: body.to_string(),
+    })
+}
+
+/// Prometheus' `promtool` (`MESH_PROMTOOL` if set, else the one on the PATH). Required, not
+/// optional: without it the exposition format cannot be checked, so a test that needs it fails
+/// naming the package; `.ci/run` installs Debian's `prometheus`, which ships it.
+pub fn promtool() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("MESH_PROMTOOL") {
+        return Ok(PathBuf::from(path));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let candidate = dir.join("promtool");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "promtool is needed to check /metrics and the alert rules and none is on the PATH; install it with `apt-get install --no-install-recommends prometheus` (.ci/run does this in CI) or set MESH_PROMTOOL to its path"
+    )
+}
+
+/// Runs `promtool args…` with `stdin` on its standard input, within `wait` (killed past it and
+/// on a panic); `Ok` with what it printed when it exits 0, `Err` with that when it does not.
+pub fn promtool_run(args: &[&str], stdin: &str, wait: Duration) -> anyhow::Result<String> {
+    /// Kills the child when dropped before it was reaped.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            if self.0.try_wait().ok().flatten().is_none() {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().context("promtool temp dir")?;
+    let input = dir.path().join("stdin");
+    let out = dir.path().join("out");
+    std::fs::write(&input, stdin)?;
+    let printed = std::fs::File::create(&out)?;
+    let child = Command::new(promtool()?)
+        .args(args)
+        .stdin(std::fs::File::open(&input)?)
+        .stdout(printed.try_clone()?)
+        .stderr(printed)
+        .spawn()
+        .context("start promtool")?;
+    let mut child = Reaped(child);
+    let deadline = std::time::Instant::now() + wait;
+    let status = loop {
+        if let Some(status) = child.0.try_wait()? {
+            break status;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "promtool {args:?} did not finish within {} ms",
+            wait.as_millis()
+        );
+        std::thread::sleep(Duration::from_millis(poll_ms / 10));
+    };
+    let printed = std::fs::read_to_string(&out)?;
+    anyhow::ensure!(
+        status.success(),
+        "promtool {args:?} exited {status}:\n{printed}"
+    );
+    Ok(printed)
 }

@@ -1,7 +1,8 @@
 //! `meshctl dev`: the embedded default. Writes a mesh into a directory (new temp dir unless
 //! `--dir`) with free loopback ports, starts 3 `meshd` and 4 `mesh-host` (the binaries beside this
 //! one), applies the embedded `examples/mesh.toml` with its module ports moved to ports free for
-//! this run, pushes `--all`, prints the status and what to try, and runs until Ctrl-C, SIGTERM or
+//! this run, pushes `--all`, prints the status, where each replica's page and each host's
+//! `/metrics` are served, and what to try, and runs until Ctrl-C, SIGTERM or
 //! SIGHUP; then it stops every child. No process outlives it: the signal handlers are installed
 //! before anything is written or started, and every child carries a parent-death signal, so even
 //! a SIGKILLed `dev` takes them along.
@@ -120,7 +121,17 @@ async fn run_until_stopped(args: &DevArgs) -> Result<String, super::CliError> {
         operator: super::init::operator_default.into(),
     };
     let written = write(&layout)?;
-    let pages = serve_status_pages(&layout)?;
+    // The replicas' pages and the hosts' /metrics, on TCP ports picked together and none of the
+    // example's: those were released when picked and nothing listens on them until the modules
+    // start, so a later pick could hand one out again.
+    let example_ports: BTreeSet<u16> = moved.values().copied().collect();
+    let http = free_tcp_ports_besides(
+        layout.replicas.len() + layout.machines.len(),
+        &example_ports,
+    )?;
+    let (page_ports, host_ports) = http.split_at(layout.replicas.len());
+    let pages = serve_status_pages(&layout, page_ports)?;
+    let host_metrics = serve_host_metrics(&layout, host_ports)?;
     let mesh_file = dir.join("mesh.toml");
     std::fs::write(&mesh_file, &text).map_err(|source| DevError::Dir {
         path: mesh_file.display().to_string(),
@@ -145,6 +156,9 @@ async fn run_until_stopped(args: &DevArgs) -> Result<String, super::CliError> {
     );
     for (id, addr) in &pages {
         println!("replica {id}'s status page: http://{addr}/ (metrics: http://{addr}/metrics)");
+    }
+    for (name, addr) in &host_metrics {
+        println!("host {name}'s metrics: http://{addr}/metrics");
     }
     let outcome = serve(&mut stop, &mut children, &written.context, &dir, mesh).await;
     println!("stopping {} processes", children.len());
@@ -209,12 +223,14 @@ async fn first_death(children: &mut [Guarded]) -> DevError {
     }
 }
 
-/// Gives every replica of the layout a status page on a free loopback TCP port: `http` is
-/// written at the top of its replica.toml (a top-level key, so before the first table).
-fn serve_status_pages(layout: &Layout) -> Result<Vec<(u64, std::net::SocketAddr)>, DevError> {
-    let ports = free_tcp_ports(layout.replicas.len())?;
+/// Gives every replica of the layout a status page on one of `ports`: `http` is written at the
+/// top of its replica.toml (a top-level key, so before the first table).
+fn serve_status_pages(
+    layout: &Layout,
+    ports: &[u16],
+) -> Result<Vec<(u64, std::net::SocketAddr)>, DevError> {
     let mut pages = Vec::new();
-    for ((id, _), port) in layout.replicas.iter().zip(ports) {
+    for ((id, _), port) in layout.replicas.iter().zip(ports.iter().copied()) {
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
         let file = layout.dir.join(format!("replica-{id}.toml"));
         let failed = |source| DevError::Dir {
@@ -226,6 +242,46 @@ fn serve_status_pages(layout: &Layout) -> Result<Vec<(u64, std::net::SocketAddr)
         pages.push((*id, addr));
     }
     Ok(pages)
+}
+
+/// `n` distinct loopback TCP ports free now, none of them in `taken` (ports this run gave out
+/// that nothing listens on yet).
+fn free_tcp_ports_besides(n: usize, taken: &BTreeSet<u16>) -> Result<Vec<u16>, DevError> {
+    // Picked together, so distinct; at most `taken.len()` of them are left out.
+    let picked = free_tcp_ports(n + taken.len())?;
+    let ports: Vec<u16> = picked
+        .into_iter()
+        .filter(|p| !taken.contains(p))
+        .take(n)
+        .collect();
+    if ports.len() < n {
+        return Err(DevError::Step(format!(
+            "only {} free loopback TCP ports for the pages and metrics, {n} needed",
+            ports.len()
+        )));
+    }
+    Ok(ports)
+}
+
+/// Gives every host of the layout its `/metrics` on one of `ports` (issue 25 item 6): `http` is
+/// written at the top of its host.toml, as for the replicas' pages.
+fn serve_host_metrics(
+    layout: &Layout,
+    ports: &[u16],
+) -> Result<Vec<(String, std::net::SocketAddr)>, DevError> {
+    let mut served = Vec::new();
+    for ((name, _), port) in layout.machines.iter().zip(ports.iter().copied()) {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let file = layout.dir.join(format!("host-{name}.toml"));
+        let failed = |source| DevError::Dir {
+            path: file.display().to_string(),
+            source,
+        };
+        let text = std::fs::read_to_string(&file).map_err(failed)?;
+        std::fs::write(&file, format!("http = \"{addr}\"\n{text}")).map_err(failed)?;
+        served.push((name.clone(), addr));
+    }
+    Ok(served)
 }
 
 /// The signals that stop `dev`, installed before it writes or starts anything. Once installed,

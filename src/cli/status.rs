@@ -356,4 +356,49 @@ mod tests {
             "applied, not heard yet"
         );
     }
+
+    #[test]
+    fn the_leaders_up_to_date_gauge_counts_exactly_the_machines_status_calls_up_to_date() {
+        // Issue 25 item 6: `mesh_hosts_up_to_date` on /metrics and the words of `meshctl status`
+        // are one rule; an alert and the operator's screen never disagree.
+        let mut cases = Vec::new();
+        for heard in [None, Some(800)] {
+            for silent in [None, Some(50_000)] {
+                for (behind, drifted) in
+                    [(false, false), (true, false), (false, true), (true, true)]
+                {
+                    for health in [
+                        None,
+                        Some(Health::Ready),
+                        Some(Health::Settling {
+                            modules: vec!["web".into()],
+                        }),
+                        Some(Health::Failing {
+                            modules: vec!["web".into()],
+                        }),
+                    ] {
+                        let mut m = applied(heard, silent);
+                        m.behind = behind;
+                        if drifted {
+                            m.drifted = vec!["broker: conf/broker.conf changed".into()];
+                        }
+                        m.health = health;
+                        cases.push(m);
+                    }
+                }
+            }
+        }
+        for m in cases {
+            let counted = crate::controller::fleet::FleetCounts::of(
+                std::slice::from_ref(&m),
+                std::time::Duration::ZERO,
+            );
+            assert_eq!(
+                counted.up_to_date == 1,
+                machine_state(&m) == up_to_date,
+                "{m:?} reads {:?}",
+                machine_state(&m)
+            );
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! `meshd`'s read-only HTTP face, on the `http` address of replica.toml: `/` the status page
-//! (`page.rs`), `/metrics` in the Prometheus text format (`metrics.rs`), `/healthz`. HTTP/1.1 on
+//! (`page.rs`), `/metrics` in the classic Prometheus text format or OpenMetrics as the scraper
+//! asks (`metrics.rs`, decision 0311), `/healthz`. HTTP/1.1 on
 //! the read-only server of `crate::readonly_http` (every wait bounded), a whole connection within
 //! `http_connection_ms_max`, at most `http_connections_max` at once.
 //! It reads what `status` and `history` answer; it changes nothing. The page is drawn at most
@@ -11,6 +12,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
+use hyper::header::ACCEPT;
 use hyper::{Request, StatusCode};
 use tokio::net::TcpListener;
 
@@ -18,7 +20,7 @@ use super::api::{Body, HistoryItem, StatusView};
 use super::metrics::RaftNow;
 use super::page::{Page, history_rows_max, render};
 use super::service::Service;
-pub use crate::readonly_http::metrics_content_type;
+use crate::exposition::Format;
 use crate::readonly_http::{Answer, Limits, Server, text, with_type};
 
 /// Most HTTP connections served at once; more are closed at accept.
@@ -107,13 +109,14 @@ async fn respond(service: &Weak<Service>, cache: &PageCache, request: Request<In
             Ok(html) => with_type(StatusCode::OK, html.to_string(), "text/html; charset=utf-8"),
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
         },
-        "/metrics" => match service.metrics_text() {
-            Ok(body) => with_type(StatusCode::OK, body, metrics_content_type),
-            Err(e) => text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &format!("cannot encode the metrics: {e}\n"),
-            ),
-        },
+        "/metrics" => {
+            let accept = request.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
+            let format = Format::negotiate(accept);
+            match service.metrics_in(format) {
+                Ok(body) => with_type(StatusCode::OK, body, format.content_type()),
+                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
+            }
+        }
         "/healthz" => text(StatusCode::OK, "ok\n"),
         _ => text(
             StatusCode::NOT_FOUND,
@@ -145,16 +148,33 @@ async fn status_page(service: &Service) -> Result<String, String> {
     }))
 }
 
+/// Why `/metrics` could not be answered (it answers 500 saying so, rather than numbers that
+/// would be wrong).
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    #[error("cannot count the fleet for the mesh_hosts gauges: {0}")]
+    Fleet(super::api::ApiError),
+    #[error("cannot encode the metrics: {0}")]
+    Encode(std::fmt::Error),
+}
+
 impl Service {
-    /// What `/metrics` serves right now, in the text exposition format.
-    pub fn metrics_text(&self) -> Result<String, std::fmt::Error> {
+    /// What `/metrics` serves right now to a scraper that asks for no particular format (the
+    /// classic text format).
+    pub fn metrics_text(&self) -> Result<String, ScrapeError> {
+        self.metrics_in(Format::Classic)
+    }
+
+    /// What `/metrics` serves right now, in `format`.
+    pub fn metrics_in(&self, format: Format) -> Result<String, ScrapeError> {
         let (expiring, seconds_left) = self.cert_gauges();
         self.metrics.certs(expiring, seconds_left);
         self.metrics.hosts_refused(self.hosts_refused_now());
-        self.metrics.hosts_silent(self.hosts_silent_now());
-        self.metrics.hosts_drifted(self.hosts_drifted_now());
         self.metrics
-            .encode(&raft_now(self), &self.endpoint.counts().conns)
+            .fleet(&self.fleet_now().map_err(ScrapeError::Fleet)?);
+        self.metrics
+            .encode(&raft_now(self), &self.endpoint.counts().conns, format)
+            .map_err(ScrapeError::Encode)
     }
 }
 

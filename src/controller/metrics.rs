@@ -1,11 +1,11 @@
 //! The replica's counters for `/metrics`: atomics the service bumps as it works (commits, pushes
-//! and sends by outcome, reports, lease rounds and losses, leadership changes, request latencies),
-//! plus Raft's own numbers read at scrape time. Encoded in the Prometheus text exposition format
-//! (OpenMetrics flavour) by prometheus-client.
+//! and sends by outcome, reports, lease rounds and losses, leadership changes, operator requests
+//! by kind and outcome, request latencies), plus Raft's own numbers, the leader's fleet gauges
+//! and the `process_*` metrics read at scrape time. Encoded by prometheus-client in the classic
+//! Prometheus text format or OpenMetrics, as the scraper asks (decision 0311).
 
 use std::time::Duration;
 
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -13,10 +13,14 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::api::{ApiError, Body, PushOutcome, Request};
+use super::fleet::{FleetCounts, FleetGauges};
 use crate::conn_metrics::ConnMetrics;
+use crate::exposition::Format;
 
 /// One label, fixed at compile time: counters never take a label value from input.
 type Label = [(&'static str, &'static str); 1];
+/// Two labels, fixed at compile time.
+type Labels2 = [(&'static str, &'static str); 2];
 type Latencies = Family<Label, Histogram, fn() -> Histogram>;
 
 /// Smallest request-latency bucket, in seconds.
@@ -45,6 +49,8 @@ pub struct Metrics {
     unproven_refusals: Counter,
     leadership: Family<Label, Counter>,
     requests: Latencies,
+    request_outcomes: Family<Labels2, Counter>,
+    fleet: FleetGauges,
     term: Gauge,
     leader: Gauge,
     last_log_index: Gauge,
@@ -53,9 +59,6 @@ pub struct Metrics {
     cert_seconds_left: Gauge,
     conns: ConnMetrics,
     hosts_refused: Gauge,
-    hosts_silent: Gauge,
-    /// Drift (issue 25 item 3, decision 0305).
-    hosts_drifted: Gauge,
 }
 
 impl Default for Metrics {
@@ -70,6 +73,8 @@ impl Metrics {
         // The endpoint's admission counts (decision 0300), set at each scrape.
         let conns = ConnMetrics::register(&mut registry, "mesh");
         crate::build_info::register(&mut registry, "mesh");
+        crate::process_metrics::ProcessMetrics::register(&mut registry, "mesh");
+        let fleet = FleetGauges::register(&mut registry);
         let mut m = Metrics {
             registry,
             commits: Family::default(),
@@ -82,6 +87,8 @@ impl Metrics {
             unproven_refusals: Counter::default(),
             leadership: Family::default(),
             requests: Family::new_with_constructor(latency_histogram),
+            request_outcomes: Family::default(),
+            fleet,
             term: Gauge::default(),
             leader: Gauge::default(),
             last_log_index: Gauge::default(),
@@ -90,8 +97,6 @@ impl Metrics {
             cert_seconds_left: Gauge::default(),
             conns,
             hosts_refused: Gauge::default(),
-            hosts_silent: Gauge::default(),
-            hosts_drifted: Gauge::default(),
         };
         // Every known series exists from the start at 0, so a rate over the first event is right.
         for word in ["applied", "refused", "failed"] {
@@ -125,6 +130,13 @@ impl Metrics {
         }
         for word in ["won", "lost"] {
             let _ = m.leadership.get_or_create(&[("change", word)]);
+        }
+        for kind in request_kinds.iter().copied() {
+            for outcome in request_outcomes {
+                let _ = m
+                    .request_outcomes
+                    .get_or_create(&[("kind", kind), ("outcome", outcome)]);
+            }
         }
         let r = &mut m.registry;
         r.register(
@@ -169,13 +181,18 @@ impl Metrics {
         );
         r.register(
             "mesh_leadership_changes",
-            "Leadership changes of this replica, by change: won or lost",
+            "Terms this replica led since it started, by change: won (a quorum confirmed it as the term's leader) or lost (it stopped leading a term it won); a leadership restored from its disk at start and never confirmed counts neither (decision 0312)",
             m.leadership.clone(),
         );
         r.register(
             "mesh_request_seconds",
             "Operator requests this replica answered as leader, by kind, in seconds",
             m.requests.clone(),
+        );
+        r.register(
+            "mesh_requests",
+            "Operator requests that reached this replica (answered here or forwarded to the leader), by kind and outcome: ok, or the error's class (invalid, unavailable, refused, failed; meshctl --json's error.kind); kind unreadable for a request that did not decode",
+            m.request_outcomes.clone(),
         );
         r.register(
             "mesh_raft_term",
@@ -206,16 +223,6 @@ impl Metrics {
             "mesh_hosts_reports_refused",
             "Machines of the model whose reports this replica, as leader, refused for size or rate (over_bound, over_quota) in the last minute; each is named in status",
             m.hosts_refused.clone(),
-        );
-        r.register(
-            "mesh_hosts_silent",
-            "Machines of the model this replica, as leader, has not heard for silent_after_ms or longer (decision 0301; a host not heard since it took office counts once it has led that long); each reads SILENT in status",
-            m.hosts_silent.clone(),
-        );
-        r.register(
-            "mesh_hosts_drifted",
-            "Machines of the model whose last report, on this replica as leader, says what they run differs from their declaration (decision 0305); each reads DRIFTED in status until a push restores it",
-            m.hosts_drifted.clone(),
         );
         r.register(
             "mesh_raft_last_applied_index",
@@ -261,9 +268,14 @@ impl Metrics {
         self.lease_losses.inc();
     }
 
-    pub(crate) fn leadership(&self, won: bool) {
-        let word = if won { "won" } else { "lost" };
-        self.leadership.get_or_create(&[("change", word)]).inc();
+    /// Counts what one look at the office changed.
+    pub(crate) fn leadership(&self, change: OfficeChange) {
+        if change.lost {
+            self.leadership.get_or_create(&[("change", "lost")]).inc();
+        }
+        if change.won {
+            self.leadership.get_or_create(&[("change", "won")]).inc();
+        }
     }
 
     /// One operator request handled here, with how long it took and what it answered; a push's
@@ -309,23 +321,30 @@ impl Metrics {
             .set(i64::try_from(machines).unwrap_or(i64::MAX));
     }
 
-    /// How many machines are silent now.
-    pub(crate) fn hosts_silent(&self, machines: usize) {
-        self.hosts_silent
-            .set(i64::try_from(machines).unwrap_or(i64::MAX));
+    /// The leader's fleet gauges as of now; all 0 on a replica that does not lead.
+    pub(crate) fn fleet(&self, counts: &FleetCounts) {
+        self.fleet.set(counts);
     }
 
-    /// How many machines are drifted now (decision 0305).
-    pub(crate) fn hosts_drifted(&self, machines: usize) {
-        self.hosts_drifted
-            .set(i64::try_from(machines).unwrap_or(i64::MAX));
+    /// One operator request as this replica answered it (itself or through the leader), by kind
+    /// and outcome: `ok` or the error's class.
+    pub(crate) fn answered(&self, kind: &'static str, answer: &Result<Body, ApiError>) {
+        let outcome = match answer {
+            Ok(_) => "ok",
+            Err(e) => e.class().name(),
+        };
+        self.request_outcomes
+            .get_or_create(&[("kind", kind), ("outcome", outcome)])
+            .inc();
     }
 
-    /// The text exposition, with Raft's numbers and the endpoint's connection counts as of now.
+    /// The exposition in `format`, with Raft's numbers and the endpoint's connection counts as
+    /// of now.
     pub(crate) fn encode(
         &self,
         raft: &RaftNow,
         conns: &mesh_transport::ConnCounts,
+        format: Format,
     ) -> Result<String, std::fmt::Error> {
         self.conns.set(conns);
         self.term.set(gauge_value(raft.term));
@@ -333,9 +352,46 @@ impl Metrics {
         self.last_log_index.set(gauge_value(raft.last_log_index));
         self.last_applied_index
             .set(gauge_value(raft.last_applied_index));
-        let mut out = String::new();
-        encode(&mut out, &self.registry)?;
-        Ok(out)
+        format.encode(&self.registry)
+    }
+}
+
+/// Which term's leadership this replica holds, for `mesh_leadership_changes_total` (decision
+/// 0312): a leadership counts as won once a quorum acknowledged it, and as lost when a won one
+/// ends. A replica restarted from a disk that says it led comes up as that term's leader
+/// (openraft restores it), but the others moved on and never acknowledge it: it neither won
+/// nor lost anything, where counting every `Leader` state it passed through made a phantom pair.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Office {
+    /// The term of the leadership this replica won and still holds.
+    held: Option<u64>,
+}
+
+/// What one look at Raft's metrics changed in the office: a term won, lost, or both (a term
+/// lost and the next won between two looks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OfficeChange {
+    pub(crate) won: bool,
+    pub(crate) lost: bool,
+}
+
+impl Office {
+    /// Takes one look: `leading` is the term this replica is the leader of (`None` when it is
+    /// not), `acknowledged` whether a quorum has acknowledged that leadership.
+    pub(crate) fn look(&mut self, leading: Option<u64>, acknowledged: bool) -> OfficeChange {
+        let mut change = OfficeChange::default();
+        if self.held.is_some() && self.held != leading {
+            self.held = None;
+            change.lost = true;
+        }
+        if self.held.is_none()
+            && let Some(term) = leading
+            && acknowledged
+        {
+            self.held = Some(term);
+            change.won = true;
+        }
+        change
     }
 }
 
@@ -352,7 +408,43 @@ fn gauge_value(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// The label of a request in `mesh_request_seconds`.
+/// Every request kind [`request_kind`] names, and [`unreadable_kind`]: the `kind` label of
+/// `mesh_requests_total`, whose series exist from the start. A new request kind is added here
+/// too (a kind missing here is still counted, from its first request on).
+pub const request_kinds: &[&str] = &[
+    "status",
+    "apply",
+    "plan",
+    "push",
+    "settings_show",
+    "settings_set",
+    "settings_clear",
+    "history",
+    "snapshot_save",
+    "genesis",
+    "certs_reload",
+    "certs_list",
+    "certs_revoke",
+    "apply_chunk",
+    "logs",
+    "replicas_list",
+    "replicas_add",
+    "replicas_remove",
+    "events",
+    "model_show",
+    "rollback",
+    "settings_rollback",
+    unreadable_kind,
+];
+
+/// The `kind` of a request whose bytes did not decode into any request.
+pub const unreadable_kind: &str = "unreadable";
+
+/// The `outcome` label of `mesh_requests_total`: `ok`, or the class of the error answered
+/// (`ErrorClass::name`, what `meshctl --json` prints as `error.kind`).
+pub const request_outcomes: [&str; 5] = ["ok", "invalid", "unavailable", "refused", "failed"];
+
+/// The label of a request in `mesh_request_seconds` and `mesh_requests_total`.
 pub(crate) fn request_kind(request: &Request) -> &'static str {
     match request {
         Request::Status => "status",
@@ -397,7 +489,9 @@ mod tests {
             refused_reserve: 1,
             ..Default::default()
         };
-        let text = m.encode(&RaftNow::default(), &conns).expect("encode");
+        let text = m
+            .encode(&RaftNow::default(), &conns, Format::Classic)
+            .expect("encode");
         for line in [
             "\nmesh_handshakes_in_progress 3\n",
             "\nmesh_connections_open 7\n",
@@ -413,7 +507,9 @@ mod tests {
             refused_per_principal: 5,
             ..conns
         };
-        let text = m.encode(&RaftNow::default(), &later).expect("encode");
+        let text = m
+            .encode(&RaftNow::default(), &later, Format::Classic)
+            .expect("encode");
         assert!(
             text.contains("\nmesh_connections_refused_total{cap=\"per_principal\"} 5\n"),
             "{text}"
@@ -424,7 +520,7 @@ mod tests {
     fn build_info_names_the_release_this_replica_runs() {
         // Issue 25 item 6: which release answers, as a series a dashboard can group by.
         let text = Metrics::new()
-            .encode(&RaftNow::default(), &Default::default())
+            .encode(&RaftNow::default(), &Default::default(), Format::Classic)
             .expect("encode");
         let series = format!(
             "mesh_build_info{{version=\"{}\"}} 1",
@@ -439,12 +535,90 @@ mod tests {
         let m = Metrics::new();
         m.certs(2, Some(86_400));
         let text = m
-            .encode(&RaftNow::default(), &Default::default())
+            .encode(&RaftNow::default(), &Default::default(), Format::Classic)
             .expect("encode");
         assert!(text.contains("\nmesh_certificates_expiring 2\n"), "{text}");
         assert!(
             text.contains("\nmesh_certificate_seconds_left 86400\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_leadership_counts_once_a_quorum_acknowledged_it_and_a_restored_one_never() {
+        // Issue 25 item 6, decision 0312: a replica that loses office counts one loss; one
+        // restarted from a disk that says it led (openraft restores it as leader of its old term,
+        // never acknowledged) counts nothing when it finds the newer term.
+        let mut office = Office::default();
+        let none = OfficeChange::default();
+        let won = OfficeChange {
+            won: true,
+            lost: false,
+        };
+        let lost = OfficeChange {
+            won: false,
+            lost: true,
+        };
+        // Elected in term 3: a candidate, then leader, then acknowledged.
+        assert_eq!(office.look(None, false), none);
+        assert_eq!(office.look(Some(3), false), none);
+        assert_eq!(office.look(Some(3), true), won);
+        assert_eq!(office.look(Some(3), true), none);
+        // Deposed by term 4.
+        assert_eq!(office.look(None, false), lost);
+        assert_eq!(office.look(None, false), none);
+        // Restarted: leader of its old term 4 from its disk, never acknowledged, then a follower.
+        let mut restarted = Office::default();
+        assert_eq!(restarted.look(Some(4), false), none);
+        assert_eq!(restarted.look(None, false), none);
+        // Between two looks it lost term 5 and won term 7.
+        assert_eq!(office.look(Some(5), true), won);
+        assert_eq!(
+            office.look(Some(7), true),
+            OfficeChange {
+                won: true,
+                lost: true
+            }
+        );
+    }
+
+    #[test]
+    fn every_request_kind_and_outcome_is_counted_from_zero() {
+        // Issue 25 item 6: an alert on the rate of failed requests needs the series before the
+        // first failure, and an error's class as its outcome.
+        let m = Metrics::new();
+        let applied = Body::Applied {
+            revision: 2,
+            changes: Vec::new(),
+            settings_ignored: Vec::new(),
+            draining: Vec::new(),
+        };
+        m.answered("apply", &Ok(applied));
+        m.answered(
+            "apply",
+            &Err(ApiError::NoLeader {
+                replica: 1,
+                waited_ms: 10,
+                reason: "election".into(),
+            }),
+        );
+        m.answered(
+            unreadable_kind,
+            &Err(ApiError::BadRequest {
+                reason: "bytes".into(),
+            }),
+        );
+        let text = m
+            .encode(&RaftNow::default(), &Default::default(), Format::Classic)
+            .expect("encode");
+        for line in [
+            "mesh_requests_total{kind=\"apply\",outcome=\"ok\"} 1",
+            "mesh_requests_total{kind=\"apply\",outcome=\"unavailable\"} 1",
+            "mesh_requests_total{kind=\"unreadable\",outcome=\"invalid\"} 1",
+            "mesh_requests_total{kind=\"replicas_remove\",outcome=\"failed\"} 0",
+            "mesh_requests_total{kind=\"status\",outcome=\"refused\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
+        }
     }
 }

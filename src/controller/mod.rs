@@ -4,6 +4,7 @@ pub mod certs;
 pub mod config;
 mod engine;
 pub mod events;
+pub mod fleet;
 pub mod floor;
 mod genesis;
 pub mod http;

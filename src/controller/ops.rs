@@ -290,18 +290,7 @@ impl Service {
     /// `Request::Status`: replicas, machines, revision, floor and any store reset.
     pub(crate) async fn status(&self) -> Result<Body, ApiError> {
         let state = self.state()?;
-        // The cache is locked only while computing: status never waits for a push.
-        let lags = self
-            .work
-            .with(&state, |work| lags(work.cache(), &known_of(&state)))?;
-        let now = now_ms();
-        let mut machines: Vec<MachineView> = state
-            .mesh
-            .machines
-            .keys()
-            .map(|m| machine_view(&state, m, lags.get(m), now))
-            .collect();
-        self.fill_heard(&mut machines);
+        let machines = self.machine_views(&state)?;
         Ok(Body::Status(StatusView {
             replicas: self.replica_views().await,
             machines,
@@ -310,6 +299,27 @@ impl Service {
             store_reset: self.store_reset.clone(),
             certs_expiring: self.certs_expiring(),
         }))
+    }
+
+    /// Every machine of `state`'s model as `status` shows it, with what this replica, as
+    /// leader, heard of its host (also what the fleet gauges of `/metrics` count).
+    pub(crate) fn machine_views(
+        &self,
+        state: &std::sync::Arc<DomainState>,
+    ) -> Result<Vec<MachineView>, ApiError> {
+        // The cache is locked only while computing: status never waits for a push.
+        let lags = self
+            .work
+            .with(state, |work| lags(work.cache(), &known_of(state)))?;
+        let now = now_ms();
+        let mut machines: Vec<MachineView> = state
+            .mesh
+            .machines
+            .keys()
+            .map(|m| machine_view(state, m, lags.get(m), now))
+            .collect();
+        self.fill_heard(&mut machines);
+        Ok(machines)
     }
 
     /// Every replica as it answers a probe now (all asked at once, each within `status_ping_ms`):

@@ -525,43 +525,6 @@ impl Service {
         }
     }
 
-    /// How many machines of the model this replica, as leader, finds silent now (decision 0301);
-    /// 0 on a replica that does not lead.
-    pub(crate) fn hosts_silent_now(&self) -> usize {
-        let Ok(term) = self.leading_term() else {
-            return 0;
-        };
-        let Ok(state) = self.app.state() else {
-            // allow(empty-on-error): no state to read means no machine to count; the store's
-            // own error surfaces on the next request
-            return 0;
-        };
-        let now = Instant::now();
-        let silent_after = self.config.silent_after();
-        let mut count = 0;
-        for machine in state.mesh.machines.keys() {
-            if silent_for(self.live.view(term, machine, now), silent_after).is_some() {
-                count += 1;
-            }
-        }
-        count
-    }
-
-    /// How many machines of the model have drift in their last filed report (decision 0305), on
-    /// this replica as leader; 0 on a replica that does not lead (as the other fleet gauges, so a
-    /// sum over replicas counts each machine once).
-    pub(crate) fn hosts_drifted_now(&self) -> usize {
-        if self.leading_term().is_err() {
-            return 0;
-        }
-        let Ok(state) = self.app.state() else {
-            // allow(empty-on-error): no state to read means no machine to count; the store's
-            // own error surfaces on the next request
-            return 0;
-        };
-        drifted_count(&state)
-    }
-
     /// Every machine of the model and whether this replica, leading in `term`, finds it silent now
     /// (`Some(for how long, ms)`, decision 0301); `None` when the state cannot be read (logged; the
     /// caller looks again at its next tick). For the event log's host silent / back (decision 0308).
@@ -821,18 +784,6 @@ impl Drop for HandlingTurn<'_> {
             }
         }
     }
-}
-
-/// How many machines of the model have drift in their last filed report (decision 0305).
-fn drifted_count(state: &crate::store::state::DomainState) -> usize {
-    let mut count = 0;
-    for machine in state.mesh.machines.keys() {
-        let report = state.accounts.get(machine).and_then(|a| a.report.as_ref());
-        if report.is_some_and(|r| r.modules.iter().any(|m| !m.drift.is_empty())) {
-            count += 1;
-        }
-    }
-    count
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use super::api::{Answer, ApiError, Body, Call, Forwarded, Request, RequestId};
 use super::config::{ConfigError, ReplicaConfig};
 use super::floor::{FloorError, read_floor, write_floor};
-use super::metrics::{Metrics, request_kind};
+use super::metrics::{Metrics, request_kind, unreadable_kind};
 use crate::core::envelope::{Position, ProofError};
 use crate::core::report::{OverBound, Report, decode_bounded, report_modules_max};
 use crate::core::wire::{ReportReply, check_report_machine, report_reply_what};
@@ -343,19 +343,22 @@ async fn announce_leadership(service: Weak<Service>) {
         return;
     };
     let mut leading: Option<u64> = None;
+    let mut office = super::metrics::Office::default();
     loop {
-        let (state, term) = {
+        let (state, term, acknowledged) = {
             let m = metrics.borrow_and_update();
-            (m.state, m.current_term)
+            (m.state, m.current_term, m.millis_since_quorum_ack.is_some())
         };
         let now = (state == openraft::ServerState::Leader).then_some(term);
+        // Counted apart from the log lines below: a leadership only counts once a quorum
+        // acknowledged it (decision 0312).
+        let change = office.look(now, acknowledged);
+        if let Some(s) = service.upgrade() {
+            s.metrics.leadership(change);
+        }
         if now != leading {
             if let Some(s) = service.upgrade() {
-                if leading.is_some() {
-                    s.metrics.leadership(false);
-                }
                 if let Some(epoch) = now {
-                    s.metrics.leadership(true);
                     // Silence is counted from here for hosts it has not heard (decision 0301).
                     s.live.took_office(epoch);
                 }
@@ -807,7 +810,7 @@ impl Service {
     }
 
     /// An operator's command: handled here when leading, else forwarded to a leader that answers
-    /// (G13, decision 0110).
+    /// (G13, decision 0110); counted by kind and outcome as answered (`mesh_requests_total`).
     async fn command(
         &self,
         operator: &str,
@@ -815,13 +818,30 @@ impl Service {
         body: &[u8],
         lines: &Sink,
     ) -> Answer {
-        let Call { id, request } = match mesh_codec::decode(request_what, body) {
+        let call: Call = match mesh_codec::decode(request_what, body) {
             Ok(r) => r,
             Err(e) => {
                 let reason = format!("bad request: {e}");
-                return self.answer(Err(ApiError::BadRequest { reason }));
+                let answer = self.answer(Err(ApiError::BadRequest { reason }));
+                self.metrics.answered(unreadable_kind, &answer.body);
+                return answer;
             }
         };
+        let kind = request_kind(&call.request);
+        let answer = self.command_call(operator, role, call, lines).await;
+        self.metrics.answered(kind, &answer.body);
+        answer
+    }
+
+    /// [`Service::command`] once its request decoded.
+    async fn command_call(
+        &self,
+        operator: &str,
+        role: Option<Role>,
+        call: Call,
+        lines: &Sink,
+    ) -> Answer {
+        let Call { id, request } = call;
         // G10: decided here, where the certificate was read; a forward carries only what passed.
         if let Err(forbidden) = super::roles::check(operator, role, &request) {
             tracing::warn!(%operator, error = %forbidden, "operator request refused by its role");

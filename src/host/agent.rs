@@ -415,6 +415,11 @@ impl Agent {
         self.board.snapshot()
     }
 
+    /// Restarts of every module since this host started, for `/metrics` (decision 0313).
+    pub fn module_restarts_total(&self) -> prometheus_client::metrics::counter::Counter {
+        self.board.restarts_total()
+    }
+
     /// Reports in the on-disk queue.
     pub fn reports_queued(&self) -> Result<usize, ReportError> {
         self.reporter.queued()

@@ -1,18 +1,20 @@
 //! mesh-host's own `/metrics` (issue 13 part 4), on the optional `http` address of host.toml:
 //! envelopes received, accepted and refused by reason; reports queued, delivered, failed (a
 //! delivery that did not get through and stays queued) and dropped; the report queue's length;
-//! modules by state and their restarts. Counters are bumped where the work happens
-//! ([`EnvelopeCounters`] by the agent, [`ReportCounters`] by the reporter); module states and the
-//! queue are read at scrape time. Encoded by prometheus-client in the text exposition format,
-//! as meshd's (`src/controller/metrics.rs`), and served by a small read-only HTTP/1.1 server with
-//! every wait bounded (`/metrics`, `/healthz`; nothing else, nothing that changes state).
+//! modules by state and their restarts since the host started; the `process_*` metrics.
+//! Counters are bumped where the work happens ([`EnvelopeCounters`] by the agent,
+//! [`ReportCounters`] by the reporter, restarts by the supervisors on the board); module states
+//! and the queue are read at scrape time. Encoded by prometheus-client in the classic text format
+//! or OpenMetrics, as the scraper asks (decision 0311, `crate::exposition`), as meshd's
+//! (`src/controller/metrics.rs`), and served by a small read-only HTTP/1.1 server with every wait
+//! bounded (`/metrics`, `/healthz`; nothing else, nothing that changes state).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 
 use hyper::body::Incoming;
+use hyper::header::ACCEPT;
 use hyper::{Request, StatusCode};
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -22,7 +24,8 @@ use tokio::net::TcpListener;
 use super::agent::{Agent, Applied, HostError};
 use crate::core::envelope::Refusal;
 use crate::core::report::ModuleStatus;
-use crate::readonly_http::{Answer, Limits, Server, metrics_content_type, text, with_type};
+use crate::exposition::Format;
+use crate::readonly_http::{Answer, Limits, Server, text, with_type};
 
 /// One label, fixed at compile time: no label value ever comes from input.
 type Label = [(&'static str, &'static str); 1];
@@ -138,23 +141,26 @@ pub struct HostMetrics {
     registry: Registry,
     conns: crate::conn_metrics::ConnMetrics,
     modules: Family<Label, Gauge>,
-    restarts: Gauge,
     queue: Gauge,
 }
 
 impl HostMetrics {
-    /// The registry over `envelopes` and `reports` (the agent's counters) and the gauges filled
-    /// at scrape time.
-    pub fn new(envelopes: &EnvelopeCounters, reports: &ReportCounters) -> HostMetrics {
+    /// The registry over `envelopes` and `reports` (the agent's counters), `restarts` (the
+    /// board's) and the gauges filled at scrape time.
+    pub fn new(
+        envelopes: &EnvelopeCounters,
+        reports: &ReportCounters,
+        restarts: &Counter,
+    ) -> HostMetrics {
         let mut registry = Registry::default();
         // The host endpoint's admission counts (decision 0300), set at each scrape.
         let conns = crate::conn_metrics::ConnMetrics::register(&mut registry, "mesh_host");
         crate::build_info::register(&mut registry, "mesh_host");
+        crate::process_metrics::ProcessMetrics::register(&mut registry, "mesh_host");
         let mut m = HostMetrics {
             registry,
             conns,
             modules: Family::default(),
-            restarts: Gauge::default(),
             queue: Gauge::default(),
         };
         let r = &mut m.registry;
@@ -203,10 +209,12 @@ impl HostMetrics {
             "Modules of the declaration in force, by state: starting, waiting, ready, running, failed, stopped",
             m.modules.clone(),
         );
+        // A counter over the host's life, not the sum of the modules' own counts, which start
+        // again at 0 whenever a declaration restarts a module (decision 0313).
         r.register(
             "mesh_host_module_restarts",
-            "Restarts of the modules now supervised, summed (a module's count starts again when a declaration restarts it)",
-            m.restarts.clone(),
+            "Restarts of modules by their supervisors (after an exit or a failed start) since this mesh-host started, all modules together; never goes back when a declaration replaces a module",
+            restarts.clone(),
         );
         for state in module_states {
             let _ = m.modules.get_or_create(&[("state", state)]);
@@ -214,13 +222,14 @@ impl HostMetrics {
         m
     }
 
-    /// The text exposition, with `modules`, the queue length and the endpoint's connection
-    /// counts as of now.
+    /// The exposition in `format`, with `modules`, the queue length and the endpoint's
+    /// connection counts as of now.
     pub fn encode(
         &self,
         modules: &[ModuleStatus],
         queued: usize,
         conns: &mesh_transport::ConnCounts,
+        format: Format,
     ) -> Result<String, std::fmt::Error> {
         self.conns.set(conns);
         for state in module_states {
@@ -229,12 +238,8 @@ impl HostMetrics {
                 .get_or_create(&[("state", state)])
                 .set(gauge_value(count as u64));
         }
-        let restarts: u64 = modules.iter().map(|m| u64::from(m.restarts)).sum();
-        self.restarts.set(gauge_value(restarts));
         self.queue.set(gauge_value(queued as u64));
-        let mut out = String::new();
-        encode(&mut out, &self.registry)?;
-        Ok(out)
+        format.encode(&self.registry)
     }
 }
 
@@ -274,7 +279,11 @@ impl MetricsServer {
     ) -> Result<MetricsServer, MetricsError> {
         let bind = |source| MetricsError::Bind { addr, source };
         let listener = TcpListener::bind(addr).await.map_err(bind)?;
-        let metrics = HostMetrics::new(agent.envelope_counters(), agent.report_counters());
+        let metrics = HostMetrics::new(
+            agent.envelope_counters(),
+            agent.report_counters(),
+            &agent.module_restarts_total(),
+        );
         let scrape = Arc::new(Scrape {
             agent: Arc::downgrade(agent),
             metrics,
@@ -322,8 +331,13 @@ fn respond(scrape: &Scrape, request: Request<Incoming>) -> Answer {
                 Some(endpoint) => endpoint.counts().conns,
                 None => mesh_transport::ConnCounts::default(),
             };
-            match scrape.metrics.encode(&agent.modules_now(), queued, &conns) {
-                Ok(body) => with_type(StatusCode::OK, body, metrics_content_type),
+            let accept = request.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
+            let format = Format::negotiate(accept);
+            match scrape
+                .metrics
+                .encode(&agent.modules_now(), queued, &conns, format)
+            {
+                Ok(body) => with_type(StatusCode::OK, body, format.content_type()),
                 Err(e) => text(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     &format!("cannot encode the metrics: {e}\n"),
@@ -357,9 +371,12 @@ mod tests {
     #[test]
     fn build_info_names_the_release_this_host_runs() {
         // Issue 25 item 6: which release each host runs, for a dashboard over the fleet.
-        let m = HostMetrics::new(&EnvelopeCounters::new(), &ReportCounters::default());
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &m.registry).expect("encode");
+        let m = HostMetrics::new(
+            &EnvelopeCounters::new(),
+            &ReportCounters::default(),
+            &Counter::default(),
+        );
+        let text = Format::Classic.encode(&m.registry).expect("encode");
         let series = format!(
             "mesh_host_build_info{{version=\"{}\"}} 1",
             env!("CARGO_PKG_VERSION")
@@ -371,9 +388,11 @@ mod tests {
     fn every_series_exists_from_the_start_and_modules_are_counted_by_state() {
         let envelopes = EnvelopeCounters::new();
         let reports = ReportCounters::default();
-        let m = HostMetrics::new(&envelopes, &reports);
+        let restarts = Counter::default();
+        let m = HostMetrics::new(&envelopes, &reports, &restarts);
         envelopes.count(&Err(HostError::ShuttingDown));
         reports.queued();
+        restarts.inc_by(9);
         let modules = [
             module("a", ModuleState::Ready, 2),
             module("b", ModuleState::Ready, 0),
@@ -389,7 +408,9 @@ mod tests {
             connections_open: 2,
             ..Default::default()
         };
-        let text = m.encode(&modules, 4, &conns).expect("encode");
+        let text = m
+            .encode(&modules, 4, &conns, Format::OpenMetrics)
+            .expect("encode");
         for line in [
             "mesh_host_connections_open 2",
             "mesh_host_handshakes_in_progress 0",
@@ -404,7 +425,8 @@ mod tests {
             "mesh_host_modules{state=\"ready\"} 2",
             "mesh_host_modules{state=\"failed\"} 1",
             "mesh_host_modules{state=\"waiting\"} 0",
-            "mesh_host_module_restarts 7",
+            // The host's own count, not the modules' (2 + 5) that a new supervisor resets.
+            "mesh_host_module_restarts_total 9",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
         }

@@ -185,9 +185,7 @@ async fn supervise(
             _ = stopped(&mut stop) => break,
         }
         backoff = (backoff * 2).min(restart_backoff_ms_max);
-        board.update(name, generation, |s| {
-            s.restarts = s.restarts.saturating_add(1)
-        });
+        board.restarted(name, generation);
     }
     board.update(name, generation, |s| {
         s.state = ModuleState::Stopped;
