@@ -597,7 +597,12 @@ async fn a_dead_cluster_fails_at_the_timeout_in_one_line_naming_it() {
     assert!(line.contains("--timeout"), "{line}");
     for bad in ["0s", "soon", "61m"] {
         let out = bed.run(&["--timeout", bad, "status"]).await;
-        assert_eq!(out.status.code(), Some(2), "--timeout {bad}: {}", text(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "--timeout {bad}: {}",
+            text(&out.stderr)
+        );
     }
     assert!(bed.asked().is_empty(), "nothing reached a replica");
 }

@@ -162,7 +162,14 @@ async fn ask_inner<'e>(
     let mut asked = Asked::default();
     let outcome = tokio::time::timeout(
         limit,
-        ask_replicas(&endpoint, context, request, body, &mut asked, events.as_deref_mut()),
+        ask_replicas(
+            &endpoint,
+            context,
+            request,
+            body,
+            &mut asked,
+            events.as_deref_mut(),
+        ),
     )
     .await;
     match &outcome {
@@ -233,11 +240,15 @@ async fn ask_replicas<'e>(
         let (id, addr) = match joined {
             Ok((id, addr, Ok(_))) => (id, addr),
             Ok((id, addr, Err(e))) => {
-                asked.tried.push((id, format!("replica {id} at {addr}: {e}")));
+                asked
+                    .tried
+                    .push((id, format!("replica {id} at {addr}: {e}")));
                 continue;
             }
             Err(e) => {
-                asked.tried.push((u64::MAX, format!("a handshake task ended: {e}")));
+                asked
+                    .tried
+                    .push((u64::MAX, format!("a handshake task ended: {e}")));
                 continue;
             }
         };
@@ -246,7 +257,9 @@ async fn ask_replicas<'e>(
             Ok(answer) => return Ok(answer),
             Err(Attempt::Final(e)) => return Err(e),
             Err(Attempt::Next(reason)) => {
-                asked.tried.push((id, format!("replica {id} at {addr}: {reason}")));
+                asked
+                    .tried
+                    .push((id, format!("replica {id} at {addr}: {reason}")));
             }
         }
     }

@@ -33,8 +33,8 @@ use crate::core::compose::MintRequest;
 use crate::core::envelope::{Envelope, Position, seal};
 use crate::core::wire::{EnvelopeReply, envelope_reply_what};
 use crate::store::app::MeshApp;
-use crate::store::state::DomainState;
 use crate::store::command::{Applied, Command};
+use crate::store::state::DomainState;
 
 pub(crate) use super::engine::known_of;
 

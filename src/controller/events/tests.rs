@@ -220,7 +220,11 @@ fn silence_and_drift_transitions_are_each_one_event_when_they_change() {
     assert_eq!(drift.len(), 2);
     assert_eq!(drift[0].kind, EventKind::Drift);
     assert_eq!(drift[0].module.as_deref(), Some("broker"));
-    assert!(drift[0].text.contains("conf/broker.conf changed"), "{}", drift[0].text);
+    assert!(
+        drift[0].text.contains("conf/broker.conf changed"),
+        "{}",
+        drift[0].text
+    );
     assert_eq!(drift[1].kind, EventKind::DriftCleared);
     assert_eq!(drift[1].module.as_deref(), Some("cache"));
     assert_eq!(drift_changes("g14", &DriftMoves::default()), vec![]);
