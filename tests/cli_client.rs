@@ -606,3 +606,21 @@ async fn a_dead_cluster_fails_at_the_timeout_in_one_line_naming_it() {
     }
     assert!(bed.asked().is_empty(), "nothing reached a replica");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_a_removal_takes_out_is_asked_only_when_no_other_answers() {
+    // Decision 0294 with 0314: `replicas remove N` closes N's connections as it commits, so the
+    // answer could not come back through N. With every replica dialled at once, N is still asked
+    // last: while replica 1 has not answered its handshake, `replicas remove 2` is not asked of
+    // replica 2 (within a 2 s limit, under replica 1's 3 s handshake timeout), and
+    // `replicas remove 1` is.
+    let bed = bed(status_answer(None), true).await;
+    let out = bed
+        .run(&["--timeout", "2s", "replicas", "remove", "2"])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(bed.asked().is_empty(), "asked through the replica it removes");
+    bed.run(&["--timeout", "2s", "replicas", "remove", "1"])
+        .await;
+    assert_eq!(bed.asked(), vec![Request::ReplicasRemove { id: 1 }]);
+}

@@ -217,8 +217,21 @@ impl Asked {
     }
 }
 
-/// Dials every replica at once and asks them in the order their handshakes complete, until one
-/// answers or says something final.
+/// The replica a request takes out of the cluster (`replicas remove N`, `certs revoke
+/// replica:N`): its connections close as the change commits (decision 0294), so asked through
+/// it the answer could not come back. It is asked last, only when no other replica answers.
+fn taken_out(request: &Request) -> Option<u64> {
+    match request {
+        Request::ReplicasRemove { id } => Some(*id),
+        Request::CertsRevoke { target, .. } => target
+            .strip_prefix("replica:")
+            .and_then(|id| id.parse().ok()),
+        _ => None,
+    }
+}
+
+/// Dials every replica at once and asks them in the order their handshakes complete (the one the
+/// request takes out last, [`taken_out`]), until one answers or says something final.
 async fn ask_replicas<'e>(
     ep: &Endpoint,
     context: &Context,
@@ -236,8 +249,21 @@ async fn ask_replicas<'e>(
         dials.spawn(async move { (id, addr, ep.peer_principal(addr, dial).await) });
     }
     let again = may_ask_again(request);
-    while let Some(joined) = dials.join_next().await {
+    let last = taken_out(request);
+    let mut deferred = None;
+    loop {
+        let joined = match dials.join_next().await {
+            Some(joined) => joined,
+            None => match deferred.take() {
+                Some(ready) => Ok(ready),
+                None => break,
+            },
+        };
         let (id, addr) = match joined {
+            Ok((id, addr, Ok(_))) if Some(id) == last && !dials.is_empty() => {
+                deferred = Some((id, addr, Ok(mesh_transport::Principal::Replica(id))));
+                continue;
+            }
             Ok((id, addr, Ok(_))) => (id, addr),
             Ok((id, addr, Err(e))) => {
                 asked

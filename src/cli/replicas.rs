@@ -84,13 +84,9 @@ pub fn run(ctx: Option<&Path>, cmd: &ReplicasCommand) -> Result<Output, CliError
         ReplicasCommand::Add(_) => "replicas add",
         ReplicasCommand::Remove(_) => "replicas remove",
     };
-    let mut context = context::resolve(ctx)?;
-    if let ReplicasCommand::Remove(args) = cmd {
-        // The removal retires the replica and revokes its certificate (decision 0294), which
-        // closes its connections: asked through it, the answer could not come back. It is asked
-        // last, only when no other replica answers.
-        context.replicas.sort_by_key(|(id, _)| *id == args.id);
-    }
+    // The replica a removal takes out is asked last, only when no other answers (the client's
+    // `taken_out`): its connections close as the removal commits.
+    let context = context::resolve(ctx)?;
     let (via, body) = render::split(client::ask(&context, &request)?)?;
     let Body::Replicas(view) = body else {
         return Err(render::unexpected(via, asked, &body));
