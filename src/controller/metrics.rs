@@ -376,6 +376,11 @@ pub(crate) struct OfficeChange {
 }
 
 impl Office {
+    /// The term this replica won and still holds, if any.
+    pub(crate) fn held(&self) -> Option<u64> {
+        self.held
+    }
+
     /// Takes one look: `leading` is the term this replica is the leader of (`None` when it is
     /// not), `acknowledged` whether a quorum has acknowledged that leadership.
     pub(crate) fn look(&mut self, leading: Option<u64>, acknowledged: bool) -> OfficeChange {

@@ -351,24 +351,26 @@ async fn announce_leadership(service: Weak<Service>) {
         };
         let now = (state == openraft::ServerState::Leader).then_some(term);
         // Counted apart from the log lines below: a leadership only counts once a quorum
-        // acknowledged it (decision 0312).
+        // acknowledged it (decision 0312), and the event log follows the same rule (decision
+        // 0308), so a restarted ex-leader's leadership of its old term, never acknowledged, is
+        // neither counted nor logged as an event.
+        let held = office.held();
         let change = office.look(now, acknowledged);
         if let Some(s) = service.upgrade() {
             s.metrics.leadership(change);
+            if let (true, Some(epoch)) = (change.lost, held) {
+                s.events.stepped_down(id, epoch, term);
+            }
+            if let (true, Some(epoch)) = (change.won, office.held()) {
+                s.events.took_office(id, epoch);
+            }
         }
         if now != leading {
-            if let Some(s) = service.upgrade() {
-                if let Some(epoch) = now {
-                    // Silence is counted from here for hosts it has not heard (decision 0301).
-                    s.live.took_office(epoch);
-                }
-                // The event log follows leadership (decision 0308).
-                if let Some(epoch) = leading {
-                    s.events.stepped_down(id, epoch, term);
-                }
-                if let Some(epoch) = now {
-                    s.events.took_office(id, epoch);
-                }
+            if let Some(s) = service.upgrade()
+                && let Some(epoch) = now
+            {
+                // Silence is counted from here for hosts it has not heard (decision 0301).
+                s.live.took_office(epoch);
             }
             if let Some(epoch) = leading {
                 tracing::warn!(
