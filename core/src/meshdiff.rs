@@ -112,6 +112,19 @@ fn shown<T: std::fmt::Debug + PartialEq>(
     }
 }
 
+/// A list rendered in words (`amqp on port 5672, http`), `none` when empty.
+fn listed(lines: &mut Vec<DiffLine>, subject: &str, item: &str, was: String, now: String) {
+    if was != now {
+        let words = |s: String| if s.is_empty() { "none".to_string() } else { s };
+        lines.push(DiffLine {
+            subject: subject.to_string(),
+            item: item.to_string(),
+            was: Some(words(was)),
+            now: Some(words(now)),
+        });
+    }
+}
+
 /// A keyed map's entries added, removed or changed; `value` renders one side.
 fn keyed(
     lines: &mut Vec<DiffLine>,
@@ -175,8 +188,19 @@ fn module_lines(lines: &mut Vec<DiffLine>, subject: &str, a: &Module, b: &Module
         });
     }
     shown(lines, subject, "after", &a.after, &b.after);
-    shown(lines, subject, "provides", &a.provides, &b.provides);
-    shown(lines, subject, "consumes", &a.consumes, &b.consumes);
+    let provides = |m: &Module| {
+        let each = m.provides.iter().map(|p| match p.port {
+            Some(port) => format!("{} on port {port}", p.kind),
+            None => p.kind.clone(),
+        });
+        each.collect::<Vec<_>>().join(", ")
+    };
+    let consumes = |m: &Module| {
+        let each = m.consumes.iter().map(|n| format!("{} from {}", n.kind, n.from));
+        each.collect::<Vec<_>>().join(", ")
+    };
+    listed(lines, subject, "provides", provides(a), provides(b));
+    listed(lines, subject, "consumes", consumes(a), consumes(b));
     // Anything else (the order of mounts) still counts: the apply would store it.
     let seen = lines.iter().any(|l| l.subject == subject);
     if !seen && a != b {
@@ -230,5 +254,25 @@ mod tests {
             }]
         );
         assert!(d.settings_differ.is_empty());
+    }
+
+    #[test]
+    fn provides_and_consumes_read_as_words_not_as_code() {
+        // Issue 25 item 1: `diff` is read by operators; a provided port that moved reads
+        // `amqp on port 47100 => amqp on port 5672`, not a Rust value.
+        let stored = parse_mesh("mesh.toml", example).expect("parses");
+        let moved = example.replace(
+            "provides = [{ kind = \"amqp\", port = 47100 }]",
+            "provides = [{ kind = \"amqp\", port = 5672 }]",
+        );
+        assert_ne!(moved, example, "the example provides amqp on 47100");
+        let file = parse_mesh("mesh.toml", &moved).expect("parses");
+        let line = diff_models(&stored, &file)
+            .lines
+            .into_iter()
+            .find(|l| l.item == "provides")
+            .expect("a provides line");
+        assert_eq!(line.was.as_deref(), Some("amqp on port 47100"));
+        assert_eq!(line.now.as_deref(), Some("amqp on port 5672"));
     }
 }
