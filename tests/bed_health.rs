@@ -6,7 +6,6 @@
 //! counter, in an exposition `promtool check metrics` accepts, and the sample alert rules pass
 //! `promtool check rules`.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -159,22 +158,9 @@ fn scrape(addr: SocketAddr, accept: Option<&str>) -> anyhow::Result<HttpAnswer> 
     Ok(answer)
 }
 
-/// Every sample of a text exposition: `name{labels}` → value.
-fn samples(text: &str) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        if let Some((key, value)) = line.rsplit_once(' ')
-            && let Ok(v) = value.parse()
-        {
-            out.insert(key.to_string(), v);
-        }
-    }
-    out
-}
-
 /// `key`'s value in `text`; an error naming it when the exposition has no such series.
 fn sample(text: &str, key: &str) -> anyhow::Result<f64> {
-    samples(text)
+    mesh_beds::metric_samples(text)
         .get(key)
         .copied()
         .ok_or_else(|| anyhow::anyhow!("no {key} in\n{text}"))

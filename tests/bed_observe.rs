@@ -44,21 +44,11 @@ fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     mesh_beds::http_get(addr, path, Duration::from_millis(http_wait_ms))
 }
 
-/// Every sample of a text exposition: `name{labels}` → value.
-fn samples(text: &str) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        if let Some((key, value)) = line.rsplit_once(' ')
-            && let Ok(v) = value.parse()
-        {
-            out.insert(key.to_string(), v);
-        }
-    }
-    out
-}
-
 fn sample(text: &str, key: &str) -> f64 {
-    samples(text).get(key).copied().unwrap_or(0.0)
+    mesh_beds::metric_samples(text)
+        .get(key)
+        .copied()
+        .unwrap_or(0.0)
 }
 
 /// Restarts every replica of `bed` with `http` set to a free loopback port; returns the ports.

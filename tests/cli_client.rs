@@ -619,7 +619,10 @@ async fn a_replica_a_removal_takes_out_is_asked_only_when_no_other_answers() {
         .run(&["--timeout", "2s", "replicas", "remove", "2"])
         .await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(bed.asked().is_empty(), "asked through the replica it removes");
+    assert!(
+        bed.asked().is_empty(),
+        "asked through the replica it removes"
+    );
     bed.run(&["--timeout", "2s", "replicas", "remove", "1"])
         .await;
     assert_eq!(bed.asked(), vec![Request::ReplicasRemove { id: 1 }]);

@@ -892,6 +892,19 @@ pub fn sized_model(base: &str, bytes: usize) -> String {
     text
 }
 
+/// Every sample of a text exposition: `name{labels}` → value.
+pub fn metric_samples(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        if let Some((key, value)) = line.rsplit_once(' ')
+            && let Ok(v) = value.parse()
+        {
+            out.insert(key.to_string(), v);
+        }
+    }
+    out
+}
+
 /// `GET path` from the HTTP server at `addr` (a status page or `/metrics`), every step within
 /// `wait`: the status code and the body.
 pub fn http_get(addr: SocketAddr, path: &str, wait: Duration) -> anyhow::Result<(u16, String)> {

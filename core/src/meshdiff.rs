@@ -196,7 +196,10 @@ fn module_lines(lines: &mut Vec<DiffLine>, subject: &str, a: &Module, b: &Module
         each.collect::<Vec<_>>().join(", ")
     };
     let consumes = |m: &Module| {
-        let each = m.consumes.iter().map(|n| format!("{} from {}", n.kind, n.from));
+        let each = m
+            .consumes
+            .iter()
+            .map(|n| format!("{} from {}", n.kind, n.from));
         each.collect::<Vec<_>>().join(", ")
     };
     listed(lines, subject, "provides", provides(a), provides(b));
