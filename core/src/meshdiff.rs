@@ -85,14 +85,7 @@ fn union<'a, T: Ord + Clone + 'a>(
 }
 
 fn field(lines: &mut Vec<DiffLine>, subject: &str, item: &str, was: &str, now: &str) {
-    if was != now {
-        lines.push(DiffLine {
-            subject: subject.to_string(),
-            item: item.to_string(),
-            was: Some(format!("{was:?}")),
-            now: Some(format!("{now:?}")),
-        });
-    }
+    shown(lines, subject, item, &was, &now);
 }
 
 fn shown<T: std::fmt::Debug + PartialEq>(
