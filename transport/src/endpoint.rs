@@ -710,9 +710,24 @@ impl Endpoint {
                         // 0221); closed, nothing more of the request may leave.
                         match gate() {
                             Ok(more) if !more.is_zero() => write_by = Instant::now() + more,
-                            _ => {
+                            Ok(_) | Err(_) => {
                                 let _ = send.send.reset(quinn::VarInt::from_u32(0));
-                                break read.await;
+                                match read.await {
+                                    // The peer had not the whole request when the reset came,
+                                    // and says so: no handler ran, as if the gate had refused
+                                    // the write, and the caller may send it under a later gate
+                                    // (decision 0319). Had it had all of it, QUIC ignores the
+                                    // reset and its handler's answer comes as usual.
+                                    Err(FrameError::Reset { code })
+                                        if code == u64::from(crate::serve::reset_unread) =>
+                                    {
+                                        return Err(gated(
+                                            addr,
+                                            "the write gate closed before the peer had the whole request, and the peer handled none of it".into(),
+                                        ));
+                                    }
+                                    other => break other,
+                                }
                             }
                         }
                     }

@@ -77,6 +77,11 @@ pub enum FrameError {
         action: &'static str,
         reason: String,
     },
+    /// The other side reset the stream before the whole frame arrived (QUIC RESET_STREAM): a
+    /// sender withdrawing its request, or a receiver saying it read none of it
+    /// ([`crate::serve::reset_unread`]).
+    #[error("the peer reset the stream with code {code} before the whole frame arrived")]
+    Reset { code: u64 },
     #[error("connection lost while {action}: {source}")]
     ConnectionLost {
         action: &'static str,
@@ -91,6 +96,9 @@ fn read_err(e: ReadError) -> FrameError {
         ReadError::ConnectionLost(source) => FrameError::ConnectionLost {
             action: "reading",
             source,
+        },
+        ReadError::Reset(code) => FrameError::Reset {
+            code: code.into_inner(),
         },
         other => FrameError::Stream {
             action: "read",

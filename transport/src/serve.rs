@@ -86,6 +86,11 @@ pub const stop_denied: u32 = 3;
 /// Stream stop code: the message's body version is one this endpoint does not speak (decision
 /// 0240); a request's answer and the receiver's log name both versions.
 pub const stop_version: u32 = 6;
+/// Stream reset code of an answer: the sender reset its request before the whole frame arrived,
+/// so no handler ran and nothing of it was done (decision 0319). A sender that withdrew a
+/// request when its write gate closed may send it again under a later gate; a peer of an older
+/// release reads the reset as a lost answer, as it read the refusal it got before.
+pub const reset_unread: u32 = 7;
 /// Connection close code: the peer's certificate is no longer trusted (revoked, or its CA left
 /// the trusted set); the close reason says which certificate and what to do.
 pub const close_untrusted: u32 = 4;
@@ -362,6 +367,12 @@ async fn read_checked(
     let principal = permissions.principal();
     let header = match header {
         Ok(header) => header,
+        // The sender withdrew it (its write gate closed, say): not a bad frame, and nothing to
+        // answer but that no byte of it was acted on.
+        Err(FrameError::Reset { code }) => {
+            tracing::debug!(peer = %addr, principal = %permissions.principal(), code, "request withdrawn by its sender before it arrived whole");
+            return Err((reset_unread, "withdrawn by its sender".into()));
+        }
         Err(e) => {
             context.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
             let (code, reason) = match e {
@@ -451,6 +462,11 @@ async fn serve_request(
                 .request_with_role(from, role, header.kind, header.body, None)
                 .await;
             answer.map_err(|reason| Refused { reason })
+        }
+        Err((code, _)) if code == reset_unread => {
+            // Read as nothing done by a sender of this release, as a lost answer by an older one.
+            let _ = send.reset(VarInt::from_u32(reset_unread));
+            return;
         }
         Err((code, reason)) => {
             // Tell the sender to stop writing (a large frame may still be arriving), then answer.

@@ -237,3 +237,59 @@ async fn g3_a_gated_request_given_up_before_its_answer_is_reset_not_retransmitte
     assert_eq!(bodies.first().map(String::as_str), Some("before"));
     assert_eq!(bodies.last().map(String::as_str), Some("after"));
 }
+
+#[tokio::test]
+async fn a_request_the_peer_never_had_whole_when_its_gate_closed_comes_back_gated_so_it_may_go_again()
+ {
+    // Issue 24 item 2 (decision 0319): a request written inside its gate, whose packets were lost
+    // until the gate closed, is reset; the peer, which had not the whole frame, answers with the
+    // "unread" reset instead of a refusal, so the sender knows no handler ran and gets `Gated`
+    // (a push sends it again under its renewed lease) rather than "sent, no answer".
+    let pki = Pki::new();
+    let (host_end, recorder) = serving(&pki, &host("ace"));
+    let leader = client(&pki, &replica(1));
+    let path = LossyPath::to(host_end.local_addr()).await;
+    let open = || -> Result<Duration, String> { Ok(Duration::from_secs(30)) };
+    leader
+        .request_gated(
+            path.addr,
+            MessageKind::Envelope,
+            b"before".to_vec(),
+            timeout,
+            &open,
+        )
+        .await
+        .expect("the path works");
+    path.lose(true);
+    let asked = AtomicUsize::new(0);
+    let gate = || -> Result<Duration, String> {
+        if asked.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Ok(Duration::from_millis(100));
+        }
+        // The lease ended with the request still on its way: the path heals as it is reset,
+        // so the reset reaches the peer and its answer comes back.
+        path.lose(false);
+        Err("lease closed".into())
+    };
+    let err = leader
+        .request_gated(
+            path.addr,
+            MessageKind::Envelope,
+            b"withdrawn".to_vec(),
+            timeout,
+            &gate,
+        )
+        .await
+        .expect_err("the gate closed before the peer had the request");
+    assert!(
+        matches!(err, TransportError::Gated { .. }),
+        "a request the peer handled none of must come back as stopped at the gate: {err:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let bodies: Vec<String> = recorder
+        .seen()
+        .iter()
+        .map(|s| String::from_utf8_lossy(&s.body).into_owned())
+        .collect();
+    assert_eq!(bodies, vec!["before".to_string()], "no handler saw the withdrawn request");
+}
