@@ -30,4 +30,4 @@ pub use reports::{
     reports_in_flight_per_host_max, silent_after_intervals, silent_after_ms_default,
     silent_after_ms_max, silent_after_ms_min, silent_for,
 };
-pub use service::{Running, Service, ServiceError, bind, start, start_on};
+pub use service::{RaftRuntime, Running, Service, ServiceError, bind, start, start_in, start_on};

@@ -85,6 +85,8 @@ pub enum ServiceError {
     Clock,
     #[error(transparent)]
     Http(#[from] super::http::HttpError),
+    #[error("cannot start the thread replica {id}'s Raft runs on: {reason}")]
+    RaftThread { id: u64, reason: String },
 }
 
 /// A running replica service.
@@ -122,9 +124,75 @@ pub struct Service {
     pub(crate) events: super::events::Events,
 }
 
+/// The runtime a replica's Raft core runs on: a thread of its own (issue 24 item 1, decision
+/// 0320). openraft's core, its replication streams and timers, the proposal batcher, and the QUIC
+/// connections they dial to the other replicas (quinn drives a dialled connection where it was
+/// dialled) never wait in the queue of the runtime that serves operators and hosts and fans a
+/// push out to thousands of them. Dropped, it stops without waiting (a runtime may not block in
+/// an async context); [`Running::shutdown`] stops Raft in order before.
+pub struct RaftRuntime(Option<tokio::runtime::Runtime>);
+
+impl RaftRuntime {
+    pub fn new(id: u64) -> Result<RaftRuntime, ServiceError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("raft-{id}"))
+            .enable_all()
+            .build()
+            .map_err(|e| ServiceError::RaftThread {
+                id,
+                reason: e.to_string(),
+            })?;
+        Ok(RaftRuntime(Some(runtime)))
+    }
+
+    /// Runs `f` with this runtime as the current one: an endpoint bound in it is driven on its
+    /// thread.
+    pub fn enter<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.0 {
+            Some(runtime) => {
+                let _in = runtime.enter();
+                f()
+            }
+            None => f(),
+        }
+    }
+
+    /// Runs `future` to its end on this runtime.
+    async fn run<F>(&self, id: u64, future: F) -> Result<F::Output, ServiceError>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let Some(runtime) = &self.0 else {
+            return Err(ServiceError::RaftThread {
+                id,
+                reason: "the runtime was shut down".into(),
+            });
+        };
+        runtime
+            .spawn(future)
+            .await
+            .map_err(|e| ServiceError::RaftThread {
+                id,
+                reason: e.to_string(),
+            })
+    }
+}
+
+impl Drop for RaftRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// A started replica: the service and the tasks around it. Call [`Running::shutdown`] to stop it.
 pub struct Running {
     service: Arc<Service>,
+    /// Declared after `service`: dropped after it.
+    raft_runtime: RaftRuntime,
     floor_task: JoinHandle<()>,
     leadership_task: JoinHandle<()>,
     /// Hands the committed deny list to the endpoint (decision 0172).
@@ -155,20 +223,35 @@ pub fn bind(config: &ReplicaConfig) -> Result<Endpoint, ServiceError> {
     )?)
 }
 
-/// Starts the replica of `config` on its own endpoint.
+/// Starts the replica of `config` on its own endpoint, driven on the Raft thread (decision 0320):
+/// its UDP socket and the connections peers and hosts open to it are read there, not behind a
+/// push's work.
 pub async fn start(config: ReplicaConfig) -> Result<Running, ServiceError> {
-    let endpoint = bind(&config)?;
+    let raft_runtime = RaftRuntime::new(config.id())?;
+    let endpoint = raft_runtime.enter(|| bind(&config))?;
     // Leases are read on CLOCK_BOOTTIME, which counts suspend (G3, decision 0100).
     let clock = BootClock::new().ok_or(ServiceError::Clock)?;
-    start_on(config, endpoint, Arc::new(clock)).await
+    start_in(config, endpoint, Arc::new(clock), raft_runtime).await
 }
 
 /// Starts the replica of `config` on an endpoint already bound (tests bind first to learn ports),
-/// reading time from `clock`.
+/// reading time from `clock`. Its Raft runs on a thread of its own, as in [`start`].
 pub async fn start_on(
     config: ReplicaConfig,
     endpoint: Endpoint,
     clock: Arc<dyn Clock>,
+) -> Result<Running, ServiceError> {
+    let raft_runtime = RaftRuntime::new(config.id())?;
+    start_in(config, endpoint, clock, raft_runtime).await
+}
+
+/// [`start_on`] with the Raft thread given: bind the endpoint in [`RaftRuntime::enter`] to have
+/// it driven there, as meshd does.
+pub async fn start_in(
+    config: ReplicaConfig,
+    endpoint: Endpoint,
+    clock: Arc<dyn Clock>,
+    raft_runtime: RaftRuntime,
 ) -> Result<Running, ServiceError> {
     let key = config.read_signing_key()?;
     let dir = config.data_dir().to_path_buf();
@@ -217,7 +300,10 @@ pub async fn start_on(
         bootstrap: (!config.join()).then_some(bootstrap),
     };
     let network = QuicNetwork::new(endpoint.clone(), config.raft().timings());
-    let replica = Replica::start(spec, network, app.clone()).await?;
+    // openraft's tasks are spawned where it starts: on the Raft thread.
+    let replica = raft_runtime
+        .run(config.id(), Replica::start(spec, network, app.clone()))
+        .await??;
     if term_floor > file_floor {
         write_floor(&dir, term_floor)?;
     }
@@ -257,6 +343,7 @@ pub async fn start_on(
     let denied_task = tokio::spawn(super::certs::keep_denied(Arc::downgrade(&service)));
     Ok(Running {
         service,
+        raft_runtime,
         floor_task,
         leadership_task,
         denied_task,
@@ -446,10 +533,13 @@ impl Running {
         self.denied_task.abort();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(shutdown_drain_ms);
         let mut service = self.service;
+        let raft_runtime = self.raft_runtime;
         loop {
             match Arc::try_unwrap(service) {
                 Ok(s) => {
                     s.replica.shutdown().await?;
+                    // Raft stopped in order: nothing is left on its thread.
+                    drop(raft_runtime);
                     tracing::info!(replica = s.id, "replica stopped");
                     return Ok(handed.ok());
                 }

@@ -153,7 +153,7 @@ impl Bed {
         bed
     }
 
-    fn write_config(&self, id: u64, hosts: &BTreeMap<String, String>) -> ReplicaConfig {
+    pub fn write_config(&self, id: u64, hosts: &BTreeMap<String, String>) -> ReplicaConfig {
         let sub = format!("replica-{id}");
         let (cert, key) = self.pki.write(&sub, &Principal::Replica(id));
         let signing = self.dir.path().join(format!("{sub}.key"));

@@ -291,5 +291,9 @@ async fn a_request_the_peer_never_had_whole_when_its_gate_closed_comes_back_gate
         .iter()
         .map(|s| String::from_utf8_lossy(&s.body).into_owned())
         .collect();
-    assert_eq!(bodies, vec!["before".to_string()], "no handler saw the withdrawn request");
+    assert_eq!(
+        bodies,
+        vec!["before".to_string()],
+        "no handler saw the withdrawn request"
+    );
 }
