@@ -66,6 +66,8 @@ pub struct PushArgs {
     #[arg(long, value_name = "TIMEOUT", num_args = 0..=1, require_equals = true,
         default_missing_value = "60s", value_parser = parse_wait)]
     pub wait: Option<Duration>,
+    #[command(flatten)]
+    pub waves: super::waves::WaveArgs,
     /// Print the answer as JSON.
     #[arg(long)]
     pub json: bool,
@@ -132,6 +134,22 @@ pub fn request(args: &PushArgs) -> Result<Request, CliError> {
 
 pub fn run(ctx: Option<&Path>, args: &PushArgs) -> Result<Output, CliError> {
     let request = request(args)?;
+    if args.waves.any() {
+        let Request::Push {
+            target, why, plan, ..
+        } = request
+        else {
+            return Err(CliError::Render(
+                "push made no push request; this is a bug in meshctl, report it".into(),
+            ));
+        };
+        if plan.is_some() {
+            return Err(CliError::Usage(
+                "push --plan sends one reviewed plan at once; --wave and --canary take --behind or --all".into(),
+            ));
+        }
+        return super::waves::run_push(ctx, &target, why, args.wait, &args.waves, args.json);
+    }
     let context = super::context::resolve(ctx)?;
     // Each machine's line is printed the moment the replica sends it (decision 0190).
     let mut live = Live::new(args.json, std::io::stderr().is_terminal());
@@ -351,7 +369,7 @@ fn not_settled(m: &MachineView, sequence: u64) -> String {
     }
 }
 
-fn seconds(d: Duration) -> String {
+pub(super) fn seconds(d: Duration) -> String {
     let ms = d.as_millis();
     if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
@@ -361,7 +379,7 @@ fn seconds(d: Duration) -> String {
 }
 
 /// One line per settled machine: `ace  ready    #3`, `g14  FAILING  #2 crash FAILED: …`.
-fn wait_line(w: &Waited, width: usize) -> String {
+pub(super) fn wait_line(w: &Waited, width: usize) -> String {
     let m = &w.machine;
     let sequence = w.sequence;
     match &w.outcome {
@@ -547,6 +565,15 @@ impl Live {
         if v.lines.is_empty() {
             out.push_str("nothing to send: every machine named is up to date\n");
         }
+        out.push_str(&self.missed(v));
+        out.push_str(&summary_line(v));
+        out.push_str(&via.note());
+        out
+    }
+
+    /// The lines of `v` the stream skipped, printed from the answer (none twice).
+    pub fn missed(&self, v: &PushView) -> String {
+        let mut out = String::new();
         let width = self
             .width
             .max(v.lines.iter().map(|l| l.machine.len()).max().unwrap_or(0));
@@ -564,8 +591,6 @@ impl Live {
         for line in missed {
             out.push_str(&push_line(line, width));
         }
-        out.push_str(&summary_line(v));
-        out.push_str(&via.note());
         out
     }
 }
@@ -628,6 +653,7 @@ mod tests {
             moves: Vec::new(),
             plan: None,
             wait: None,
+            waves: Default::default(),
             json: false,
         }
     }
