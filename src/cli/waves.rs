@@ -521,12 +521,12 @@ pub fn run_push(
     };
     let n: usize = waves.iter().map(Vec::len).sum();
     fleet.print(&format!(
-        "push in {} wave(s) of {n} machine(s) {}, waiting up to {} after each\n",
-        waves.len(),
+        "push of {n} machine(s) {} in {} wave(s), waiting up to {} after each for its modules\n",
         match target {
             PushTarget::All => "(--all)",
             _ => "behind",
         },
+        waves.len(),
         push::seconds(timeout)
     ));
     let runs = walk(&waves, &mut fleet);
@@ -636,7 +636,7 @@ pub fn plan_text(via: Via, waves: &[Vec<String>], planned: &[PlannedWave]) -> St
         }
         for m in &wave.skipped {
             out.push_str(&format!(
-                "  {m:width$}  already sent by an earlier wave's cascade\n"
+                "  would skip {m:width$}  (already sent by an earlier wave's cascade)\n"
             ));
         }
     }
