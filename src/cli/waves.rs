@@ -537,7 +537,11 @@ pub fn run_push(
         return super::json::output(Some(via), doc, code);
     }
     let lines: Vec<PushLine> = runs.iter().flat_map(|r| r.lines.clone()).collect();
-    let mut text = push::summary_line(&PushView { epoch: 0, lines });
+    let mut text = String::new();
+    if waves.is_empty() {
+        text.push_str("nothing to send: every machine named is up to date\n");
+    }
+    text.push_str(&push::summary_line(&PushView { epoch: 0, lines }));
     if let Some(stop) = stop_text(&waves, &runs, args) {
         text.push_str(&stop);
     }
