@@ -59,7 +59,7 @@ fn a_waved_push_stops_at_the_failed_wave_and_push_behind_continues_from_there() 
     for want in [
         "wave 1/4 done: 2 applied, 2 ready, 1 of them by cascade\n",
         "wave 2/4 FAILED: 1 applied, 1 failing\n",
-        "g14  FAILING",
+        "g14     FAILING",
         "stopped at wave 2/4: g14 failed; not sent: shanks\n",
         "then `meshctl push --behind --wave 1 --why ...` sends the machines not sent yet",
     ] {

@@ -37,7 +37,9 @@ its modules ready); 1 a send was not confirmed applied: failed (no [hosts] addre
 stopped), refused by the host, or sent without a readable answer (host down, timeout); 2 bad \
 usage or input, nothing sent; 3 a machine was held (a mount move waits for --move); 4 with \
 --wait, a module failed on a machine sent to; 5 with --wait, a machine did not report its modules \
-ready before the timeout. When several apply, the first of 1, 4, 5, 3 wins.";
+ready before the timeout. When several apply, the first of 1, 4, 5, 3 wins. With --wave or \
+--canary, the same codes over every wave sent; the push stops at the first wave that would exit \
+1, 4 or 5.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = push_help)]
@@ -491,6 +493,11 @@ impl Live {
         }
     }
 
+    /// Pads machine names to at least `width` (every target of a waved push).
+    pub fn widen(&mut self, width: usize) {
+        self.width = self.width.max(width);
+    }
+
     /// Prints one event to `out` (stdout) as it arrives.
     pub fn event(&mut self, event: PushEvent, out: &mut dyn Write) {
         self.clear_progress();
@@ -501,7 +508,9 @@ impl Live {
         }
         match event {
             PushEvent::Begin { epoch, machines } => {
-                self.width = machines.iter().map(String::len).max().unwrap_or(0);
+                // At least as wide as asked (`widen`): a waved push's lines line up across pushes.
+                let widest = machines.iter().map(String::len).max().unwrap_or(0);
+                self.width = self.width.max(widest);
                 self.total = machines.len();
                 if !self.json && !self.header {
                     let _ = writeln!(out, "push at epoch {epoch}");

@@ -437,6 +437,8 @@ struct Meshctl<'a> {
     live: Live,
     json: bool,
     via: Option<Via>,
+    /// The longest target name, so every line of the walk lines up.
+    width: usize,
 }
 
 impl Meshctl<'_> {
@@ -484,7 +486,12 @@ impl Fleet for Meshctl<'_> {
     fn wait(&mut self, view: &PushView) -> Vec<Waited> {
         let waited = push::wait(self.ctx, view, self.timeout, &mut std::io::sink());
         // One line per machine: the push's. Only a machine that did not get ready says more.
-        let width = waited.iter().map(|w| w.machine.len()).max().unwrap_or(0);
+        let width = waited
+            .iter()
+            .map(|w| w.machine.len())
+            .max()
+            .unwrap_or(0)
+            .max(self.width);
         for w in &waited {
             if !matches!(w.outcome, WaitOutcome::Ready) {
                 self.print(&push::wait_line(w, width));
@@ -518,8 +525,12 @@ pub fn run_push(
         live: Live::new(json, std::io::stderr().is_terminal()),
         json,
         via: None,
+        width: 0,
     };
     let n: usize = waves.iter().map(Vec::len).sum();
+    let widest = waves.iter().flatten().map(String::len).max().unwrap_or(0);
+    fleet.live.widen(widest);
+    fleet.width = widest;
     fleet.print(&format!(
         "push of {n} machine(s) {} in {} wave(s), waiting up to {} after each for its modules\n",
         match target {

@@ -304,3 +304,19 @@ fn plan_waves_put_a_cascade_in_the_wave_of_the_target_it_comes_from() {
     assert_eq!(sent(&planned[1]), names(&["g14"]));
     assert_eq!(planned[1].skipped, names(&["novox"]));
 }
+
+#[test]
+fn waves_need_behind_or_all_and_refuse_one_named_machine() {
+    // Bad input changes nothing: a machine named alone is refused before any request.
+    let args = WaveArgs {
+        wave: Some(WaveSize::Machines(1)),
+        canary: None,
+    };
+    assert!(args.target(&PushTarget::Behind, "push").is_ok());
+    assert!(args.target(&PushTarget::All, "push").is_ok());
+    let e = args
+        .target(&PushTarget::Machine("ace".into()), "push")
+        .expect_err("one machine");
+    assert_eq!(e.exit_code(), 2);
+    assert!(e.to_string().contains("--behind or --all"), "{e}");
+}
