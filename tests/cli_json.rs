@@ -486,6 +486,92 @@ fn push_wait_json_adds_how_each_machine_settled() {
     );
 }
 
+#[test]
+fn push_waves_json_lists_every_wave_where_it_stopped_and_what_was_not_sent() {
+    // Decision 0315: each wave's lines and waits, `failed` naming who stopped it, the waves never
+    // walked as `not_sent`, and the how-to-continue text.
+    use mesh::cli::waves::{WaveArgs, WaveRun, WaveSize, stop_text};
+    let lines = push_view().lines;
+    let waves = vec![
+        vec!["ace".to_string()],
+        vec!["g14".to_string()],
+        vec!["shanks".to_string()],
+    ];
+    let waited = |machine: &str, outcome| Waited {
+        machine: machine.into(),
+        sequence: 8,
+        outcome,
+        view: None,
+    };
+    let runs = vec![
+        WaveRun {
+            number: 1,
+            targets: waves[0].clone(),
+            skipped: Vec::new(),
+            lines: vec![lines[0].clone()],
+            waited: vec![waited("ace", WaitOutcome::Ready)],
+            error: None,
+        },
+        WaveRun {
+            number: 2,
+            targets: waves[1].clone(),
+            skipped: Vec::new(),
+            lines: vec![PushLine {
+                machine: "g14".into(),
+                outcome: PushOutcome::Applied {
+                    reason: "named".into(),
+                    sequence: 3,
+                    digest: digest(7),
+                },
+            }],
+            waited: vec![waited(
+                "g14",
+                WaitOutcome::Failing {
+                    modules: vec!["crash".into()],
+                },
+            )],
+            error: None,
+        },
+    ];
+    let args = WaveArgs {
+        wave: Some(WaveSize::Percent(30)),
+        canary: None,
+    };
+    let next = stop_text(&waves, &runs, &args);
+    assert_fixture(
+        "push_waves",
+        via(),
+        json::PushWavesJson::new(&waves, &runs, next),
+    );
+}
+
+#[test]
+fn plan_waves_json_names_each_waves_machines_with_why() {
+    use mesh::cli::waves::PlannedWave;
+    let waves = vec![
+        vec!["ace".to_string()],
+        vec!["novox".to_string(), "g14".to_string()],
+    ];
+    let planned = vec![
+        PlannedWave {
+            machines: vec![
+                ("ace".into(), "named".into()),
+                ("novox".into(), "cascaded from ace".into()),
+            ],
+            skipped: Vec::new(),
+        },
+        PlannedWave {
+            machines: vec![("g14".into(), "named".into())],
+            skipped: vec!["novox".into()],
+        },
+    ];
+    assert_fixture(
+        "plan_waves",
+        via(),
+        json::PlanWavesJson::new(&waves, &planned),
+    );
+}
+
 fn settings_change(
     id: u64,
     before: Option<&[(&str, &str)]>,

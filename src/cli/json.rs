@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::check::{CheckOutcome, MachineChange, MachineCheck};
 use super::push::{WaitOutcome, Waited};
 use super::render::Via;
+use super::waves::{PlannedWave, WaveRun};
 use super::{CliError, Output};
 use crate::controller::api::{
     HistoryItem, MachineView, PlanView, PlannedChange, PushEvent, PushLine, PushOutcome,
@@ -801,6 +802,137 @@ impl From<&Waited> for WaitJson {
                 .iter()
                 .flat_map(|v| v.modules.iter())
                 .map(ModuleJson::from)
+                .collect(),
+        }
+    }
+}
+
+// ---- waves (decision 0315) ----
+
+/// `push --behind|--all --wave N --json`: every wave walked, in order, and where it stopped.
+#[derive(Debug, Serialize)]
+pub struct PushWavesJson {
+    /// Every wave as split, walked or not.
+    pub waves: Vec<WaveJson>,
+    /// The wave (1-based) the push stopped at; `null` when every wave went.
+    pub stopped_at: Option<usize>,
+    /// Targets no wave sent because the push stopped first (they are still behind).
+    pub not_sent: Vec<String>,
+    /// What to do next when it stopped, as `push` prints it.
+    pub next: Option<String>,
+}
+
+/// One wave: `state` is `done`, `failed` or `not_sent`.
+#[derive(Debug, Serialize)]
+pub struct WaveJson {
+    pub wave: usize,
+    pub state: &'static str,
+    /// The wave's targets, as split.
+    pub targets: Vec<String>,
+    /// Targets an earlier wave's cascade already sent.
+    pub skipped: Vec<String>,
+    /// Every line of the wave's pushes: its targets and their cascade.
+    pub machines: Vec<PushMachineJson>,
+    /// How each machine sent settled.
+    pub wait: Vec<WaitJson>,
+    /// The machines that failed the wave.
+    pub failed: Vec<String>,
+    /// A push request of the wave that failed.
+    pub error: Option<String>,
+}
+
+impl PushWavesJson {
+    pub fn new(waves: &[Vec<String>], runs: &[WaveRun], next: Option<String>) -> PushWavesJson {
+        let mut out = Vec::new();
+        let mut sent: Vec<&str> = Vec::new();
+        for (i, targets) in waves.iter().enumerate() {
+            let Some(run) = runs.get(i) else {
+                out.push(WaveJson {
+                    wave: i + 1,
+                    state: "not_sent",
+                    targets: targets.clone(),
+                    skipped: Vec::new(),
+                    machines: Vec::new(),
+                    wait: Vec::new(),
+                    failed: Vec::new(),
+                    error: None,
+                });
+                continue;
+            };
+            sent.extend(run.lines.iter().map(|l| l.machine.as_str()));
+            out.push(WaveJson {
+                wave: run.number,
+                state: if run.stops() { "failed" } else { "done" },
+                targets: run.targets.clone(),
+                skipped: run.skipped.clone(),
+                machines: run.lines.iter().map(PushMachineJson::from).collect(),
+                wait: run.waited.iter().map(WaitJson::from).collect(),
+                failed: run.failed(),
+                error: run.error.clone(),
+            });
+        }
+        let stopped_at = runs.last().filter(|r| r.stops()).map(|r| r.number);
+        let not_sent = waves[runs.len().min(waves.len())..]
+            .iter()
+            .flatten()
+            .filter(|m| !sent.contains(&m.as_str()))
+            .cloned()
+            .collect();
+        PushWavesJson {
+            waves: out,
+            stopped_at,
+            not_sent: if stopped_at.is_some() {
+                not_sent
+            } else {
+                Vec::new()
+            },
+            next,
+        }
+    }
+}
+
+/// `plan --behind|--all --wave N --json`: which machines each wave would send.
+#[derive(Debug, Serialize)]
+pub struct PlanWavesJson {
+    pub waves: Vec<PlannedWaveJson>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PlannedWaveJson {
+    pub wave: usize,
+    pub targets: Vec<String>,
+    /// Every machine the wave would send (its targets and their cascade), with why.
+    pub machines: Vec<PlannedWaveMachineJson>,
+    /// Targets an earlier wave's cascade would already send.
+    pub skipped: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PlannedWaveMachineJson {
+    pub machine: String,
+    pub reason: String,
+}
+
+impl PlanWavesJson {
+    pub fn new(waves: &[Vec<String>], planned: &[PlannedWave]) -> PlanWavesJson {
+        PlanWavesJson {
+            waves: waves
+                .iter()
+                .zip(planned)
+                .enumerate()
+                .map(|(i, (targets, w))| PlannedWaveJson {
+                    wave: i + 1,
+                    targets: targets.clone(),
+                    machines: w
+                        .machines
+                        .iter()
+                        .map(|(machine, reason)| PlannedWaveMachineJson {
+                            machine: machine.clone(),
+                            reason: reason.clone(),
+                        })
+                        .collect(),
+                    skipped: w.skipped.clone(),
+                })
                 .collect(),
         }
     }

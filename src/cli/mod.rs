@@ -25,6 +25,7 @@ pub mod replicas;
 pub mod settings;
 pub mod snapshot;
 pub mod status;
+pub mod waves;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

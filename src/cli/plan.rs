@@ -40,6 +40,8 @@ pub struct PlanArgs {
     /// is refused if the store moved since.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub waves: super::waves::WaveArgs,
     /// Print the answer as JSON.
     #[arg(long)]
     pub json: bool,
@@ -67,6 +69,14 @@ pub fn target(
 
 pub fn run(ctx: Option<&Path>, args: &PlanArgs) -> Result<Output, CliError> {
     let target = target(args.machine.as_ref(), args.behind, args.all, "plan")?;
+    if args.waves.any() {
+        if args.out.is_some() || !args.moves.is_empty() || args.detailed_exitcode {
+            return Err(CliError::Usage(
+                "plan --wave shows which machines go in which wave; --out, --move and --detailed-exitcode plan one push: run them without --wave".into(),
+            ));
+        }
+        return super::waves::run_plan(ctx, &target, &args.waves, args.json);
+    }
     let request = Request::Plan {
         target,
         moves: args.moves.clone(),

@@ -37,7 +37,9 @@ its modules ready); 1 a send was not confirmed applied: failed (no [hosts] addre
 stopped), refused by the host, or sent without a readable answer (host down, timeout); 2 bad \
 usage or input, nothing sent; 3 a machine was held (a mount move waits for --move); 4 with \
 --wait, a module failed on a machine sent to; 5 with --wait, a machine did not report its modules \
-ready before the timeout. When several apply, the first of 1, 4, 5, 3 wins.";
+ready before the timeout. When several apply, the first of 1, 4, 5, 3 wins. With --wave or \
+--canary, the same codes over every wave sent; the push stops at the first wave that would exit \
+1, 4 or 5.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = push_help)]
@@ -66,6 +68,8 @@ pub struct PushArgs {
     #[arg(long, value_name = "TIMEOUT", num_args = 0..=1, require_equals = true,
         default_missing_value = "60s", value_parser = parse_wait)]
     pub wait: Option<Duration>,
+    #[command(flatten)]
+    pub waves: super::waves::WaveArgs,
     /// Print the answer as JSON.
     #[arg(long)]
     pub json: bool,
@@ -132,6 +136,22 @@ pub fn request(args: &PushArgs) -> Result<Request, CliError> {
 
 pub fn run(ctx: Option<&Path>, args: &PushArgs) -> Result<Output, CliError> {
     let request = request(args)?;
+    if args.waves.any() {
+        let Request::Push {
+            target, why, plan, ..
+        } = request
+        else {
+            return Err(CliError::Render(
+                "push made no push request; this is a bug in meshctl, report it".into(),
+            ));
+        };
+        if plan.is_some() {
+            return Err(CliError::Usage(
+                "push --plan sends one reviewed plan at once; --wave and --canary take --behind or --all".into(),
+            ));
+        }
+        return super::waves::run_push(ctx, &target, why, args.wait, &args.waves, args.json);
+    }
     let context = super::context::resolve(ctx)?;
     // Each machine's line is printed the moment the replica sends it (decision 0190).
     let mut live = Live::new(args.json, std::io::stderr().is_terminal());
@@ -351,7 +371,7 @@ fn not_settled(m: &MachineView, sequence: u64) -> String {
     }
 }
 
-fn seconds(d: Duration) -> String {
+pub(super) fn seconds(d: Duration) -> String {
     let ms = d.as_millis();
     if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
@@ -361,7 +381,7 @@ fn seconds(d: Duration) -> String {
 }
 
 /// One line per settled machine: `ace  ready    #3`, `g14  FAILING  #2 crash FAILED: …`.
-fn wait_line(w: &Waited, width: usize) -> String {
+pub(super) fn wait_line(w: &Waited, width: usize) -> String {
     let m = &w.machine;
     let sequence = w.sequence;
     match &w.outcome {
@@ -473,6 +493,11 @@ impl Live {
         }
     }
 
+    /// Pads machine names to at least `width` (every target of a waved push).
+    pub fn widen(&mut self, width: usize) {
+        self.width = self.width.max(width);
+    }
+
     /// Prints one event to `out` (stdout) as it arrives.
     pub fn event(&mut self, event: PushEvent, out: &mut dyn Write) {
         self.clear_progress();
@@ -483,7 +508,9 @@ impl Live {
         }
         match event {
             PushEvent::Begin { epoch, machines } => {
-                self.width = machines.iter().map(String::len).max().unwrap_or(0);
+                // At least as wide as asked (`widen`): a waved push's lines line up across pushes.
+                let widest = machines.iter().map(String::len).max().unwrap_or(0);
+                self.width = self.width.max(widest);
                 self.total = machines.len();
                 if !self.json && !self.header {
                     let _ = writeln!(out, "push at epoch {epoch}");
@@ -547,6 +574,15 @@ impl Live {
         if v.lines.is_empty() {
             out.push_str("nothing to send: every machine named is up to date\n");
         }
+        out.push_str(&self.missed(v));
+        out.push_str(&summary_line(v));
+        out.push_str(&via.note());
+        out
+    }
+
+    /// The lines of `v` the stream skipped, printed from the answer (none twice).
+    pub fn missed(&self, v: &PushView) -> String {
+        let mut out = String::new();
         let width = self
             .width
             .max(v.lines.iter().map(|l| l.machine.len()).max().unwrap_or(0));
@@ -564,8 +600,6 @@ impl Live {
         for line in missed {
             out.push_str(&push_line(line, width));
         }
-        out.push_str(&summary_line(v));
-        out.push_str(&via.note());
         out
     }
 }
@@ -628,6 +662,7 @@ mod tests {
             moves: Vec::new(),
             plan: None,
             wait: None,
+            waves: Default::default(),
             json: false,
         }
     }
