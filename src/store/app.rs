@@ -1256,7 +1256,7 @@ mod settings_writes {
     // Issue 26 item 2, decision 0317: a settings write through the state machine stores what it
     // changed, in its history row and in the layer's rows.
     use super::*;
-    use crate::store::command::Command;
+    use crate::store::command::{Applied, Command};
     use redb::ReadableTableMetadata;
 
     fn apply(app: &MeshApp, db: &redb::Database, index: u64, command: Command) -> Outcome {
