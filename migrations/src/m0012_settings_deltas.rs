@@ -74,6 +74,7 @@ pub(crate) struct Entry {
 
 fn delta(before: Option<Layer>, after: Option<Layer>) -> LayerDelta {
     let (created, cleared) = (before.is_none(), after.is_none());
+    // allow(empty-on-error): no layer before or after is a layer of no keys, not an error
     let (old, mut new) = (before.unwrap_or_default(), after.unwrap_or_default());
     let mut keys = BTreeMap::new();
     for (k, v) in old {
