@@ -7,8 +7,9 @@ use mesh_beds::{Bed, binaries};
 
 const pair: &str = include_str!("../beds/meshes/pair.toml");
 
-/// Settings writes of four 60 KB values each: every history row keeps the layer before and
-/// after, so 40 of them come to about 19 MB, past a 16 MiB frame.
+/// Settings writes of four 60 KB values each: every history row keeps its four keys before and
+/// after (decision 0317: the keys a write changed), so 40 of them come to about 19 MB, past a
+/// 16 MiB frame.
 const big_writes: usize = 40;
 const value_bytes: usize = 60 * 1024;
 

@@ -86,6 +86,27 @@ fn g6_settings_set_names_each_key_keeps_history_and_refuses_removal() -> anyhow:
         .map(Vec::len)
         .unwrap_or(0);
     assert!(history >= 2, "{shown}");
+    // Decision 0317: the store keeps only the keys a write changed, yet the reader sees the
+    // whole layer before and after each write, as before.
+    let last = &shown["answer"]["history"][history - 1];
+    assert_eq!(last["change"], "changed", "{last}");
+    assert_eq!(
+        last["before"],
+        serde_json::json!({"region": "sea", "tier": "gold"}),
+        "{last}"
+    );
+    assert_eq!(
+        last["after"],
+        serde_json::json!({"region": "sea"}),
+        "{last}"
+    );
+    let text = bed.meshctl_ok(&["settings", "show", "mesh", "--history"])?;
+    assert!(
+        text.stdout
+            .contains("    before: region=sea, tier=gold\n    after:  region=sea\n"),
+        "{}",
+        text.stdout
+    );
     let no_layer = bed.meshctl(&[
         "settings",
         "set",

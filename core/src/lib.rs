@@ -5,6 +5,7 @@ pub mod compose;
 pub mod declaration;
 pub mod envelope;
 pub mod flat;
+pub mod layer_delta;
 pub mod meshdiff;
 pub mod meshfile;
 pub mod meshwrite;

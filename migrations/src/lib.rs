@@ -15,6 +15,7 @@ mod m0008_uploads;
 mod m0009_signers;
 mod m0010_requests_in_order;
 mod m0011_model_revisions;
+mod m0012_settings_deltas;
 pub mod records;
 pub mod tables;
 
@@ -25,7 +26,7 @@ use redb::{Database, ReadableDatabase, TableError, WriteTransaction};
 pub use mesh_codec::CodecError;
 
 /// The schema version this binary writes: the version of its last migration.
-pub const schema_version_latest: u64 = m0011_model_revisions::VERSION;
+pub const schema_version_latest: u64 = m0012_settings_deltas::VERSION;
 
 /// The page cache of one open store (redb's default is 1 GiB). The domain state lives in memory,
 /// so the store is written far more than read: the cache holds the pages a commit dirties and the
@@ -159,6 +160,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: m0011_model_revisions::VERSION,
         name: m0011_model_revisions::NAME,
         step: m0011_model_revisions::step,
+    },
+    Migration {
+        version: m0012_settings_deltas::VERSION,
+        name: m0012_settings_deltas::NAME,
+        step: m0012_settings_deltas::step,
     },
 ];
 

@@ -32,6 +32,8 @@ pub const SM_STATE_LAST_MEMBERSHIP: &str = "last_membership";
 /// Domain (since 0001): the model, by key.
 pub const MODEL: TableDefinition<&str, &[u8]> = TableDefinition::new("model");
 /// Domain (since 0001): settings layers, by scope (`mesh`, `machine/<m>`, `module/<mod>`, `module/<mod>@<m>`).
+/// Since 0012 a row only says the layer exists (an empty value); its keys are in [`SETTINGS_VALUES`].
+/// Before, the value was the whole encoded layer.
 pub const SETTINGS_LAYERS: TableDefinition<&str, &[u8]> = TableDefinition::new("settings_layers");
 /// Domain (since 0001): provisions, by id.
 pub const PROVISIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("provisions");
@@ -48,7 +50,9 @@ pub const CONTROLLER_EPOCH: TableDefinition<&str, &[u8]> = TableDefinition::new(
 /// The one key in [`CONTROLLER_EPOCH`].
 pub const CONTROLLER_EPOCH_KEY: &str = "highest";
 
-/// Settings layers replaced or cleared (since 0003): history id → encoded domain record.
+/// Settings writes (since 0003): history id → encoded domain record. Since 0012 the record holds
+/// only the keys the write changed, before and after each (decision 0317); before, the whole
+/// layer before and after.
 pub const SETTINGS_HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("settings_history");
 
 /// Model applies (since 0005): revision → encoded domain record (why, who, when, machines changed).
@@ -98,6 +102,11 @@ pub const SIGNERS: TableDefinition<u64, &[u8]> = TableDefinition::new("signers")
 /// within the domain's count and byte limits (decision 0302).
 pub const MODEL_REVISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("model_revisions");
 
+/// The keys of settings layers (since 0012): (scope as in [`SETTINGS_LAYERS`], key) → the value's
+/// UTF-8 bytes, so a write rewrites the keys it changes, not its whole layer (decision 0317).
+pub const SETTINGS_VALUES: TableDefinition<(&str, &str), &[u8]> =
+    TableDefinition::new("settings_values");
+
 /// Table shapes that a later migration replaced. Only migrations and fixture tests use them.
 pub mod superseded {
     use redb::TableDefinition;
@@ -128,4 +137,5 @@ pub const CATALOGUE: &[(&str, u64)] = &[
     ("upload_chunks", 8),
     ("signers", 9),
     ("model_revisions", 11),
+    ("settings_values", 12),
 ];

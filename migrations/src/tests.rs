@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, ReadableTableMetadata, TableDefinition};
 
+use crate::m0012_settings_deltas as m12;
 use crate::records::EpochRecord;
 use crate::tables::{self, superseded};
 use crate::{MIGRATIONS, Migration, MigrationError, StepError, open, open_with, schema_version};
@@ -60,7 +61,6 @@ fn str_tables() -> Vec<(
         (tables::RAFT_STATE, "raft_state"),
         (tables::SM_STATE, "sm_state"),
         (tables::MODEL, "model"),
-        (tables::SETTINGS_LAYERS, "settings_layers"),
         (tables::PROVISIONS, "provisions"),
         (tables::ACCOUNTS, "accounts"),
         (tables::HOLDS, "holds"),
@@ -113,9 +113,7 @@ fn write_fixture_rows(db: &Database, version: u64) {
         }
         txn.commit().expect("commit");
     }
-    if version >= 3 {
-        fill_u64_table(db, tables::SETTINGS_HISTORY, "settings_history");
-    }
+    write_settings_fixture(db, version);
     if version >= 5 {
         fill_u64_table(db, tables::MODEL_HISTORY, "model_history");
     }
@@ -190,9 +188,7 @@ fn check_fixture_rows(db: &Database, version: u64) {
         assert_eq!(epochs.len().expect("len"), 0);
     }
     drop(txn);
-    if version >= 3 {
-        check_u64_table(db, tables::SETTINGS_HISTORY, "settings_history");
-    }
+    check_settings_fixture(db, version);
     if version >= 5 {
         check_u64_table(db, tables::MODEL_HISTORY, "model_history");
     }
@@ -217,6 +213,144 @@ fn check_fixture_rows(db: &Database, version: u64) {
         .open_table(tables::MODEL_REVISIONS)
         .expect("model_revisions exists");
     assert_eq!(kept.len().expect("len"), 0, "from version {version}");
+}
+
+/// Layer `i` of the settings fixture: two keys of its own and one every layer shares.
+fn fixture_layer(i: u64) -> m12::Layer {
+    [
+        (format!("k{i}"), format!("v{i}")),
+        (format!("j{i}"), "j".to_string()),
+        ("shared".to_string(), "s".to_string()),
+    ]
+    .into()
+}
+
+/// Settings history entry `i` of the fixture, as schema 0011 kept it: entry 0 created layer 0,
+/// the others replaced layer `i - 1` with layer `i` (one key kept, two changed, two added).
+fn fixture_whole(i: u64) -> m12::WholeLayers {
+    m12::WholeLayers {
+        id: i,
+        scope: m12::Scope::Machine(format!("m{i}")),
+        before: i.checked_sub(1).map(fixture_layer),
+        after: Some(fixture_layer(i)),
+        why: format!("why {i}"),
+        actor: "operator:op".into(),
+        epoch: 3,
+        time_ms: 1000 + i,
+    }
+}
+
+/// The same entry as schema 0012 keeps it: only the keys that changed.
+fn fixture_entry(i: u64) -> m12::Entry {
+    let change = |before: Option<String>, after: Option<String>| m12::KeyChange { before, after };
+    let mut keys = std::collections::BTreeMap::new();
+    keys.insert(format!("k{i}"), change(None, Some(format!("v{i}"))));
+    keys.insert(format!("j{i}"), change(None, Some("j".into())));
+    if let Some(p) = i.checked_sub(1) {
+        keys.insert(format!("k{p}"), change(Some(format!("v{p}")), None));
+        keys.insert(format!("j{p}"), change(Some("j".into()), None));
+    } else {
+        keys.insert("shared".into(), change(None, Some("s".into())));
+    }
+    m12::Entry {
+        id: i,
+        scope: m12::Scope::Machine(format!("m{i}")),
+        delta: m12::LayerDelta {
+            created: i == 0,
+            cleared: false,
+            keys,
+        },
+        why: format!("why {i}"),
+        actor: "operator:op".into(),
+        epoch: 3,
+        time_ms: 1000 + i,
+    }
+}
+
+/// Settings layers and history in the shape of `version`: whole encoded layers and whole-layer
+/// history records before 0012, marker rows, value rows and deltas from it.
+fn write_settings_fixture(db: &Database, version: u64) {
+    let txn = db.begin_write().expect("begin write");
+    {
+        let mut layers = txn.open_table(tables::SETTINGS_LAYERS).expect("layers");
+        for i in 0..rows_per_table {
+            let scope = format!("machine/m{i}");
+            if version >= 12 {
+                layers
+                    .insert(scope.as_str(), b"".as_slice())
+                    .expect("insert");
+                let mut values = txn.open_table(tables::SETTINGS_VALUES).expect("values");
+                for (k, v) in fixture_layer(i) {
+                    values
+                        .insert((scope.as_str(), k.as_str()), v.as_bytes())
+                        .expect("insert");
+                }
+            } else {
+                let bytes = mesh_codec::encode("layer", &fixture_layer(i)).expect("encode");
+                layers
+                    .insert(scope.as_str(), bytes.as_slice())
+                    .expect("insert");
+            }
+        }
+        if version >= 3 {
+            let mut history = txn.open_table(tables::SETTINGS_HISTORY).expect("history");
+            for i in 0..rows_per_table {
+                let bytes = match version {
+                    12.. => mesh_codec::encode("entry", &fixture_entry(i)),
+                    _ => mesh_codec::encode("change", &fixture_whole(i)),
+                }
+                .expect("encode");
+                history.insert(i, bytes.as_slice()).expect("insert");
+            }
+        }
+    }
+    txn.commit().expect("commit");
+}
+
+/// Since 0012: every layer row an empty marker with its keys in `settings_values`, every
+/// history record the keys its write changed.
+fn check_settings_fixture(db: &Database, version: u64) {
+    let txn = db.begin_read().expect("begin read");
+    let layers = txn.open_table(tables::SETTINGS_LAYERS).expect("layers");
+    let values = txn.open_table(tables::SETTINGS_VALUES).expect("values");
+    assert_eq!(
+        layers.len().expect("len"),
+        rows_per_table,
+        "from version {version}"
+    );
+    for i in 0..rows_per_table {
+        let scope = format!("machine/m{i}");
+        let marker = layers
+            .get(scope.as_str())
+            .expect("get")
+            .expect("layer row kept");
+        assert!(marker.value().is_empty(), "{scope} still holds its keys");
+        for (k, v) in fixture_layer(i) {
+            let got = values.get((scope.as_str(), k.as_str())).expect("get");
+            assert_eq!(
+                got.map(|g| g.value().to_vec()),
+                Some(v.into_bytes()),
+                "{scope} key {k} from version {version}"
+            );
+        }
+    }
+    assert_eq!(
+        values.len().expect("len"),
+        3 * rows_per_table,
+        "from version {version}"
+    );
+    let history = txn.open_table(tables::SETTINGS_HISTORY).expect("history");
+    let want = if version >= 3 { rows_per_table } else { 0 };
+    assert_eq!(history.len().expect("len"), want, "from version {version}");
+    for i in 0..want {
+        let row = history.get(i).expect("get").expect("history row kept");
+        let entry: m12::Entry = mesh_codec::decode("entry", row.value()).expect("decode entry");
+        assert_eq!(
+            entry,
+            fixture_entry(i),
+            "history #{i} from version {version}"
+        );
+    }
 }
 
 fn table_names(db: &Database) -> Vec<String> {
@@ -299,14 +433,14 @@ fn reopening_a_latest_store_keeps_its_rows_and_version() {
     let path = store_path(&dir);
     {
         let db = open(&path).expect("open");
-        write_fixture_rows(&db, 1);
+        write_fixture_rows(&db, crate::schema_version_latest);
     }
     let db = open(&path).expect("reopen");
     assert_eq!(
         schema_version(&db, &path).expect("version"),
         crate::schema_version_latest
     );
-    check_fixture_rows(&db, 1);
+    check_fixture_rows(&db, crate::schema_version_latest);
 }
 
 #[test]

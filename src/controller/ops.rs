@@ -15,10 +15,11 @@ use super::api::{PushError, SettingsError, SettingsRule, SnapshotError};
 use super::push::known_of;
 use super::service::{Service, now_ms};
 use crate::core::compose::{World, compose, digest};
+use crate::core::layer_delta::edit_delta;
 use crate::core::model::Mesh;
 use crate::core::plan::{DigestCache, Lag, ShouldBe, lags};
 use crate::core::report::Health;
-use crate::core::settings::{Edit, Layer, Scope, clear_layer, edit_layer, effective};
+use crate::core::settings::{Edit, Layer, Scope, clear_layer, effective};
 use crate::core::validate::validate;
 use crate::store::app::MeshApp;
 use crate::store::command::{Applied, Command, Outcome, Refusal};
@@ -232,12 +233,12 @@ impl Service {
         let term = self.leading_term()?;
         let state = self.state()?;
         check_scope(&state, &scope)?;
-        let edit = Edit {
-            set: layer.clone(),
-            remove: remove.clone(),
-        };
-        edit_layer(state.mesh.settings.layers.get(&scope), edit, replace)
+        let edit = Edit { set: layer, remove };
+        // The delta, not the new layer: the check costs the keys written, not a copy of the
+        // layer (decision 0317).
+        edit_delta(state.mesh.settings.layers.get(&scope), &edit, replace)
             .map_err(|e| rule_broken(&scope, &e))?;
+        let Edit { set: layer, remove } = edit;
         drop(state);
         let command = Command::Once {
             request: id,

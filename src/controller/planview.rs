@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::api::{PlanView, PlannedChange, PlannedMachine, PlannedMint, PushTarget, drift_item};
 use crate::core::plan::{PlannedSend, PushPlan};
 use crate::core::summary::{Change, Summary, diff, summarize, value_digest};
-use crate::store::command::{HeldMount, SettingsChange};
+use crate::store::command::{HeldMount, SettingsEntry};
 use crate::store::state::DomainState;
 
 /// What a plan shows instead of the secret of a provision it has not minted yet.
@@ -33,7 +33,7 @@ impl Reveal {
     /// revisions, newest first, as many as the caller read).
     pub(crate) fn new(
         state: &DomainState,
-        history: &[SettingsChange],
+        history: &[SettingsEntry],
         earlier: &[crate::core::model::Mesh],
     ) -> Reveal {
         let mut values = BTreeMap::new();
@@ -43,9 +43,14 @@ impl Reveal {
         for layer in state.mesh.settings.layers.values() {
             layer.values().for_each(&mut add);
         }
-        for change in history {
-            for layer in [&change.before, &change.after].into_iter().flatten() {
-                layer.values().for_each(&mut add);
+        // Every value a layer ever held was written by some entry (a created layer's entry
+        // holds every key), so the entries' keys hold them all (decision 0317).
+        for entry in history {
+            for change in entry.delta.keys.values() {
+                [&change.before, &change.after]
+                    .into_iter()
+                    .flatten()
+                    .for_each(&mut add);
             }
         }
         for mesh in std::iter::once(&state.mesh).chain(earlier) {

@@ -117,7 +117,7 @@ impl Service {
     /// [`reveal_models_bytes_max`] (a value older than those shows as its digest).
     fn reveal(&self, state: &DomainState) -> Result<Reveal, ApiError> {
         let db = self.replica.database();
-        let history = MeshApp::settings_history(db)
+        let history = MeshApp::settings_entries(db)
             .map_err(|e| super::ops::storage("settings history", &e))?;
         let current = MeshApp::last_model_revision(db)
             .map_err(|e| super::ops::storage("model history", &e))?;

@@ -10,7 +10,7 @@ use mesh_raft::SnapshotFile;
 
 use super::config::ReplicaConfig;
 use super::floor::{FloorError, clear_unproven, read_floor, write_floor, write_unproven};
-use crate::store::app::{DomainSnapshot, MeshApp};
+use crate::store::app::{DomainSnapshot, MeshApp, decode_snapshot};
 
 /// Largest snapshot file read, in bytes.
 pub const snapshot_file_bytes_max: u64 = 1 << 30;
@@ -81,7 +81,7 @@ pub async fn restore_with(
     };
     let file = SnapshotFile::decode(&bytes).map_err(|e| malformed(e.to_string()))?;
     let domain: DomainSnapshot =
-        mesh_codec::decode("domain snapshot", &file.app).map_err(|e| malformed(e.to_string()))?;
+        decode_snapshot(&file.app).map_err(|e| malformed(e.to_string()))?;
     let snapshot_floor = domain.state.epoch_floor;
     let log_term = file.last_applied.map_or(0, |l| l.leader_id.term);
     let dir = config.data_dir();

@@ -13,11 +13,13 @@ use serde::{Deserialize, Serialize};
 
 use super::command::{
     ModelChange, Outcome, Proposal, Refusal, Remembered, RequestId, SendRecord, SettingsChange,
+    SettingsEntry,
 };
+use super::settings_history::{Rewinder, entry_of, rebuild};
 use super::staging::{Chunk, Upload, UploadHead, UploadId};
 use super::state::{Changed, DomainState};
 use crate::core::model::Mesh;
-use crate::core::settings::Scope;
+use crate::core::settings::{Layer, Scope};
 
 const model_key_mesh: &str = "mesh";
 const model_key_revision: &str = "revision";
@@ -28,11 +30,57 @@ const model_key_next_history: &str = "next_history_id";
 pub struct DomainSnapshot {
     pub state: DomainState,
     pub sends: Vec<SendRecord>,
-    pub history: Vec<SettingsChange>,
+    /// The settings history in the whole-layer shape of snapshots before decision 0317: always
+    /// empty in a snapshot this release takes; an older snapshot's history, turned into
+    /// [`Self::settings`] at install.
+    pub history_whole_layers: Vec<SettingsChange>,
     pub models: Vec<ModelChange>,
     /// The kept models of model revisions (table `model_revisions`, decision 0302): revision and
     /// the encoded model as stored, oldest first.
     pub revisions: Vec<(u64, Vec<u8>)>,
+    /// The settings history as the store keeps it, oldest first (decision 0317). Last, so a
+    /// snapshot of an older release (which ends before it) fails to decode as this shape and is
+    /// read as [`OldSnapshot`] instead.
+    pub settings: Vec<SettingsEntry>,
+}
+
+/// A snapshot as releases before decision 0317 took it (whole-layer settings history).
+#[derive(Deserialize)]
+struct OldSnapshot {
+    state: DomainState,
+    sends: Vec<SendRecord>,
+    history: Vec<SettingsChange>,
+    models: Vec<ModelChange>,
+    revisions: Vec<(u64, Vec<u8>)>,
+}
+
+/// A snapshot's bytes, of this release or an older one (decision 0317). An older snapshot's
+/// whole-layer history becomes the entries this release keeps; bytes of neither shape are refused
+/// with both reasons.
+pub fn decode_snapshot(bytes: &[u8]) -> Result<DomainSnapshot, AppError> {
+    let new = match mesh_codec::decode::<DomainSnapshot>("domain snapshot", bytes) {
+        Ok(mut snap) => {
+            let old = std::mem::take(&mut snap.history_whole_layers);
+            let mut settings: Vec<SettingsEntry> = old.iter().map(entry_of).collect();
+            settings.append(&mut snap.settings);
+            snap.settings = settings;
+            return Ok(snap);
+        }
+        Err(e) => e,
+    };
+    match mesh_codec::decode::<OldSnapshot>("domain snapshot (before decision 0317)", bytes) {
+        Ok(old) => Ok(DomainSnapshot {
+            state: old.state,
+            sends: old.sends,
+            history_whole_layers: Vec::new(),
+            models: old.models,
+            revisions: old.revisions,
+            settings: old.history.iter().map(entry_of).collect(),
+        }),
+        Err(old) => Err(AppError::Other(format!(
+            "the snapshot is of no shape this release reads: {new}; nor as a snapshot of an older release: {old}; take it again with a replica of this release"
+        ))),
+    }
 }
 
 /// The domain state machine of one replica. It is the one owner of the state: readers take an
@@ -109,6 +157,7 @@ impl MeshApp {
                 .models
                 .push(mesh_codec::decode("model change", v.value())?);
         }
+        let mut newest_first: Vec<SettingsEntry> = Vec::new();
         for row in txn
             .open_table(tables::SETTINGS_HISTORY)?
             .iter()?
@@ -116,13 +165,12 @@ impl MeshApp {
             .take(n)
         {
             let (_, v) = row?;
-            recent
-                .settings
-                .push(mesh_codec::decode("settings change", v.value())?);
+            newest_first.push(mesh_codec::decode("settings entry", v.value())?);
         }
+        // The newest writes are undone from the layers in force (decision 0317), oldest first.
+        recent.settings = rebuild(read_layers(&txn)?, &newest_first).map_err(rebuild_error)?;
         recent.sends = newest_sends(&txn, n)?;
         recent.models.reverse();
-        recent.settings.reverse();
         Ok(recent)
     }
 
@@ -163,21 +211,45 @@ impl MeshApp {
         Ok(table.last()?.map(|(k, _)| k.value()))
     }
 
-    /// Settings history entry `id`, if there is one.
+    /// Settings history entry `id` with the whole layer before and after it, if there is one:
+    /// the layer in force with every newer write of its scope undone (decision 0317), an error
+    /// naming the entry when the history does not lead to the layer in force.
     pub fn settings_change(
         db: &redb::Database,
         id: u64,
     ) -> Result<Option<SettingsChange>, AppError> {
         let txn = db.begin_read()?;
         let table = txn.open_table(tables::SETTINGS_HISTORY)?;
-        match table.get(id)? {
-            Some(v) => Ok(Some(mesh_codec::decode("settings change", v.value())?)),
-            None => Ok(None),
+        let Some(v) = table.get(id)? else {
+            return Ok(None);
+        };
+        let wanted: SettingsEntry = mesh_codec::decode("settings entry", v.value())?;
+        let mut layers = std::collections::BTreeMap::new();
+        if let Some(layer) = read_layer(&txn, &wanted.scope)? {
+            layers.insert(wanted.scope.clone(), layer);
         }
+        let mut rewinder = Rewinder::new(layers);
+        let newer = (std::ops::Bound::Excluded(id), std::ops::Bound::Unbounded);
+        for row in table.range::<u64>(newer)?.rev() {
+            let (_, v) = row?;
+            let entry: SettingsEntry = mesh_codec::decode("settings entry", v.value())?;
+            if entry.scope == wanted.scope {
+                rewinder.skip(&entry).map_err(rebuild_error)?;
+            }
+        }
+        Ok(Some(rewinder.undo(&wanted).map_err(rebuild_error)?))
     }
 
-    /// Every replaced or cleared settings layer, oldest first.
+    /// Every settings write with its whole layers, oldest first.
     pub fn settings_history(db: &redb::Database) -> Result<Vec<SettingsChange>, AppError> {
+        let txn = db.begin_read()?;
+        let mut entries = read_history(&txn)?;
+        entries.reverse();
+        rebuild(read_layers(&txn)?, &entries).map_err(rebuild_error)
+    }
+
+    /// Every settings write as the store keeps it (the keys it changed), oldest first.
+    pub fn settings_entries(db: &redb::Database) -> Result<Vec<SettingsEntry>, AppError> {
         let txn = db.begin_read()?;
         read_history(&txn)
     }
@@ -224,7 +296,7 @@ impl App for MeshApp {
     }
 
     fn install(&self, txn: &WriteTransaction, snapshot: &[u8]) -> Result<(), AppError> {
-        let snap: DomainSnapshot = mesh_codec::decode("domain snapshot", snapshot)?;
+        let snap = decode_snapshot(snapshot)?;
         let mut state = self
             .state
             .write()
@@ -271,17 +343,31 @@ fn write_changes(
                 t.insert(model_key_next_history, next.as_slice())?;
             }
             Changed::SettingsLayer(scope) => {
+                // The row says the layer exists (it may have no keys); its keys are rows of
+                // `settings_values`, written by `SettingsLayerKeys` (schema 0012).
                 let mut t = txn.open_table(tables::SETTINGS_LAYERS)?;
                 let key = scope.to_string();
                 match state.mesh.settings.layers.get(scope) {
-                    Some(layer) => {
-                        t.insert(
-                            key.as_str(),
-                            mesh_codec::encode("settings layer", layer)?.as_slice(),
-                        )?;
+                    Some(_) => {
+                        t.insert(key.as_str(), b"".as_slice())?;
                     }
                     None => {
                         t.remove(key.as_str())?;
+                    }
+                }
+            }
+            Changed::SettingsLayerKeys { scope, keys } => {
+                let mut t = txn.open_table(tables::SETTINGS_VALUES)?;
+                let name = scope.to_string();
+                let layer = state.mesh.settings.layers.get(scope);
+                for k in keys {
+                    match layer.and_then(|l| l.get(k)) {
+                        Some(v) => {
+                            t.insert((name.as_str(), k.as_str()), v.as_bytes())?;
+                        }
+                        None => {
+                            t.remove((name.as_str(), k.as_str()))?;
+                        }
                     }
                 }
             }
@@ -289,7 +375,7 @@ fn write_changes(
                 let mut t = txn.open_table(tables::SETTINGS_HISTORY)?;
                 t.insert(
                     entry.id,
-                    mesh_codec::encode("settings change", entry)?.as_slice(),
+                    mesh_codec::encode("settings entry", entry)?.as_slice(),
                 )?;
             }
             Changed::ModelHistory(entry) => {
@@ -414,20 +500,7 @@ fn read_snapshot(txn: &ReadTransaction) -> Result<DomainSnapshot, AppError> {
     if let Some(v) = model.get(model_key_next_history)? {
         state.next_history_id = mesh_codec::decode("history id", v.value())?;
     }
-    for row in txn.open_table(tables::SETTINGS_LAYERS)?.iter()? {
-        let (k, v) = row?;
-        let scope: Scope = k.value().parse().map_err(|e| {
-            AppError::Other(format!(
-                "stored settings scope {:?} is unreadable: {e}",
-                k.value()
-            ))
-        })?;
-        state
-            .mesh
-            .settings
-            .layers
-            .insert(scope, mesh_codec::decode("settings layer", v.value())?);
-    }
+    state.mesh.settings.layers = read_layers(txn)?;
     for row in txn.open_table(tables::PROVISIONS)?.iter()? {
         let (k, v) = row?;
         state.provisions.insert(
@@ -494,7 +567,7 @@ fn read_snapshot(txn: &ReadTransaction) -> Result<DomainSnapshot, AppError> {
         state.signers.insert(k.value(), key);
     }
     read_uploads(txn, &mut state)?;
-    let history = read_history(txn)?;
+    let settings = read_history(txn)?;
     let models = read_models(txn)?;
     let mut revisions = Vec::new();
     for row in txn.open_table(tables::MODEL_REVISIONS)?.iter()? {
@@ -506,9 +579,10 @@ fn read_snapshot(txn: &ReadTransaction) -> Result<DomainSnapshot, AppError> {
     Ok(DomainSnapshot {
         state,
         sends,
-        history,
+        history_whole_layers: Vec::new(),
         models,
         revisions,
+        settings,
     })
 }
 
@@ -636,13 +710,79 @@ fn read_models(txn: &ReadTransaction) -> Result<Vec<ModelChange>, AppError> {
     Ok(out)
 }
 
-fn read_history(txn: &ReadTransaction) -> Result<Vec<SettingsChange>, AppError> {
+fn read_history(txn: &ReadTransaction) -> Result<Vec<SettingsEntry>, AppError> {
     let mut out = Vec::new();
     for row in txn.open_table(tables::SETTINGS_HISTORY)?.iter()? {
         let (_, v) = row?;
-        out.push(mesh_codec::decode("settings change", v.value())?);
+        out.push(mesh_codec::decode("settings entry", v.value())?);
     }
     Ok(out)
+}
+
+fn rebuild_error(e: super::settings_history::RebuildError) -> AppError {
+    AppError::Other(e.to_string())
+}
+
+fn parse_scope(text: &str) -> Result<Scope, AppError> {
+    text.parse()
+        .map_err(|e| AppError::Other(format!("stored settings scope {text:?} is unreadable: {e}")))
+}
+
+fn value_of(scope: &str, key: &str, bytes: &[u8]) -> Result<String, AppError> {
+    String::from_utf8(bytes.to_vec()).map_err(|_| {
+        AppError::Other(format!(
+            "stored setting {key} of {scope} is not UTF-8; restore the replica from a snapshot of a healthy one"
+        ))
+    })
+}
+
+/// Every settings layer: a row of `settings_layers` per layer, its keys from `settings_values`.
+fn read_layers(
+    txn: &ReadTransaction,
+) -> Result<std::collections::BTreeMap<Scope, Layer>, AppError> {
+    let mut by_name: std::collections::BTreeMap<String, Layer> = Default::default();
+    for row in txn.open_table(tables::SETTINGS_LAYERS)?.iter()? {
+        let (k, _) = row?;
+        by_name.insert(k.value().to_string(), Layer::new());
+    }
+    for row in txn.open_table(tables::SETTINGS_VALUES)?.iter()? {
+        let (k, v) = row?;
+        let (scope, key) = k.value();
+        let Some(layer) = by_name.get_mut(scope) else {
+            return Err(AppError::Other(format!(
+                "stored setting {key} belongs to {scope}, which has no layer row; restore the replica from a snapshot of a healthy one"
+            )));
+        };
+        layer.insert(key.to_string(), value_of(scope, key, v.value())?);
+    }
+    let mut layers = std::collections::BTreeMap::new();
+    for (name, layer) in by_name {
+        layers.insert(parse_scope(&name)?, layer);
+    }
+    Ok(layers)
+}
+
+/// One scope's layer, `None` when it has none.
+fn read_layer(txn: &ReadTransaction, scope: &Scope) -> Result<Option<Layer>, AppError> {
+    let name = scope.to_string();
+    if txn
+        .open_table(tables::SETTINGS_LAYERS)?
+        .get(name.as_str())?
+        .is_none()
+    {
+        return Ok(None);
+    }
+    let mut layer = Layer::new();
+    let values = txn.open_table(tables::SETTINGS_VALUES)?;
+    for row in values.range((name.as_str(), "")..)? {
+        let (k, v) = row?;
+        let (scope, key) = k.value();
+        if scope != name {
+            break;
+        }
+        layer.insert(key.to_string(), value_of(scope, key, v.value())?);
+    }
+    Ok(Some(layer))
 }
 
 fn clear_domain_tables(txn: &WriteTransaction) -> Result<(), AppError> {
@@ -669,6 +809,8 @@ fn clear_domain_tables(txn: &WriteTransaction) -> Result<(), AppError> {
     clear(txn, tables::UPLOADS)?;
     txn.open_table(tables::UPLOAD_CHUNKS)?
         .retain(|_, _| false)?;
+    txn.open_table(tables::SETTINGS_VALUES)?
+        .retain(|_, _| false)?;
     Ok(())
 }
 
@@ -680,15 +822,13 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
         position: 0,
     };
     let mut changed = vec![Changed::Model, Changed::Revision, Changed::EpochFloor];
-    changed.extend(
-        state
-            .mesh
-            .settings
-            .layers
-            .keys()
-            .cloned()
-            .map(Changed::SettingsLayer),
-    );
+    for (scope, layer) in &state.mesh.settings.layers {
+        changed.push(Changed::SettingsLayer(scope.clone()));
+        changed.push(Changed::SettingsLayerKeys {
+            scope: scope.clone(),
+            keys: layer.keys().cloned().collect(),
+        });
+    }
     changed.extend(state.provisions.keys().cloned().map(Changed::Provision));
     changed.extend(state.accounts.keys().cloned().map(Changed::Account));
     changed.extend(state.holds.keys().cloned().map(Changed::Holds));
@@ -716,8 +856,8 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
         )?;
     }
     let mut history = txn.open_table(tables::SETTINGS_HISTORY)?;
-    for h in &snap.history {
-        history.insert(h.id, mesh_codec::encode("settings change", h)?.as_slice())?;
+    for h in &snap.settings {
+        history.insert(h.id, mesh_codec::encode("settings entry", h)?.as_slice())?;
     }
     let mut models = txn.open_table(tables::MODEL_HISTORY)?;
     for m in &snap.models {
@@ -815,19 +955,27 @@ mod recent {
                 };
                 let bytes = mesh_codec::encode("model change", &m).expect("encode");
                 models.insert(i, bytes.as_slice()).expect("insert");
+                // Each write sets `k` to its id; the first creates the layer.
+                let layer = |v: u64| Layer::from([("k".to_string(), v.to_string())]);
                 let c = SettingsChange {
                     id: i,
                     scope: Scope::Mesh,
-                    before: None,
-                    after: None,
+                    before: i.checked_sub(1).map(layer),
+                    after: Some(layer(i)),
                     why: String::new(),
                     actor: "op".into(),
                     epoch: 2,
                     time_ms: i,
                 };
-                let bytes = mesh_codec::encode("settings change", &c).expect("encode");
+                let bytes = mesh_codec::encode("settings entry", &entry_of(&c)).expect("encode");
                 settings.insert(i, bytes.as_slice()).expect("insert");
             }
+            let mut layers = txn.open_table(tables::SETTINGS_LAYERS).expect("layers");
+            layers.insert("mesh", b"".as_slice()).expect("insert");
+            let mut values = txn.open_table(tables::SETTINGS_VALUES).expect("values");
+            values
+                .insert(("mesh", "k"), b"39".as_slice())
+                .expect("insert");
         }
         txn.commit().expect("commit");
         fn tail<T>(mut v: Vec<T>, n: usize) -> Vec<T> {
@@ -923,6 +1071,312 @@ mod kept_models {
         assert_eq!(
             loaded.state().expect("state").model_revisions,
             a.model_revisions
+        );
+    }
+}
+
+#[cfg(test)]
+mod settings_deltas {
+    // Issue 26 item 2, decision 0317: the store keeps the keys a settings write changed; readers,
+    // rollback, an upgraded store and an older snapshot see the same whole-layer history.
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn layer(kv: &[(&str, &str)]) -> Layer {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn change(
+        id: u64,
+        scope: &Scope,
+        before: Option<Layer>,
+        after: Option<Layer>,
+    ) -> SettingsChange {
+        SettingsChange {
+            id,
+            scope: scope.clone(),
+            before,
+            after,
+            why: format!("write {id}"),
+            actor: "operator:op".into(),
+            epoch: 2,
+            time_ms: 100 + id,
+        }
+    }
+
+    /// Two scopes: created, merged, replaced, cleared and created again, interleaved; and the
+    /// layers they leave.
+    fn whole_history() -> (BTreeMap<Scope, Layer>, Vec<SettingsChange>) {
+        let m = Scope::Mesh;
+        let ace = Scope::Machine("ace".into());
+        let history = vec![
+            change(1, &m, None, Some(layer(&[("a", "1"), ("b", "1")]))),
+            change(2, &ace, None, Some(layer(&[("x", "1")]))),
+            change(
+                3,
+                &m,
+                Some(layer(&[("a", "1"), ("b", "1")])),
+                Some(layer(&[("a", "2"), ("b", "1"), ("c", "1")])),
+            ),
+            change(4, &ace, Some(layer(&[("x", "1")])), None),
+            change(
+                5,
+                &m,
+                Some(layer(&[("a", "2"), ("b", "1"), ("c", "1")])),
+                Some(layer(&[("c", "1")])),
+            ),
+            change(6, &ace, None, Some(layer(&[("y", "2")]))),
+        ];
+        let layers = BTreeMap::from([(m, layer(&[("c", "1")])), (ace, layer(&[("y", "2")]))]);
+        (layers, history)
+    }
+
+    /// A store as schema 0011 left it: `settings_values` absent, whole layers in
+    /// `settings_layers` and whole-layer records in `settings_history`.
+    fn store_of_schema_0011(path: &std::path::Path) {
+        let db = mesh_migrations::open(path).expect("store");
+        let (layers, history) = whole_history();
+        let txn = db.begin_write().expect("txn");
+        txn.delete_table(tables::SETTINGS_VALUES).expect("delete");
+        {
+            let mut meta = txn.open_table(tables::META).expect("meta");
+            meta.insert(tables::SCHEMA_VERSION_KEY, 11)
+                .expect("version");
+            let mut t = txn.open_table(tables::SETTINGS_LAYERS).expect("layers");
+            for (scope, l) in &layers {
+                let bytes = mesh_codec::encode("settings layer", l).expect("encode");
+                t.insert(scope.to_string().as_str(), bytes.as_slice())
+                    .expect("insert");
+            }
+            let mut t = txn.open_table(tables::SETTINGS_HISTORY).expect("history");
+            for c in &history {
+                let bytes = mesh_codec::encode("settings change", c).expect("encode");
+                t.insert(c.id, bytes.as_slice()).expect("insert");
+            }
+        }
+        txn.commit().expect("commit");
+    }
+
+    #[test]
+    fn a_store_written_with_whole_layers_reads_the_same_history_and_layers_after_migration_0012() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("store");
+        store_of_schema_0011(&path);
+        let db = mesh_migrations::open(&path).expect("migrated");
+        let (layers, history) = whole_history();
+        assert_eq!(MeshApp::settings_history(&db).expect("history"), history);
+        let entries = MeshApp::settings_entries(&db).expect("entries");
+        let stored: Vec<SettingsEntry> = history.iter().map(entry_of).collect();
+        assert_eq!(
+            entries, stored,
+            "the migration's records are the domain's entries"
+        );
+        assert_eq!(
+            entries[2].delta.keys.len(),
+            2,
+            "a merge keeps only the keys it wrote"
+        );
+        let txn = db.begin_read().expect("read");
+        assert_eq!(read_layers(&txn).expect("layers"), layers);
+    }
+
+    #[test]
+    fn rollback_reads_each_entry_with_the_layers_it_found_and_left() {
+        // Decision 0303 with 0317: `settings rollback --to N` takes the `after` of entry N,
+        // rebuilt from the layer in force; a cleared and re-created layer included.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("store");
+        store_of_schema_0011(&path);
+        let db = mesh_migrations::open(&path).expect("migrated");
+        for want in whole_history().1 {
+            let got = MeshApp::settings_change(&db, want.id).expect("read");
+            assert_eq!(got, Some(want));
+        }
+        assert_eq!(MeshApp::settings_change(&db, 7).expect("read"), None);
+        let recent = MeshApp::recent_history(&db, 2).expect("recent");
+        assert_eq!(recent.settings, whole_history().1[4..].to_vec());
+    }
+
+    #[test]
+    fn a_snapshot_of_an_older_release_installs_with_its_history_as_deltas() {
+        // Decision 0317: an older replica's (or backup's) snapshot carries whole layers; it
+        // installs, and reads back as it was.
+        #[derive(Serialize)]
+        struct Old {
+            state: DomainState,
+            sends: Vec<SendRecord>,
+            history: Vec<SettingsChange>,
+            models: Vec<ModelChange>,
+            revisions: Vec<(u64, Vec<u8>)>,
+        }
+        let (layers, history) = whole_history();
+        let mut state = DomainState::default();
+        state.mesh.settings.layers = layers.clone();
+        state.next_history_id = 6;
+        let old = Old {
+            state,
+            sends: vec![],
+            history: history.clone(),
+            models: vec![],
+            revisions: vec![],
+        };
+        let bytes = mesh_codec::encode("old snapshot", &old).expect("encode");
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let db = mesh_migrations::open(&tmp.path().join("store")).expect("store");
+        let app = MeshApp::default();
+        let txn = db.begin_write().expect("txn");
+        app.install(&txn, &bytes).expect("installed");
+        txn.commit().expect("commit");
+        assert_eq!(MeshApp::settings_history(&db).expect("history"), history);
+        let snap = decode_snapshot(
+            &app.snapshot(&db.begin_read().expect("read"))
+                .expect("snapshot"),
+        )
+        .expect("decode");
+        assert_eq!(snap.state.mesh.settings.layers, layers);
+        assert!(snap.history_whole_layers.is_empty());
+        assert_eq!(
+            snap.settings,
+            history.iter().map(entry_of).collect::<Vec<_>>()
+        );
+        let garbage = decode_snapshot(b"\x05not a snapshot").expect_err("refused");
+        assert!(
+            garbage
+                .to_string()
+                .contains("nor as a snapshot of an older release"),
+            "{garbage}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod settings_writes {
+    // Issue 26 item 2, decision 0317: a settings write through the state machine stores what it
+    // changed, in its history row and in the layer's rows.
+    use super::*;
+    use crate::store::command::{Applied, Command};
+    use redb::ReadableTableMetadata;
+
+    fn apply(app: &MeshApp, db: &redb::Database, index: u64, command: Command) -> Outcome {
+        let p = Proposal {
+            epoch: 1,
+            expect_revision: None,
+            actor: "operator:op".into(),
+            time_ms: index,
+            command,
+        };
+        let bytes = mesh_codec::encode("proposal", &p).expect("encode");
+        let txn = db.begin_write().expect("txn");
+        let at = EntryAt {
+            index,
+            term: 1,
+            position: 0,
+        };
+        let answer = app.apply(&txn, at, Some(&bytes)).expect("applied");
+        txn.commit().expect("commit");
+        decode_outcome(&answer).expect("outcome")
+    }
+
+    fn set(kv: &[(String, String)], replace: bool) -> Command {
+        Command::SetSettings {
+            scope: Scope::Mesh,
+            set: kv.iter().cloned().collect(),
+            remove: Default::default(),
+            replace,
+            why: "w".into(),
+        }
+    }
+
+    fn history_row_bytes(db: &redb::Database, id: u64) -> usize {
+        let txn = db.begin_read().expect("read");
+        let t = txn.open_table(tables::SETTINGS_HISTORY).expect("history");
+        t.get(id).expect("get").expect("row").value().len()
+    }
+
+    #[test]
+    fn a_write_to_a_large_layer_stores_the_key_it_changed_and_a_cleared_layer_comes_back() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let db = mesh_migrations::open(&tmp.path().join("store")).expect("store");
+        let app = MeshApp::default();
+        let value = "v".repeat(1024);
+        let big: Vec<(String, String)> =
+            (0..200).map(|i| (format!("k{i}"), value.clone())).collect();
+        assert!(matches!(
+            apply(&app, &db, 1, set(&big, false)),
+            Outcome::Applied(_)
+        ));
+        let one = [("k7".to_string(), "w".repeat(1024))];
+        let Outcome::Applied(Applied::Settings { changed, added, .. }) =
+            apply(&app, &db, 2, set(&one, false))
+        else {
+            panic!("the write applied");
+        };
+        assert_eq!((changed, added), (vec!["k7".to_string()], vec![]));
+        // One key before and after, not two layers of 200 KiB.
+        let row = history_row_bytes(&db, 2);
+        assert!(
+            row < 3 * 1024,
+            "history row of a one-key write is {row} bytes"
+        );
+        assert!(
+            history_row_bytes(&db, 1) > 200 * 1024,
+            "the creation keeps every key"
+        );
+        assert!(matches!(
+            apply(
+                &app,
+                &db,
+                3,
+                Command::ClearSettings {
+                    scope: Scope::Mesh,
+                    why: "c".into()
+                }
+            ),
+            Outcome::Applied(_)
+        ));
+        let again = [("n".to_string(), "1".to_string())];
+        assert!(matches!(
+            apply(&app, &db, 4, set(&again, false)),
+            Outcome::Applied(_)
+        ));
+        {
+            let txn = db.begin_read().expect("read");
+            let values = txn.open_table(tables::SETTINGS_VALUES).expect("values");
+            assert_eq!(
+                values.len().expect("len"),
+                1,
+                "the cleared layer's keys are gone"
+            );
+        }
+        let history = MeshApp::settings_history(&db).expect("history");
+        let mut after_two: Layer = big.iter().cloned().collect();
+        after_two.insert("k7".into(), "w".repeat(1024));
+        let sides: Vec<(Option<&Layer>, Option<&Layer>)> = history
+            .iter()
+            .map(|c| (c.before.as_ref(), c.after.as_ref()))
+            .collect();
+        let created: Layer = big.iter().cloned().collect();
+        let recreated: Layer = again.iter().cloned().collect();
+        assert_eq!(
+            sides,
+            vec![
+                (None, Some(&created)),
+                (Some(&created), Some(&after_two)),
+                (Some(&after_two), None),
+                (None, Some(&recreated)),
+            ]
+        );
+        let rolled = MeshApp::settings_change(&db, 2)
+            .expect("read")
+            .expect("entry");
+        assert_eq!(rolled.after, Some(after_two));
+        // What is in memory is what a replica reads back at start.
+        let loaded = MeshApp::load(&db).expect("load");
+        assert_eq!(
+            loaded.state().expect("state").mesh.settings,
+            app.state().expect("state").mesh.settings
         );
     }
 }

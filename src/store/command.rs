@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
 use crate::core::declaration::Digest;
+use crate::core::layer_delta::LayerDelta;
 use crate::core::model::{Mesh, Provision};
 use crate::core::report::{Report, ReportPosition};
 use crate::core::settings::{Layer, Scope};
@@ -174,7 +175,24 @@ pub struct HeldMount {
     pub new_dir: String,
 }
 
-/// A settings layer that was replaced or cleared, kept with why, who and when (G6).
+/// A write to a settings layer as the store keeps it (G6): only the keys it changed, each before
+/// and after, with why, who and when (decision 0317). Table `settings_history` and snapshots hold
+/// these; readers see [`SettingsChange`], rebuilt from them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettingsEntry {
+    pub id: u64,
+    pub scope: Scope,
+    pub delta: LayerDelta,
+    pub why: String,
+    pub actor: String,
+    pub epoch: u64,
+    pub time_ms: u64,
+}
+
+/// A write to a settings layer as a reader sees it: the whole layer before and after, with why,
+/// who and when (G6). Rebuilt from [`SettingsEntry`] rows and the layer in force (decision 0317);
+/// until schema 0012 the store kept this shape itself, so migration 0012 and an old snapshot's
+/// install read it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SettingsChange {
     pub id: u64,

@@ -7,6 +7,7 @@
 pub mod app;
 pub mod command;
 pub mod revoked;
+pub mod settings_history;
 pub mod signers;
 pub mod staging;
 pub mod state;

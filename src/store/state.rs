@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 
 use super::command::{
     Applied, Command, HeldMount, ModelChange, Outcome, Proposal, Refusal, Remembered, RequestId,
-    SendRecord, SettingsChange, requests_remembered_max,
+    SendRecord, SettingsEntry, requests_remembered_max,
 };
+use crate::core::layer_delta::{LayerDelta, edit_delta};
 use crate::core::model::{Mesh, Provision};
 use crate::core::report::{Account, Filed};
 use crate::core::settings::{self, Scope};
@@ -59,8 +60,15 @@ pub const model_revisions_bytes_max: u64 = 64 * 1024 * 1024;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Changed {
     Model,
+    /// The layer exists or not (its row in `settings_layers`).
     SettingsLayer(Scope),
-    SettingsHistory(SettingsChange),
+    /// Keys of a layer to write as they are now (or remove, when gone): the keys a write changed
+    /// (decision 0317), or every key when a whole layer is written.
+    SettingsLayerKeys {
+        scope: Scope,
+        keys: Vec<String>,
+    },
+    SettingsHistory(SettingsEntry),
     ModelHistory(ModelChange),
     Provision(String),
     Send {
@@ -261,26 +269,24 @@ impl DomainState {
                 why,
             } => {
                 self.check_scope(scope)?;
-                let current = self.mesh.settings.layers.get(scope);
                 let edit = settings::Edit {
                     set: set.clone(),
                     remove: remove.clone(),
                 };
-                let outcome = settings::edit_layer(current, edit, *replace)
+                // The delta, not a new whole layer: a write to a large layer costs the keys it
+                // writes (decision 0317).
+                let delta = edit_delta(self.mesh.settings.layers.get(scope), &edit, *replace)
                     .map_err(|e| Refusal::Invalid(format!("settings {scope}: {e}")))?;
-                let before = current.cloned();
-                self.mesh
-                    .settings
-                    .layers
-                    .insert(scope.clone(), outcome.layer.clone());
-                self.remember(p, scope, before, Some(outcome.layer.clone()), why, changed);
+                delta.apply(&mut self.mesh.settings.layers, scope);
+                let applied = Applied::Settings {
+                    revision: self.revision + 1,
+                    added: delta.added().map(String::from).collect(),
+                    changed: delta.changed().map(String::from).collect(),
+                    removed: delta.removed().map(String::from).collect(),
+                };
+                self.remember(p, scope, delta, why, changed);
                 self.bump(changed);
-                Ok(Applied::Settings {
-                    revision: self.revision,
-                    added: outcome.added.into_keys().collect(),
-                    changed: outcome.changed.into_keys().collect(),
-                    removed: outcome.removed.into_keys().collect(),
-                })
+                Ok(applied)
             }
             Command::ClearSettings { scope, why } => {
                 let Some(before) = self.mesh.settings.layers.remove(scope) else {
@@ -289,7 +295,7 @@ impl DomainState {
                     )));
                 };
                 let removed = before.keys().cloned().collect();
-                self.remember(p, scope, Some(before), None, why, changed);
+                self.remember(p, scope, LayerDelta::clear(&before), why, changed);
                 self.bump(changed);
                 Ok(Applied::Settings {
                     revision: self.revision,
@@ -409,7 +415,13 @@ impl DomainState {
         let mut settings_ignored = Vec::new();
         if first {
             for (scope, layer) in &mesh.settings.layers {
-                self.remember(p, scope, None, Some(layer.clone()), why, changed);
+                self.remember(
+                    p,
+                    scope,
+                    LayerDelta::between(None, Some(layer)),
+                    why,
+                    changed,
+                );
             }
             self.mesh = mesh.clone();
         } else {
@@ -552,21 +564,25 @@ impl DomainState {
         Ok(Applied::Sent { sequences })
     }
 
+    /// Keeps a settings write in history as the keys it changed, and names the layer's rows to
+    /// write: those keys and the layer's presence (decision 0317).
     fn remember(
         &mut self,
         p: &Proposal,
         scope: &Scope,
-        before: Option<settings::Layer>,
-        after: Option<settings::Layer>,
+        delta: LayerDelta,
         why: &str,
         changed: &mut Vec<Changed>,
     ) {
         self.next_history_id += 1;
-        changed.push(Changed::SettingsHistory(SettingsChange {
+        changed.push(Changed::SettingsLayerKeys {
+            scope: scope.clone(),
+            keys: delta.keys.keys().cloned().collect(),
+        });
+        changed.push(Changed::SettingsHistory(SettingsEntry {
             id: self.next_history_id,
             scope: scope.clone(),
-            before,
-            after,
+            delta,
             why: why.to_string(),
             actor: p.actor.clone(),
             epoch: p.epoch,

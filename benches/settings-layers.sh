@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# benches/settings-layers.sh: `meshctl bench --load L` (500 clients at `l`) against 3 real meshd
+# on loopback whose model has M machines, so the clients' keys share M settings layers (issue 26
+# item 2, decision 0317): with M = 4, as on `meshctl dev`, about 125 keys per layer; with M = 500,
+# as in benches/side-by-side.sh, one. A write should cost what it changes, so both should be close.
+#
+# Usage: benches/settings-layers.sh [M...]      (default: 4 500)
+#   MESH_BIN_DIR=dir   meshd/meshctl from dir (default: target/release, built if missing)
+#   LOAD=l             the bench load (s, m, l, xl)
+#   KEEP=1             keep the temp dir (logs, data)
+# Everything it starts it stops by PID; everything it writes is under one temp dir.
+
+set -euo pipefail
+
+counts=("$@")
+[ ${#counts[@]} -eq 0 ] && counts=(4 500)
+load=${LOAD:-l}
+here=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/settings-layers.XXXXXX")
+pids=()
+
+stop_pids() {
+    local p
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for _ in $(seq 100); do
+        local alive=0
+        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+        [ $alive -eq 0 ] && break
+        sleep 0.1
+    done
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    pids=()
+}
+on_exit() {
+    stop_pids
+    if [ "${KEEP:-0}" = 1 ]; then echo "settings-layers: kept $tmp" >&2; else rm -rf "$tmp"; fi
+}
+trap on_exit EXIT
+trap 'exit 130' INT TERM
+
+free_base() { # a base port B with B+1..B+3 free (meshctl init's loopback layout)
+    local b ok i
+    for _ in $(seq 200); do
+        b=$((20000 + RANDOM % 30000))
+        ok=1
+        for i in 1 2 3; do
+            [ -n "$(ss -Hltnu "sport = :$((b + i))" 2>/dev/null)" ] && ok=0
+        done
+        [ $ok = 1 ] && { echo "$b"; return 0; }
+    done
+    echo "settings-layers: no free base port found" >&2
+    return 1
+}
+
+wait_until() { # wait_until SECONDS WHAT COMMAND...
+    local secs=$1 what=$2
+    shift 2
+    local end=$((SECONDS + secs))
+    until "$@" >/dev/null 2>&1; do
+        if [ $SECONDS -ge $end ]; then
+            echo "settings-layers: $what not ready after ${secs}s; KEEP=1 keeps the logs" >&2
+            return 1
+        fi
+        sleep 0.2
+    done
+}
+
+bins=${MESH_BIN_DIR:-$here/target/release}
+if [ -z "${MESH_BIN_DIR:-}" ] && [ ! -x "$bins/meshctl" ]; then
+    (cd "$here" && cargo build --release --locked --bin meshd --bin meshctl)
+fi
+meshd=$bins/meshd
+meshctl=$bins/meshctl
+
+for m in "${counts[@]}"; do
+    dir=$tmp/mesh-$m
+    mkdir -p "$dir"
+    for i in $(seq -w 1 "$m"); do
+        printf '[machines.bench-%s]\naddress = "127.0.0.1"\n\n' "$i"
+    done >"$dir/mesh.toml"
+    base=$(free_base)
+    "$meshctl" init --dir "$dir/m" --base-port "$base" -f "$dir/mesh.toml" >"$dir/init.log" 2>&1
+    for i in 1 2 3; do
+        "$meshd" --config "$dir/m/replica-$i.toml" >"$dir/replica-$i.log" 2>&1 &
+        pids+=($!)
+    done
+    ctx=(--context "$dir/m/context.toml")
+    wait_until 60 "mesh leader" sh -c "'$meshctl' --context '$dir/m/context.toml' status --json | grep -qE '\"leader\": *[0-9]'"
+    "$meshctl" "${ctx[@]}" apply -f "$dir/mesh.toml" --why "settings-layers: $m machines" >"$dir/apply.log" 2>&1
+    echo "== $m layers: meshctl bench --load $load, $(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg), binaries $bins"
+    rc=0
+    "$meshctl" "${ctx[@]}" bench --load "$load" >"$dir/bench.out" 2>"$dir/bench.err" || rc=$?
+    cat "$dir/bench.out"
+    grep -v '^meshctl bench: running' "$dir/bench.err" || true
+    echo "   meshctl bench exit $rc"
+    stop_pids
+done
