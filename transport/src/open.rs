@@ -152,7 +152,8 @@ impl OpenConns {
     }
 
     /// A live shared connection at `addr`, else one from `expect` (a host that dialled from
-    /// another address than the one configured for it). A closed one found is dropped.
+    /// another address than the one configured for it), once the peer granted stream credit on
+    /// it. A closed one found is dropped.
     pub(crate) fn shared(&self, addr: SocketAddr, expect: Option<&Principal>) -> Option<SharedConn> {
         let mut shared = self.lock_shared();
         let at = match shared.by_addr.contains_key(&addr) {
@@ -160,11 +161,17 @@ impl OpenConns {
             false => *shared.by_principal.get(expect?)?,
         };
         let found = shared.by_addr.get(&at)?.clone();
-        if found.conn.close_reason().is_none() {
-            return Some(found);
+        if found.conn.close_reason().is_some() {
+            shared.remove(at);
+            return None;
         }
-        shared.remove(at);
-        None
+        // A peer that dialled gives no stream credit at its handshake (decision 0282) and raises
+        // it with MAX_STREAMS frames once it serves the connection; a release before 0316 never
+        // does, and a send over its connection would wait for credit until its deadline. So
+        // until both frames came, the send dials as before.
+        let frames = found.conn.stats().frame_rx;
+        let credited = frames.max_streams_bidi > 0 && frames.max_streams_uni > 0;
+        credited.then_some(found)
     }
 
     /// Drops the shared entry of the connection `id`, if it still is the one shared.
