@@ -7,6 +7,8 @@
 mod support;
 
 use mesh_transport::{MessageKind, Peer, TransportError};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use support::*;
 
 #[tokio::test]
@@ -136,4 +138,48 @@ async fn a_replica_dials_a_host_whose_own_connection_closed() {
     assert_eq!(applied, Ok(b"echo:e1".to_vec()));
     assert_eq!(at_again.seen()[0].from, replica(1));
     assert_eq!(leader.counts().dials, 1, "the leader dialled the host again");
+}
+
+#[tokio::test]
+async fn a_replica_sends_nothing_over_a_connection_an_older_host_gives_no_stream_credit_on() {
+    // Mixed releases during an upgrade: a host from before decision 0316 grants no stream
+    // credit on the connection it dialled (decision 0282) and never raises it. A send over it
+    // would wait for credit until its deadline; the leader dials instead (here the old host's
+    // socket serves nothing, so the dial gets no handshake).
+    let pki = Pki::new();
+    let (leader, at_leader) = serving(&pki, &replica(1));
+    // An older release's dialling side, as its client config was: no credit for the peer.
+    let issued = pki.issue(&host("ace"));
+    let chain = vec![CertificateDer::from_pem_slice(issued.cert_pem().as_bytes()).expect("cert")];
+    let key = PrivateKeyDer::from_pem_slice(issued.key_pem().as_bytes()).expect("key");
+    let ca = CertificateDer::from_pem_slice(pki.ca.cert_pem().as_bytes()).expect("ca");
+    let client = mesh_transport::tls::client_config_from_parts(&ca, chain, key, &config())
+        .expect("client config");
+    let mut socket = quinn::Endpoint::client(any_port()).expect("old host's endpoint");
+    socket.set_default_client_config(client);
+    let old_addr = socket.local_addr().expect("addr");
+    let old_host = socket
+        .connect(leader.local_addr(), mesh_transport::pki::server_name)
+        .expect("connect")
+        .await
+        .expect("handshake");
+    let answer = raw_request(&old_host, &request_frame(report("ace"), b"r1"), true).await;
+    assert!(matches!(answer, Ok(Ok(_))), "the old host's report is served: {answer:?}");
+    assert_eq!(at_leader.seen().len(), 1);
+    let sent = leader
+        .request(
+            Peer::expecting(old_addr, host("ace")),
+            MessageKind::Envelope,
+            b"e1".to_vec(),
+            std::time::Duration::from_secs(1),
+        )
+        .await;
+    // Waiting for credit on the old host's connection would end as `Timeout`; the dial ends
+    // as `Unreachable` (the old host's socket answers no handshake).
+    assert!(
+        matches!(&sent, Err(TransportError::Unreachable { reason, .. }) if reason.contains("handshake")),
+        "the leader dialled instead of waiting for credit: {sent:?}"
+    );
+    let opened = tokio::time::timeout(std::time::Duration::from_millis(100), old_host.accept_bi()).await;
+    assert!(opened.is_err(), "nothing was opened on the old host's connection");
 }
