@@ -822,7 +822,11 @@ impl Endpoint {
             // The peer's certificate was verified at its handshake, as a dial's would be; an
             // ended one closes the connection and the dial below meets the current one.
             let now = time::OffsetDateTime::now_utc();
-            match shared.cert.as_ref().and_then(|c| crate::trust::ended(c, now)) {
+            match shared
+                .cert
+                .as_ref()
+                .and_then(|c| crate::trust::ended(c, now))
+            {
                 None => return Ok((shared.conn, shared.principal, true)),
                 Some(refusal) => close_untrusted(&shared.conn, &refusal.to_string()),
             }

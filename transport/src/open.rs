@@ -154,7 +154,11 @@ impl OpenConns {
     /// A live shared connection at `addr`, else one from `expect` (a host that dialled from
     /// another address than the one configured for it), once the peer granted stream credit on
     /// it. A closed one found is dropped.
-    pub(crate) fn shared(&self, addr: SocketAddr, expect: Option<&Principal>) -> Option<SharedConn> {
+    pub(crate) fn shared(
+        &self,
+        addr: SocketAddr,
+        expect: Option<&Principal>,
+    ) -> Option<SharedConn> {
         let mut shared = self.lock_shared();
         let at = match shared.by_addr.contains_key(&addr) {
             true => addr,

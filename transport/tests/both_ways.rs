@@ -26,7 +26,11 @@ async fn a_replica_sends_to_a_host_over_the_connection_the_host_opened() {
         .request(to_ace, MessageKind::Envelope, b"e1".to_vec(), timeout)
         .await;
     assert_eq!(applied, Ok(b"echo:e1".to_vec()));
-    assert_eq!(at_ace.seen()[0].from, replica(1), "the host served the leader's envelope");
+    assert_eq!(
+        at_ace.seen()[0].from,
+        replica(1),
+        "the host served the leader's envelope"
+    );
     assert_eq!(at_leader.seen()[0].from, host("ace"));
     assert_eq!(
         (leader.counts().dials, ace.counts().dials),
@@ -47,12 +51,20 @@ async fn a_host_reports_over_the_connection_the_replica_opened() {
         .await;
     assert_eq!(applied, Ok(b"echo:e1".to_vec()));
     let principal = ace.peer_principal(leader.local_addr(), timeout).await;
-    assert_eq!(principal, Ok(replica(1)), "the host reads who the leader is off the shared connection");
+    assert_eq!(
+        principal,
+        Ok(replica(1)),
+        "the host reads who the leader is off the shared connection"
+    );
     let filed = ace
         .request(leader.local_addr(), report("ace"), b"r1".to_vec(), timeout)
         .await;
     assert_eq!(filed, Ok(b"echo:r1".to_vec()));
-    assert_eq!(at_leader.seen()[0].from, host("ace"), "the leader served the host's report");
+    assert_eq!(
+        at_leader.seen()[0].from,
+        host("ace"),
+        "the leader served the host's report"
+    );
     assert_eq!(at_ace.seen()[0].from, replica(1));
     assert_eq!((leader.counts().dials, ace.counts().dials), (1, 0));
 }
@@ -73,7 +85,12 @@ async fn on_a_shared_connection_each_side_may_send_only_what_its_certificate_all
         .await;
     assert_eq!(applied, Ok(b"echo:e1".to_vec()));
     let raft = ace
-        .request(leader.local_addr(), MessageKind::Raft, b"vote".to_vec(), timeout)
+        .request(
+            leader.local_addr(),
+            MessageKind::Raft,
+            b"vote".to_vec(),
+            timeout,
+        )
         .await;
     assert!(
         matches!(&raft, Err(TransportError::Refused { reason, .. }) if reason.contains("host:ace may not send raft")),
@@ -83,15 +100,27 @@ async fn on_a_shared_connection_each_side_may_send_only_what_its_certificate_all
         .request(leader.local_addr(), report("bob"), b"r1".to_vec(), timeout)
         .await;
     assert!(other.is_err(), "a host reports only for itself: {other:?}");
-    assert_eq!(ace.counts().dials, 0, "both went over the leader's connection");
-    assert_eq!(at_leader.seen().len(), 0, "the leader's handler saw neither");
+    assert_eq!(
+        ace.counts().dials,
+        0,
+        "both went over the leader's connection"
+    );
+    assert_eq!(
+        at_leader.seen().len(),
+        0,
+        "the leader's handler saw neither"
+    );
     assert_eq!(leader.counts().denied, 2);
 
     let (rogue, _) = serving(&pki, &operator("mallory"));
     let filed = ace
         .request(rogue.local_addr(), report("ace"), b"r1".to_vec(), timeout)
         .await;
-    assert_eq!(filed, Ok(b"echo:r1".to_vec()), "the rogue's own handler answers");
+    assert_eq!(
+        filed,
+        Ok(b"echo:r1".to_vec()),
+        "the rogue's own handler answers"
+    );
     let envelope = rogue
         .request(
             Peer::expecting(ace.local_addr(), host("ace")),
@@ -104,8 +133,16 @@ async fn on_a_shared_connection_each_side_may_send_only_what_its_certificate_all
         matches!(&envelope, Err(TransportError::Refused { reason, .. }) if reason.contains("operator:mallory may not send envelope")),
         "an operator's envelope is refused: {envelope:?}"
     );
-    assert_eq!(rogue.counts().dials, 1, "the host's connection was not shared with an operator");
-    assert_eq!(at_ace.seen().len(), 1, "the host's handler saw only the leader's envelope");
+    assert_eq!(
+        rogue.counts().dials,
+        1,
+        "the host's connection was not shared with an operator"
+    );
+    assert_eq!(
+        at_ace.seen().len(),
+        1,
+        "the host's handler saw only the leader's envelope"
+    );
     assert_eq!(ace.counts().denied, 1);
 }
 
@@ -137,7 +174,11 @@ async fn a_replica_dials_a_host_whose_own_connection_closed() {
         .await;
     assert_eq!(applied, Ok(b"echo:e1".to_vec()));
     assert_eq!(at_again.seen()[0].from, replica(1));
-    assert_eq!(leader.counts().dials, 1, "the leader dialled the host again");
+    assert_eq!(
+        leader.counts().dials,
+        1,
+        "the leader dialled the host again"
+    );
 }
 
 #[tokio::test]
@@ -164,7 +205,10 @@ async fn a_replica_sends_nothing_over_a_connection_an_older_host_gives_no_stream
         .await
         .expect("handshake");
     let answer = raw_request(&old_host, &request_frame(report("ace"), b"r1"), true).await;
-    assert!(matches!(answer, Ok(Ok(_))), "the old host's report is served: {answer:?}");
+    assert!(
+        matches!(answer, Ok(Ok(_))),
+        "the old host's report is served: {answer:?}"
+    );
     assert_eq!(at_leader.seen().len(), 1);
     let sent = leader
         .request(
@@ -180,6 +224,10 @@ async fn a_replica_sends_nothing_over_a_connection_an_older_host_gives_no_stream
         matches!(&sent, Err(TransportError::Unreachable { reason, .. }) if reason.contains("handshake")),
         "the leader dialled instead of waiting for credit: {sent:?}"
     );
-    let opened = tokio::time::timeout(std::time::Duration::from_millis(100), old_host.accept_bi()).await;
-    assert!(opened.is_err(), "nothing was opened on the old host's connection");
+    let opened =
+        tokio::time::timeout(std::time::Duration::from_millis(100), old_host.accept_bi()).await;
+    assert!(
+        opened.is_err(),
+        "nothing was opened on the old host's connection"
+    );
 }
