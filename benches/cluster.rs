@@ -361,14 +361,30 @@ impl Bed {
         let body = mesh_codec::encode("request", &call)?;
         let peer = Peer::expecting(self.addrs[&id], Principal::Replica(id));
         let endpoint = &self.operators[operator % self.operators.len()];
-        let bytes = endpoint
-            .request(
-                peer,
-                MessageKind::Command,
-                body,
-                Duration::from_millis(request_timeout_ms),
-            )
-            .await?;
+        // 10,000 hosts dialling in at once from this one address fill the replicas' handshake
+        // slots for it (decision 0300): a refused handshake sent nothing, so the same call (one
+        // request id) is asked again until the operator's handshake gets a slot. Not a push: one
+        // that was written and lost its connection must count as the push it was.
+        let retry = !matches!(request, Request::Push { .. });
+        let deadline = Instant::now() + Duration::from_millis(wait_deadline_ms);
+        let bytes = loop {
+            let asked = endpoint
+                .request(
+                    peer.clone(),
+                    MessageKind::Command,
+                    body.clone(),
+                    Duration::from_millis(request_timeout_ms),
+                )
+                .await;
+            match asked {
+                Err(mesh_transport::TransportError::Unreachable { .. })
+                    if retry && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                other => break other?,
+            }
+        };
         Ok(mesh_codec::decode("answer", &bytes)?)
     }
 
