@@ -84,7 +84,7 @@ impl Service {
                     settings_ignored: state.settings_ignored(&mesh),
                 });
             }
-            let changes = self.work.with(&state, |work| {
+            let changes = self.with_work(&state, |work| {
                 should_be_changes(&state, work.cache(), &mesh)
             })??;
             let command = Command::Once {

@@ -149,7 +149,7 @@ impl Service {
     ) -> Result<Body, ApiError> {
         let state = self.state()?;
         let reveal = self.reveal(&state)?;
-        let view = self.work.with(&state, |work| {
+        let view = self.with_work(&state, |work| {
             plan_dry(&state, work, target, moves, &reveal)
         })??;
         Ok(Body::Plan(view))
@@ -235,7 +235,7 @@ impl Service {
         // For the push's events (decision 0308).
         let push_why = job.why.clone();
         let now = self.clock.now();
-        let (engine, actions) = self.work.with(&state, |work| {
+        let (engine, actions) = self.with_work(&state, |work| {
             let begin = Begin {
                 job,
                 actor,

@@ -188,6 +188,18 @@ impl Drop for RaftRuntime {
     }
 }
 
+/// Runs `f`, which may compute for a long while (composing 10,000 machines takes half a second;
+/// the compose cache's refresh and everything planned on it) or wait for the cache's lock, with
+/// the worker thread handed over to the runtime's other tasks first, so the serve loops and
+/// report intake never wait behind it (issue 24 item 1, decision 0320). On a runtime with one
+/// thread (tests) there is no other worker: `f` just runs. The engine itself names no runtime.
+pub(crate) fn off_the_workers<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// A started replica: the service and the tasks around it. Call [`Running::shutdown`] to stop it.
 pub struct Running {
     service: Arc<Service>,
@@ -558,6 +570,16 @@ impl Running {
 impl Service {
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Runs `f` on the compose cache made current for `state`, off the async workers
+    /// ([`off_the_workers`]).
+    pub(crate) fn with_work<R>(
+        &self,
+        state: &Arc<crate::store::state::DomainState>,
+        f: impl FnOnce(&super::engine::cache::Work) -> R,
+    ) -> Result<R, super::api::ApiError> {
+        off_the_workers(|| self.work.with(state, f))
     }
 
     pub fn endpoint(&self) -> &Endpoint {

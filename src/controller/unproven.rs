@@ -275,7 +275,7 @@ impl Service {
         moves: Vec<String>,
         reason: &str,
     ) -> Result<PushView, ApiError> {
-        let planned = self.work.with(state, |work| {
+        let planned = self.with_work(state, |work| {
             plan_dry(state, work, target, moves, &Reveal::none())
         })??;
         let lines = planned

@@ -188,27 +188,14 @@ impl Cache {
         state: &Arc<DomainState>,
         f: impl FnOnce(&Work) -> R,
     ) -> Result<R, ApiError> {
-        off_the_workers(|| {
-            let mut work = self.work.lock().unwrap_or_else(|poisoned| {
-                // A panic mid-refresh may have left the world half-changed: start over.
-                let mut work = poisoned.into_inner();
-                work.built_at = None;
-                work
-            });
-            work.refresh(state)?;
-            Ok(f(&work))
-        })
-    }
-}
-
-/// Runs `f`, which may compute for a long while (composing 10,000 machines takes half a second)
-/// or wait for the cache's lock, with the worker thread handed over to the runtime's other tasks
-/// first, so Raft's heartbeats, lease rounds and the serve loops never wait behind it (issue 24
-/// item 1). On a runtime with one thread (tests) there is no other worker: `f` just runs.
-fn off_the_workers<R>(f: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
+        let mut work = self.work.lock().unwrap_or_else(|poisoned| {
+            // A panic mid-refresh may have left the world half-changed: start over.
+            let mut work = poisoned.into_inner();
+            work.built_at = None;
+            work
+        });
+        work.refresh(state)?;
+        Ok(f(&work))
     }
 }
 
