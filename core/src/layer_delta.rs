@@ -154,9 +154,9 @@ fn change(before: Option<String>, after: Option<String>) -> KeyChange {
     KeyChange { before, after }
 }
 
-/// The delta of an operator's [`Edit`] on `current`, by the rules of
-/// [`crate::settings::edit_layer`] (removals need `replace`; `replace` needs a layer and makes
-/// the set keys the whole layer), without building the new layer: a merge costs the keys written,
+/// The delta of an operator's [`Edit`] on `current`, the one rule of G6 that the controller checks
+/// before it proposes and the state machine applies (removals need `replace`; `replace` needs a
+/// layer and makes the set keys the whole layer), without building the new layer: a merge costs the keys written,
 /// a replace the keys of the layer.
 pub fn edit_delta(
     current: Option<&Layer>,
@@ -196,10 +196,15 @@ pub fn edit_delta(
     })
 }
 
+/// The delta of `settings clear` on `current`: every key goes; a scope with no layer is refused.
+pub fn clear_delta(current: Option<&Layer>) -> Result<LayerDelta, SettingsError> {
+    current.map(LayerDelta::clear).ok_or(SettingsError::NoLayer)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::{Scope, edit_layer, parse_assignments};
+    use crate::settings::{Scope, parse_assignments};
 
     fn layer(kv: &[(&str, &str)]) -> Layer {
         kv.iter()
@@ -243,36 +248,48 @@ mod tests {
     }
 
     #[test]
-    fn a_delta_makes_the_layer_edit_layer_makes_and_undoes_back_to_the_old_one() {
+    fn a_delta_makes_the_layer_the_write_asks_for_and_undoes_back_to_the_old_one() {
         // Decision 0317: the state machine applies the delta instead of the whole new layer, and
-        // history views undo it; both must agree with `edit_layer`, the rule of G6.
+        // history views undo it; the layer it leaves is the one G6's rule asks for.
         let scope = Scope::Mesh;
-        let cases: &[(Option<Layer>, &[&str], bool)] = &[
-            (None, &["a=1", "b=2"], false),
-            (Some(layer(&[("a", "1")])), &["a=2", "b=3"], false),
-            (Some(layer(&[("a", "1"), ("b", "2")])), &["-a", "b=5"], true),
-            (Some(layer(&[("a", "1")])), &["-a"], true),
-            (Some(layer(&[("a", "1")])), &["a=1"], false),
+        let cases: &[(Option<Layer>, &[&str], bool, Layer)] = &[
+            (
+                None,
+                &["a=1", "b=2"],
+                false,
+                layer(&[("a", "1"), ("b", "2")]),
+            ),
+            (
+                Some(layer(&[("a", "1")])),
+                &["a=2", "b=3"],
+                false,
+                layer(&[("a", "2"), ("b", "3")]),
+            ),
+            (
+                Some(layer(&[("a", "1"), ("b", "2")])),
+                &["-a", "b=5"],
+                true,
+                layer(&[("b", "5")]),
+            ),
+            (Some(layer(&[("a", "1")])), &["-a"], true, layer(&[])),
+            (
+                Some(layer(&[("a", "1")])),
+                &["a=1"],
+                false,
+                layer(&[("a", "1")]),
+            ),
         ];
-        for (current, words, replace) in cases {
+        for (current, words, replace, whole) in cases {
             let edit = parse_assignments(words).expect("parse");
-            let whole = edit_layer(current.as_ref(), edit.clone(), *replace).expect("edit");
             let delta = edit_delta(current.as_ref(), &edit, *replace).expect("delta");
             let mut layers = BTreeMap::new();
             if let Some(l) = current {
                 layers.insert(scope.clone(), l.clone());
             }
             delta.apply(&mut layers, &scope);
-            assert_eq!(layers.get(&scope), Some(&whole.layer), "{words:?}");
-            assert_eq!(
-                delta,
-                LayerDelta::between(current.as_ref(), Some(&whole.layer))
-            );
-            assert_eq!(
-                delta.undo(Some(&whole.layer)),
-                Ok(current.clone()),
-                "{words:?}"
-            );
+            assert_eq!(layers.get(&scope), Some(whole), "{words:?}");
+            assert_eq!(delta, LayerDelta::between(current.as_ref(), Some(whole)));
+            assert_eq!(delta.undo(Some(whole)), Ok(current.clone()), "{words:?}");
         }
     }
 

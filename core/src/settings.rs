@@ -305,98 +305,10 @@ pub fn parse_assignments<S: AsRef<str>>(words: &[S]) -> Result<Edit, SettingsErr
     Ok(edit)
 }
 
-/// What a write does to one layer, computed before it is written: every key added, changed and
-/// removed, the layer to write, and the layer it replaced (kept in `settings_history`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SetOutcome {
-    /// key → new value.
-    pub added: BTreeMap<String, String>,
-    /// key → (old value, new value).
-    pub changed: BTreeMap<String, (String, String)>,
-    /// key → old value.
-    pub removed: BTreeMap<String, String>,
-    /// The old layer, when the write replaced or cleared it.
-    pub replaced: Option<Layer>,
-    /// The layer after the write (empty after `clear`: the scope then has no layer).
-    pub layer: Layer,
-}
-
-impl SetOutcome {
-    /// Whether the write changes nothing.
-    pub fn is_noop(&self) -> bool {
-        self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
-    }
-}
-
-/// Merges `new` onto `current` (no key can be removed), or with `replace` puts `new` in its place
-/// and lists the keys that go. `--replace` needs an existing layer.
-pub fn set_layer(
-    current: Option<&Layer>,
-    new: Layer,
-    replace: bool,
-) -> Result<SetOutcome, SettingsError> {
-    let empty = Layer::new();
-    let old = match (current, replace) {
-        (None, true) => return Err(SettingsError::NoLayer),
-        (None, false) => &empty,
-        (Some(old), _) => old,
-    };
-    let mut out = SetOutcome::default();
-    let mut layer = if replace { Layer::new() } else { old.clone() };
-    for (k, v) in new {
-        match old.get(&k) {
-            None => {
-                out.added.insert(k.clone(), v.clone());
-            }
-            Some(was) if *was != v => {
-                out.changed.insert(k.clone(), (was.clone(), v.clone()));
-            }
-            Some(_) => {}
-        }
-        layer.insert(k, v);
-    }
-    if replace {
-        for (k, v) in old {
-            if !layer.contains_key(k) {
-                out.removed.insert(k.clone(), v.clone());
-            }
-        }
-        out.replaced = Some(old.clone());
-    }
-    out.layer = layer;
-    Ok(out)
-}
-
-/// Applies an operator's [`Edit`]: every key and value must pass [`check_edit`]; removals are
-/// refused unless `replace`; with `replace` the set keys become the whole layer (a `-key` then only
-/// confirms what goes). The controller calls this before it proposes and the state machine at apply.
-pub fn edit_layer(
-    current: Option<&Layer>,
-    edit: Edit,
-    replace: bool,
-) -> Result<SetOutcome, SettingsError> {
-    check_edit(&edit)?;
-    if !replace && !edit.remove.is_empty() {
-        return Err(SettingsError::RemovalWithoutReplace {
-            keys: edit.remove.into_iter().collect(),
-        });
-    }
-    set_layer(current, edit.set, replace)
-}
-
-/// Removes every key of the layer at `scope`; the old layer is returned for history.
-pub fn clear_layer(current: Option<&Layer>) -> Result<SetOutcome, SettingsError> {
-    let old = current.ok_or(SettingsError::NoLayer)?;
-    Ok(SetOutcome {
-        removed: old.clone(),
-        replaced: Some(old.clone()),
-        ..SetOutcome::default()
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layer_delta::{LayerDelta, clear_delta, edit_delta};
 
     fn layer(kv: &[(&str, &str)]) -> Layer {
         kv.iter()
@@ -404,53 +316,79 @@ mod tests {
             .collect()
     }
 
+    /// The layer `delta` leaves at a scope that held `current`.
+    fn applied(current: Option<&Layer>, delta: &LayerDelta) -> Option<Layer> {
+        let mut layers = BTreeMap::new();
+        if let Some(l) = current {
+            layers.insert(Scope::Mesh, l.clone());
+        }
+        delta.apply(&mut layers, &Scope::Mesh);
+        layers.remove(&Scope::Mesh)
+    }
+
+    fn set_only(set: Layer) -> Edit {
+        Edit {
+            set,
+            remove: BTreeSet::new(),
+        }
+    }
+
     #[test]
     fn g6_set_without_replace_merges_and_names_every_added_and_changed_key() {
         // G6: settings answer for themselves: each key added and changed is listed.
         let current = layer(&[("a", "1"), ("b", "2")]);
-        let out = set_layer(Some(&current), layer(&[("b", "3"), ("c", "4")]), false).expect("set");
-        assert_eq!(out.added, layer(&[("c", "4")]));
+        let edit = set_only(layer(&[("b", "3"), ("c", "4")]));
+        let out = edit_delta(Some(&current), &edit, false).expect("set");
+        assert_eq!(out.added().collect::<Vec<_>>(), ["c"]);
+        assert_eq!(out.changed().collect::<Vec<_>>(), ["b"]);
         assert_eq!(
-            out.changed,
-            BTreeMap::from([("b".into(), ("2".into(), "3".into()))])
+            out.keys
+                .get("b")
+                .map(|c| (c.before.as_deref(), c.after.as_deref())),
+            Some((Some("2"), Some("3")))
         );
-        assert!(out.removed.is_empty() && out.replaced.is_none());
-        assert_eq!(out.layer, layer(&[("a", "1"), ("b", "3"), ("c", "4")]));
+        assert_eq!(out.removed().count(), 0);
+        assert_eq!(
+            applied(Some(&current), &out),
+            Some(layer(&[("a", "1"), ("b", "3"), ("c", "4")]))
+        );
     }
 
     #[test]
     fn g6_a_removal_is_refused_unless_replace() {
         // G6: a removal is refused unless `--replace`; with it the removed keys are listed and
-        // the replaced layer is returned for history.
+        // the replaced layer comes back from the history entry.
         let current = layer(&[("a", "1"), ("b", "2")]);
         let edit = parse_assignments(&["-a", "b=5"]).expect("parse");
         assert_eq!(
-            edit_layer(Some(&current), edit.clone(), false),
+            edit_delta(Some(&current), &edit, false),
             Err(SettingsError::RemovalWithoutReplace {
                 keys: vec!["a".into()]
             })
         );
-        let out = edit_layer(Some(&current), edit, true).expect("replace");
-        assert_eq!(out.removed, layer(&[("a", "1")]));
-        assert_eq!(out.replaced, Some(current));
-        assert_eq!(out.layer, layer(&[("b", "5")]));
+        let out = edit_delta(Some(&current), &edit, true).expect("replace");
+        assert_eq!(out.removed().collect::<Vec<_>>(), ["a"]);
+        let after = applied(Some(&current), &out);
+        assert_eq!(after, Some(layer(&[("b", "5")])));
+        assert_eq!(out.undo(after.as_ref()), Ok(Some(current)));
     }
 
     #[test]
-    fn g6_replace_or_clear_without_a_layer_is_an_error_and_clear_returns_the_old_layer() {
-        // G6: `--replace`/`clear` on a scope with no layer is refused; clear keeps the old layer.
+    fn g6_replace_or_clear_without_a_layer_is_an_error_and_clear_keeps_the_old_layer() {
+        // G6: `--replace`/`clear` on a scope with no layer is refused; a clear keeps every old
+        // key, so the old layer comes back whole.
         assert_eq!(
-            set_layer(None, layer(&[("a", "1")]), true),
+            edit_delta(None, &set_only(layer(&[("a", "1")])), true),
             Err(SettingsError::NoLayer)
         );
-        assert_eq!(clear_layer(None), Err(SettingsError::NoLayer));
+        assert_eq!(clear_delta(None), Err(SettingsError::NoLayer));
         let current = layer(&[("a", "1")]);
-        let out = clear_layer(Some(&current)).expect("clear");
-        assert_eq!(out.removed, current);
-        assert_eq!(out.replaced, Some(current));
-        assert!(out.layer.is_empty());
-        let created = set_layer(None, layer(&[("a", "1")]), false).expect("create");
-        assert_eq!(created.added, layer(&[("a", "1")]));
+        let out = clear_delta(Some(&current)).expect("clear");
+        assert_eq!(out.removed().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(applied(Some(&current), &out), None);
+        assert_eq!(out.undo(None), Ok(Some(current)));
+        let created = edit_delta(None, &set_only(layer(&[("a", "1")])), false).expect("create");
+        assert_eq!(created.added().collect::<Vec<_>>(), ["a"]);
     }
 
     #[test]
@@ -486,7 +424,7 @@ mod tests {
     #[test]
     fn control_characters_and_oversized_values_are_refused_by_the_one_setting_rule() {
         // Issue 9: the rule `settings set` parses with is the rule the controller and the state
-        // machine apply (edit_layer), so a request that skips meshctl is refused too.
+        // machine apply (edit_delta), so a request that skips meshctl is refused too.
         for (word, code) in [
             ("a=x\ty", 0x09),
             ("a=x\ny", 0x0a),
@@ -525,7 +463,7 @@ mod tests {
             remove: BTreeSet::new(),
         };
         assert!(matches!(
-            edit_layer(None, edit, false),
+            edit_delta(None, &edit, false),
             Err(SettingsError::ControlCharacter { part: "value", .. })
         ));
         let edit = Edit {
@@ -533,7 +471,7 @@ mod tests {
             remove: BTreeSet::new(),
         };
         assert!(matches!(
-            edit_layer(None, edit, false),
+            edit_delta(None, &edit, false),
             Err(SettingsError::BadKey { .. })
         ));
     }

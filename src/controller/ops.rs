@@ -15,11 +15,11 @@ use super::api::{PushError, SettingsError, SettingsRule, SnapshotError};
 use super::push::known_of;
 use super::service::{Service, now_ms};
 use crate::core::compose::{World, compose, digest};
-use crate::core::layer_delta::edit_delta;
+use crate::core::layer_delta::{clear_delta, edit_delta};
 use crate::core::model::Mesh;
 use crate::core::plan::{DigestCache, Lag, ShouldBe, lags};
 use crate::core::report::Health;
-use crate::core::settings::{Edit, Layer, Scope, clear_layer, effective};
+use crate::core::settings::{Edit, Layer, Scope, effective};
 use crate::core::validate::validate;
 use crate::store::app::MeshApp;
 use crate::store::command::{Applied, Command, Outcome, Refusal};
@@ -272,7 +272,7 @@ impl Service {
         if !state.mesh.settings.layers.contains_key(&scope) {
             check_scope(&state, &scope)?;
         }
-        clear_layer(state.mesh.settings.layers.get(&scope)).map_err(|e| rule_broken(&scope, &e))?;
+        clear_delta(state.mesh.settings.layers.get(&scope)).map_err(|e| rule_broken(&scope, &e))?;
         drop(state);
         let command = Command::Once {
             request: id,
