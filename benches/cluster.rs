@@ -162,6 +162,9 @@ struct Bed {
     addrs: BTreeMap<u64, SocketAddr>,
     hosts: Vec<Host>,
     operators: Vec<Endpoint>,
+    /// With hosts on a runtime of their own, each replica's service runs on one of these, as in a
+    /// meshd process of its own; last, so they stop after the replicas.
+    replica_runtimes: Vec<BenchRuntime>,
 }
 
 impl Bed {
@@ -195,6 +198,7 @@ impl Bed {
             addrs: BTreeMap::new(),
             hosts: Vec::new(),
             operators: Vec::new(),
+            replica_runtimes: Vec::new(),
         };
         let mut endpoints = BTreeMap::new();
         for id in 1..=replicas {
@@ -233,9 +237,23 @@ impl Bed {
         for (id, (endpoint, raft_runtime)) in endpoints {
             let config = bed.write_config(id, &host_addrs, &raft)?;
             let clock = Arc::new(MonotonicClock);
-            let running = mesh::controller::start_in(config, endpoint, clock, raft_runtime)
-                .await
-                .with_context(|| format!("replica {id} starts"))?;
+            let start = mesh::controller::start_in(config, endpoint, clock, raft_runtime);
+            let running = if hosts_on.is_some() {
+                // As meshd: every replica a process of its own, its operators, hosts and peers
+                // served on its own workers. On the bench's shared workers a follower answered
+                // the leader only once the push's fan-out left it a turn, and at 10,000 hosts
+                // every lease round failed on the quorum (twelfth session).
+                let runtime = BenchRuntime::new(&format!("replica-{id}"), replica_threads)?;
+                let running = runtime
+                    .spawn(start)
+                    .await
+                    .context("the replica's start task")?;
+                bed.replica_runtimes.push(runtime);
+                running
+            } else {
+                start.await
+            };
+            let running = running.with_context(|| format!("replica {id} starts"))?;
             bed.replicas.insert(id, running);
         }
         Ok(bed)
@@ -1030,27 +1048,45 @@ fn push_host_counts() -> Result<Vec<usize>> {
 /// turns at the one disk (4.1–7.8 s a push instead of 1–2 s, decision 0271).
 const push_host_threads: usize = 16;
 
-/// The hosts' runtime, shut down without waiting when dropped: a runtime dropped inside another
-/// runtime's task would panic.
-struct HostsRuntime(Option<tokio::runtime::Runtime>);
+/// Worker threads of each replica's runtime in the push bench: meshd's own count on this
+/// machine (tokio's default is one per core).
+const replica_threads: usize = 2;
 
-impl HostsRuntime {
-    fn new() -> Result<HostsRuntime> {
+/// A runtime of the bench's own (the hosts', or one replica's), shut down without waiting when
+/// dropped: a runtime dropped inside another runtime's task would panic.
+struct BenchRuntime(Option<tokio::runtime::Runtime>);
+
+impl BenchRuntime {
+    fn new(name: &str, threads: usize) -> Result<BenchRuntime> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(push_host_threads)
-            .thread_name("bench-hosts")
+            .worker_threads(threads)
+            .thread_name(name)
             .enable_all()
             .build()
-            .context("the hosts' runtime")?;
-        Ok(HostsRuntime(Some(runtime)))
+            .with_context(|| format!("the {name} runtime"))?;
+        Ok(BenchRuntime(Some(runtime)))
+    }
+
+    /// The hosts' runtime.
+    fn hosts() -> Result<BenchRuntime> {
+        BenchRuntime::new("bench-hosts", push_host_threads)
     }
 
     fn handle(&self) -> Option<&tokio::runtime::Handle> {
         self.0.as_ref().map(|r| r.handle())
     }
+
+    async fn spawn<F>(&self, work: F) -> Result<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let handle = self.handle().context("the runtime stopped")?;
+        handle.spawn(work).await.context("a task on the runtime")
+    }
 }
 
-impl Drop for HostsRuntime {
+impl Drop for BenchRuntime {
     fn drop(&mut self) {
         if let Some(runtime) = self.0.take() {
             runtime.shutdown_background();
@@ -1110,7 +1146,7 @@ async fn push_run(n: usize) -> Result<[Verdict; 2]> {
     // The hosts on a runtime of their own (decision 0271): on the replicas' two worker
     // threads, the hosts' fsync'd writes (mark, declaration, report on every envelope) held
     // the threads the followers answer heartbeats on, and the lease rounds failed.
-    let hosts = HostsRuntime::new()?;
+    let hosts = BenchRuntime::hosts()?;
     let bed = Bed::start_with_hosts_on(3, n, RaftSettings::default(), 1, hosts.handle()).await?;
     let ids: Vec<u64> = bed.replicas.keys().copied().collect();
     let (leader, _) = bed.wait_leader(&ids, 0).await?;
@@ -1567,7 +1603,7 @@ async fn file_reports(
 /// The figures are the process's `VmRSS` (and `VmHWM`, its peak) from `/proc`, with meshd's
 /// own allocator settings: nothing trims it.
 async fn memory() -> Result<()> {
-    let hosts_runtime = HostsRuntime::new()?;
+    let hosts_runtime = BenchRuntime::hosts()?;
     let hosts_on = hosts_runtime
         .handle()
         .ok_or_else(|| anyhow!("the hosts' runtime is gone"))?

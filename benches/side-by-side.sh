@@ -8,6 +8,9 @@
 # Usage: benches/side-by-side.sh [LOAD...]     LOAD is s, m, l or xl (default: s)
 #   MESH_BIN_DIR=dir   use meshd/meshctl from dir instead of building target/release
 #   KEEP=1             keep the temp dir (logs, data) instead of removing it
+#   PROFILE=1          sample the 3 meshd with `perf record -e cpu-clock` while the bench runs and
+#                      print where their CPU went (functions, then threads); the data stays in
+#                      the temp dir (with KEEP=1) for `perf report -i .../perf.data`
 # Installs Debian's etcd-server and etcd-client with apt-get when etcd or etcdctl is missing.
 # Everything it starts it stops by PID (trap on EXIT); everything it writes is under one temp dir.
 
@@ -163,6 +166,29 @@ leaf() { # leaf NAME EKU
 leaf member serverAuth,clientAuth
 leaf client clientAuth
 
+# by_crate SELF: perf's self samples per symbol summed by crate (the path's first segment; the
+# kernel, and libc/allocator symbols, as one line each), highest first.
+by_crate() {
+    python3 - "$1" <<'PY'
+import collections, re, sys
+total = collections.Counter()
+for line in open(sys.argv[1]):
+    m = re.match(r"\s*([\d.]+)%\s+\[(.)\]\s+(.*)", line)
+    if not m:
+        continue
+    share, kind, symbol = float(m.group(1)), m.group(2), m.group(3).strip()
+    if kind == "k":
+        crate = "kernel"
+    else:
+        name = symbol.lstrip("<").replace("_<", "")
+        path = re.match(r"([A-Za-z_][A-Za-z0-9_]*)::", name)
+        crate = path.group(1) if path else "libc, allocator, other"
+    total[crate] += share
+for crate, share in total.most_common(20):
+    print(f"   {share:6.2f} %  {crate}")
+PY
+}
+
 run_etcd() { # run_etcd LOAD → prints etcdctl's output, sets etcd_rc
     local load=$1 i eps="" cluster="" dir=$tmp/etcd-$1
     local -a cport pport
@@ -225,11 +251,39 @@ run_mesh() { # run_mesh LOAD → prints meshctl bench's output, sets mesh_rc
     mesh_rc=0
     local before
     before=$(cpu_ms "${pids[@]}")
+    local perf_pid=""
+    if [ "${PROFILE:-0}" = 1 ]; then
+        # cpu-clock is a software event: it samples where hardware counters are not offered.
+        # DWARF call graphs: release builds keep no frame pointers.
+        perf record -q -e cpu-clock -F 199 --call-graph dwarf,16384 -o "$dir/perf.data" \
+            -p "$(IFS=,; echo "${pids[*]}")" >"$dir/perf.log" 2>&1 &
+        perf_pid=$!
+    fi
     timed_client "$dir/bench.out" "$meshctl" "${ctx[@]}" bench --load "$load" || mesh_rc=$?
     echo $(($(cpu_ms "${pids[@]}") - before)) >"$dir/servers.cpu"
+    if [ -n "$perf_pid" ]; then
+        kill -INT "$perf_pid" 2>/dev/null || true
+        wait "$perf_pid" 2>/dev/null || true
+        perf report -i "$dir/perf.data" --no-children --stdio --sort symbol \
+            --percent-limit 0 -g none 2>/dev/null | grep '%' >"$dir/self.txt" || true
+        by_crate "$dir/self.txt" >"$dir/profile.txt"
+        echo "-- inclusive (with what they call), ours and the crates under them, over 2 %" >>"$dir/profile.txt"
+        perf report -i "$dir/perf.data" --children --stdio --sort symbol --percent-limit 2 \
+            -g none 2>/dev/null | grep '%' |
+            grep -E 'mesh|openraft|redb|quinn|rustls|bincode|write_batch|apply' |
+            sed -E 's/ +- +- *$//' | head -40 >>"$dir/profile.txt" || true
+        perf report -i "$dir/perf.data" --no-children --stdio --sort comm \
+            -g none 2>/dev/null | grep '%' >"$dir/threads.txt" || true
+    fi
     mv "$dir/bench.out.err" "$dir/bench.err"
     cat "$dir/bench.out"
     [ -s "$dir/bench.err" ] && grep -v '^meshctl bench: running' "$dir/bench.err" || true
+    if [ -s "$dir/profile.txt" ]; then
+        echo "-- where the 3 meshd spent their CPU (perf cpu-clock samples, self, by crate)"
+        cat "$dir/profile.txt"
+        echo "-- by thread"
+        head -20 "$dir/threads.txt"
+    fi
     stop_pids
 }
 
