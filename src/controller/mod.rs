@@ -8,6 +8,7 @@ pub mod fleet;
 pub mod floor;
 mod genesis;
 pub mod http;
+mod leadership;
 mod logs;
 pub mod members;
 mod metrics;

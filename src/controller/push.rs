@@ -24,6 +24,7 @@ use super::api::{
     ApiError, Body, ErrorClass, PlanView, PushError, PushEvent, PushOutcome, PushTarget, RequestId,
     push_event_what,
 };
+use super::engine::floor::UnprovenFloor;
 use super::engine::{
     Action, Begin, Event, HostAnswer, Lease, NoLease, PushEngine, PushJob, check_why, plan_dry,
 };
@@ -218,15 +219,6 @@ impl Service {
             }
             .into());
         }
-        // G9 after a restore without the floor file: nothing leaves until the hosts' marks are
-        // known (decision 0274).
-        if let Some(reason) = self
-            .floor_wait(lease.epoch, &state, job.keep.as_deref())
-            .await
-        {
-            let view = self.floor_held(&state, lease.epoch, job.target, job.moves, &reason)?;
-            return Ok((Body::Push(view), None));
-        }
         let reveal = match job.saved {
             Some(_) => self.reveal(&state)?,
             None => Reveal::none(),
@@ -234,6 +226,14 @@ impl Service {
         let mut secret = |_: &MintRequest| random_secret();
         // For the push's events (decision 0308).
         let push_why = job.why.clone();
+        // G9 after a restore without the floor file: the engine holds the push until the hosts'
+        // marks are known (decision 0274).
+        let restored = self.unproven.restored();
+        let marks = self.unproven.marks(lease.epoch);
+        let unproven = restored.map(|restored| UnprovenFloor {
+            restored,
+            marks: &marks,
+        });
         let now = self.clock.now();
         let (engine, actions) = self.with_work(&state, |work| {
             let begin = Begin {
@@ -248,9 +248,10 @@ impl Service {
                 secret: &mut secret,
                 frame_bytes_max: self.endpoint.config().frame_bytes_max(),
             };
-            PushEngine::begin(now, begin)
+            PushEngine::begin_under(now, begin, unproven)
         })?;
-        let began = !actions.iter().any(|a| matches!(a, Action::Answer(_)));
+        let began =
+            !engine.held_by_floor() && !actions.iter().any(|a| matches!(a, Action::Answer(_)));
         if began {
             let machines = engine.machines();
             self.events.push(
@@ -330,6 +331,19 @@ impl Service {
                         self.metrics.lease_lost();
                         tracing::warn!(epoch, %reason, "leader stopped acting");
                     }
+                    Action::FloorProven(proof) => self.floor_proven(&proof),
+                    Action::LeaveTerm {
+                        machine,
+                        epoch: held,
+                        floor,
+                    } => {
+                        tracing::warn!(%machine, epoch = held, term = epoch, floor, "floor unproven after a restore: a host holds an epoch at or above this leader's term; leaving the term");
+                    }
+                    Action::RaiseFloor {
+                        epoch,
+                        floor,
+                        machine,
+                    } => tasks.push(Box::pin(self.raise_step(epoch, floor, machine))),
                     Action::Unproven { machine, refusal } => {
                         self.metrics.unproven_refusal();
                         tracing::warn!(%machine, epoch, %refusal, "UNPROVEN REFUSAL: the host refused this leader's envelope as older, but nothing signed by a trusted replica shows it holding a newer one; its line failed and the push goes on after a quorum round");
@@ -410,6 +424,14 @@ impl Service {
             Err(e) if e.class() == ErrorClass::Refused => Event::Refused(e.to_string()),
             Err(e) => Event::Failed(e.to_string()),
         }
+    }
+
+    /// Raises the floor for an unproven floor's hold, as the host whose mark proved the term
+    /// used (decision 0274).
+    async fn raise_step(&self, epoch: u64, floor: u64, machine: String) -> Event {
+        let actor = format!("host:{machine}");
+        let command = Command::RaiseEpochFloor { epoch: floor };
+        self.propose_step(epoch, None, &actor, command).await
     }
 
     /// The highest position `machine`'s host has shown with a header signed by a trusted

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+pub(crate) use super::leadership::intake::{Route, route};
 use super::service::Service;
 use crate::core::report::{Account, Report, ReportPosition};
 use crate::core::wire::ReportReply;
@@ -391,43 +392,6 @@ fn shown(refused: &Refused, now: Instant) -> bool {
     now.saturating_duration_since(refused.at) < Duration::from_millis(report_refusal_shown_ms)
 }
 
-/// What to do with one report.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route {
-    /// It says what the account says: answer filed, keep it in memory only.
-    Heard,
-    /// Propose it, with the position heard so far (a report at or below it is refused).
-    File { heard: Option<ReportPosition> },
-    /// Its host has [`reports_in_flight_per_host_max`] reports queued or committing already:
-    /// it is told to try again.
-    Busy,
-}
-
-/// The rule (pure): a report is only heard, not proposed, when it is newer than the account's
-/// last and than anything heard, says the same as the account's last report, no report of its
-/// machine is being filed (the account may be about to change), and the leader has applied its
-/// own term's entries (the account it reads is the latest committed).
-pub fn route(
-    account: Option<&Account>,
-    heard: Option<ReportPosition>,
-    in_flight: bool,
-    caught_up: bool,
-    report: &Report,
-) -> Route {
-    let file = Route::File { heard };
-    let Some(account) = account else { return file };
-    let Some(last) = account.report.as_ref() else {
-        return file;
-    };
-    let high = account.last.max(heard);
-    let newer = high.is_none_or(|h| report.position() > h);
-    if newer && !in_flight && caught_up && last.says_the_same(report) {
-        Route::Heard
-    } else {
-        file
-    }
-}
-
 /// One report waiting for a batch.
 struct Queued {
     term: u64,
@@ -560,17 +524,15 @@ impl Service {
 
     /// Files (or only hears) a report that passed the checks, as leader in `term`; `bytes` is its
     /// encoded size.
-    pub(crate) async fn take_report(
-        &self,
-        term: u64,
-        report: Report,
-        bytes: usize,
-    ) -> Result<ReportReply, String> {
+    pub(crate) async fn take_report(&self, term: u64, report: Report, bytes: usize) -> ReportReply {
         let arrived = Instant::now();
         let (route, known, changes) = {
             // The snapshot is dropped before any wait: one held across an apply makes it copy.
             // The account is read in place, not copied: it holds a whole report.
-            let state = self.app.state().map_err(|e| e.to_string())?;
+            let state = match self.app.state() {
+                Ok(state) => state,
+                Err(e) => return self.undecided(&report.machine, &e),
+            };
             let known = state.mesh.machines.contains_key(&report.machine);
             // Only machines of the model are remembered: the memory stays bounded by the model.
             let route = if known {
@@ -602,9 +564,9 @@ impl Service {
         let heard = match route {
             Route::Heard => {
                 self.metrics.report("heard");
-                return Ok(ReportReply::Filed { accepted: true });
+                return ReportReply::Filed { accepted: true };
             }
-            Route::Busy => return Ok(self.over_quota(term, &report.machine, known, arrived)),
+            Route::Busy => return self.over_quota(term, &report.machine, known, arrived),
             Route::File { heard } => heard,
         };
         let machine = report.machine.clone();
@@ -632,17 +594,17 @@ impl Service {
             if let Some(held_back) = self.live.warn_due(&machine, "queue full", arrived) {
                 tracing::warn!(%machine, max = queue_max, held_back, "report queue full; the host keeps the report and sends it again");
             }
-            return Ok(self.not_leader());
+            return self.not_leader();
         }
         match answer.await {
             Ok(Some(accepted)) => {
                 self.metrics
                     .report(if accepted { "accepted" } else { "refused" });
-                Ok(ReportReply::Filed { accepted })
+                ReportReply::Filed { accepted }
             }
             _ => {
                 self.metrics.report("not_leader");
-                Ok(self.not_leader())
+                self.not_leader()
             }
         }
     }

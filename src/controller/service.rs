@@ -21,10 +21,10 @@ use tokio::task::JoinHandle;
 use super::api::{Answer, ApiError, Body, Call, Forwarded, Request, RequestId};
 use super::config::{ConfigError, ReplicaConfig};
 use super::floor::{FloorError, read_floor, write_floor};
+use super::leadership::intake::{Admission, Intake, Raise, RaiseWhy, Refusal, admit};
 use super::metrics::{Metrics, request_kind, unreadable_kind};
-use crate::core::envelope::{Position, ProofError};
-use crate::core::report::{OverBound, Report, decode_bounded, report_modules_max};
-use crate::core::wire::{ReportReply, check_report_machine, report_reply_what};
+use crate::core::report::{OverBound, Report, decode_bounded};
+use crate::core::wire::{MachineMismatch, ReportReply, report_reply_what};
 use crate::store::app::{MeshApp, decode_outcome};
 use crate::store::command::{Applied, Command, Outcome, Proposal};
 use crate::store::state::DomainState;
@@ -87,6 +87,18 @@ pub enum ServiceError {
     Http(#[from] super::http::HttpError),
     #[error("cannot start the thread replica {id}'s Raft runs on: {reason}")]
     RaftThread { id: u64, reason: String },
+}
+
+/// Why a host's report request fails: no reply is sent, the transport answers the error and
+/// the host drops the report. Typed at the seam (decision 0321); its text is the transport's.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReportError {
+    /// The body is not a report of this version.
+    #[error(transparent)]
+    Undecodable(mesh_codec::CodecError),
+    /// The body names another machine than the frame (G10).
+    #[error(transparent)]
+    Impostor(MachineMismatch),
 }
 
 /// A running replica service.
@@ -1162,8 +1174,10 @@ impl Service {
 
     /// A host's report (G5, G10): the leader files it; a follower names the leader without
     /// decoding it (the machine is in the frame's kind), so only the leader spends memory on a
-    /// report, and never more than its bounds allow (issue 23 part 2, decision 0299).
-    async fn report(&self, frame_machine: &str, body: &[u8]) -> Result<ReportReply, String> {
+    /// report, and never more than its bounds allow (issue 23 part 2, decision 0299). Every
+    /// decision is the intake core's (`leadership::intake`, decision 0321): this reads the state
+    /// once, asks it, and carries its admission out.
+    async fn report(&self, frame_machine: &str, body: &[u8]) -> Result<ReportReply, ReportError> {
         if !self.is_leader() {
             self.metrics.report("not_leader");
             return Ok(self.not_leader());
@@ -1178,82 +1192,108 @@ impl Service {
             Ok(Err(over)) => return Ok(self.over_bound(term, frame_machine, &over)),
             Err(e) => {
                 self.metrics.report("error");
-                return Err(e.to_string());
+                return Err(ReportError::Undecodable(e));
             }
         };
-        check_report_machine(frame_machine, &report).map_err(|e| {
-            self.metrics.report("error");
-            self.metrics.impostor("report");
-            e.to_string()
-        })?;
-        if report.beyond_bound() {
-            self.metrics.report("beyond");
-            let reason = format!(
-                "the report claims epoch {} sequence {} report {}, beyond the highest a host reaches ({}); it is corrupt or forged and is not filed",
-                report.epoch,
-                report.sequence,
-                report.report_sequence,
-                crate::core::envelope::epoch_max
-            );
-            return Ok(ReportReply::Refused { reason });
+        let admission = {
+            // The snapshot is dropped before any wait: one held across an apply makes it copy.
+            let state = match self.app.state() {
+                Ok(state) => state,
+                Err(e) => return Ok(self.undecided(frame_machine, &e)),
+            };
+            let trusted = self.proof_keys(&state);
+            admit(Intake {
+                term,
+                frame_machine,
+                report: &report,
+                state: &state,
+                trusted: &trusted,
+                unproven: self.unproven.restored(),
+            })
+        };
+        let (raise, mark) = match admission {
+            Admission::Refused(refusal) => return self.refuse(term, &report, refusal),
+            Admission::Admitted { raise, mark } => (raise, mark),
+        };
+        if let Some(raise) = raise {
+            self.raise_floor(term, &report, raise).await;
         }
-        let (modules_max, limit) = self.report_modules_max(&report);
-        if let Err(over) = report.check_bounds(modules_max, limit) {
-            return Ok(self.over_bound(term, frame_machine, &over));
+        // After the raise: a push of an unproven floor reads the mark only once it committed.
+        if let Some(mark) = mark {
+            self.note_mark(term, &report, mark);
         }
-        let actor = format!("host:{frame_machine}");
-        if let Err(reason) = self.check_claimed_epoch(&report) {
-            self.metrics.report("unproven");
-            let due = self
-                .live
-                .warn_due(frame_machine, "unproven", std::time::Instant::now());
-            if let Some(held_back) = due {
-                tracing::warn!(machine = frame_machine, epoch = report.epoch, %reason, held_back, "report refused: epoch above the floor without a proof");
-            }
-            return Ok(ReportReply::Refused { reason });
-        }
-        if let Some(why) = self.reused_term(term, &report) {
-            // Another leadership signed this leader's own epoch: a cluster restored without its
-            // floor files was elected again in a term the hosts had seen (G9, decision 0272).
-            // The floor goes above the term, so `keep_floor` moves this leader past it.
-            tracing::warn!(machine = frame_machine, epoch = report.epoch, sequence = report.sequence, %why, "a host holds an envelope of this leader's term that this store never recorded; raising the floor above the term");
-            self.raise_floor_to(term, &actor, term.saturating_add(1))
-                .await;
-        }
-        self.raise_floor_to(term, &actor, report.epoch).await;
-        // After the raises: a push of an unproven floor reads the mark only once they committed.
-        self.note_mark(term, &report);
         // Heard in memory, or filed in a shared proposal (decision 0216).
-        self.take_report(term, report, body.len()).await
+        Ok(self.take_report(term, report, body.len()).await)
     }
 
-    /// The most modules `report` may list, and the bound's name: as many as the declaration it
-    /// says it applied, when this store recorded that send (position and digest); else
-    /// `report_modules_max`, the most any declaration holds.
-    fn report_modules_max(&self, report: &Report) -> (usize, &'static str) {
-        let any = (report_modules_max, "report_modules_max");
-        // A state that cannot be read leaves the bound every report has: it is checked anyway.
-        let Ok(state) = self.app.state() else {
-            return any;
-        };
-        match state.last_sends.get(&report.machine) {
-            Some(send)
-                if send.epoch == report.epoch
-                    && send.sequence == report.sequence
-                    && Some(send.digest) == report.applied =>
-            {
-                (send.summary.modules.len(), "the declaration it applied")
+    /// The answer when the state cannot be read to decide on a report of `machine`: try again
+    /// (decision 0321). The report is not refused for good (the host keeps it on its disk and
+    /// sends it again), and no check is skipped: nothing is decided without the state.
+    pub(crate) fn undecided(&self, machine: &str, error: &mesh_raft::AppError) -> ReportReply {
+        self.metrics.report("error");
+        tracing::error!(%machine, error = %error, "cannot read the state to decide on a report; the host is told to try again");
+        self.not_leader()
+    }
+
+    /// Carries out a refusal of the intake core: counted, logged at most once an interval per
+    /// host, and the host told why (an impostor's request fails instead, G10).
+    fn refuse(
+        &self,
+        term: u64,
+        report: &Report,
+        refusal: Refusal,
+    ) -> Result<ReportReply, ReportError> {
+        let machine = report.machine.as_str();
+        match refusal {
+            Refusal::Impostor(mismatch) => {
+                self.metrics.report("error");
+                self.metrics.impostor("report");
+                return Err(ReportError::Impostor(mismatch));
             }
-            _ => any,
+            Refusal::OverBound(_) => {
+                let reason = refusal.to_string();
+                self.refused_for_size(term, machine, &reason);
+                return Ok(ReportReply::Refused { reason });
+            }
+            Refusal::EpochUnproven { .. } => {
+                let due = self
+                    .live
+                    .warn_due(machine, "unproven", std::time::Instant::now());
+                if let Some(held_back) = due {
+                    tracing::warn!(machine, epoch = report.epoch, reason = %refusal, held_back, "report refused: epoch above the floor without a proof");
+                }
+            }
+            Refusal::Beyond { .. } => {}
         }
+        self.metrics.report(refusal.counted_as());
+        Ok(ReportReply::Refused {
+            reason: refusal.to_string(),
+        })
     }
 
-    /// Refuses a report over its bounds for good (the host drops it): counted, logged at most
-    /// once an interval per host, and its host named in `status` while it keeps sending them.
-    fn over_bound(&self, term: u64, machine: &str, over: &OverBound) -> ReportReply {
-        let reason = format!("report refused: {over}");
-        self.refused_for_size(term, machine, &reason);
-        ReportReply::Refused { reason }
+    /// Raises the floor as the intake core decided (G9): once it is applied, `keep_floor` finds
+    /// this leader's term below the floor and moves it above (decision 0151). A failed raise is
+    /// logged; the next report that shows the epoch asks again.
+    async fn raise_floor(&self, term: u64, report: &Report, raise: Raise) {
+        let machine = report.machine.as_str();
+        match &raise.why {
+            RaiseWhy::Reused(why) => {
+                tracing::warn!(machine, epoch = report.epoch, sequence = report.sequence, %why, floor = raise.floor, "a host holds an envelope of this leader's term that this store never recorded; raising the floor above the term");
+            }
+            RaiseWhy::Above { epoch } => {
+                tracing::warn!(
+                    machine,
+                    epoch,
+                    floor = raise.floor,
+                    "a host reports an epoch above the floor; raising the floor"
+                );
+            }
+        }
+        let actor = format!("host:{machine}");
+        let command = Command::RaiseEpochFloor { epoch: raise.floor };
+        if let Err(e) = self.propose(term, None, &actor, command).await {
+            tracing::warn!(epoch = raise.floor, error = %e, "could not raise the epoch floor");
+        }
     }
 
     /// Counts a report of `machine` refused for its size (its frame or its contents) as
@@ -1281,33 +1321,12 @@ impl Service {
         }
     }
 
-    /// A report may claim an epoch above the floor only with the signed header of the envelope it
-    /// applied, from a trusted replica (G9): one host certificate must not be able to raise the
-    /// cluster's floor (to `u64::MAX`, say) by saying so.
-    fn check_claimed_epoch(&self, report: &Report) -> Result<(), String> {
-        let state = self
-            .app
-            .state()
-            .map_err(|e| format!("cannot read the epoch floor: {e}"))?;
-        let floor = state.epoch_floor;
-        if report.epoch <= floor {
-            return Ok(());
-        }
-        let trusted = self.proof_keys(&state);
-        let position = Position {
-            epoch: report.epoch,
-            sequence: report.sequence,
-        };
-        let proven = match &report.proof {
-            None => Err(ProofError::Missing),
-            Some(proof) => proof.verify(&trusted, &report.machine, position),
-        };
-        proven.map_err(|e| {
-            format!(
-                "the report claims epoch {} above the floor {floor} but {e}; it is not filed",
-                report.epoch
-            )
-        })
+    /// Refuses a report over its bounds for good (the host drops it): counted, logged at most
+    /// once an interval per host, and its host named in `status` while it keeps sending them.
+    fn over_bound(&self, term: u64, machine: &str, over: &OverBound) -> ReportReply {
+        let reason = Refusal::OverBound(over.clone()).to_string();
+        self.refused_for_size(term, machine, &reason);
+        ReportReply::Refused { reason }
     }
 
     /// The replica keys an epoch proof may be signed with: the added replicas' keys in the state,
@@ -1326,55 +1345,6 @@ impl Service {
         trusted
     }
 
-    /// Why `report` proves that another leadership signed envelopes of `term`, this leader's own
-    /// term, or `None`. Every envelope this leadership signs has its send record applied here
-    /// before it is written, so a host holding a position of `term` past the machine's last
-    /// recorded send of `term` (or the same sequence with another digest) holds one this store
-    /// never made. Only a proof signed by a trusted replica counts: a host certificate alone must
-    /// not be able to move the term. Positions below the last record are not looked up (that would
-    /// read the sends table on every report).
-    fn reused_term(&self, term: u64, report: &Report) -> Option<String> {
-        if report.epoch != term || report.sequence == 0 {
-            return None;
-        }
-        let proof = report.proof.as_ref()?;
-        let state = self.app.state().ok()?;
-        let trusted = self.proof_keys(&state);
-        let position = Position {
-            epoch: report.epoch,
-            sequence: report.sequence,
-        };
-        proof.verify(&trusted, &report.machine, position).ok()?;
-        // Only what the signature covers counts: the digest the host asserts beside the proof
-        // (`report.applied`) is its word alone, and one host certificate must not move the term.
-        reused_by_another(term, &proof.header, state.last_sends.get(&report.machine))
-    }
-
-    /// A host that reports an epoch above the floor has seen a leader this store does not remember
-    /// (a store restored from an old backup): keep the floor above it (G9). Once it is applied,
-    /// `keep_floor` finds this leader's term below the floor and moves it above (decision 0151).
-    async fn raise_floor_to(&self, term: u64, actor: &str, epoch: u64) {
-        let floor = match self.app.state() {
-            Ok(state) => state.epoch_floor,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot read the epoch floor; not raising it");
-                return;
-            }
-        };
-        if epoch <= floor {
-            return;
-        }
-        tracing::warn!(
-            epoch,
-            floor,
-            "a host reports an epoch above the floor; raising the floor"
-        );
-        let raise = Command::RaiseEpochFloor { epoch };
-        if let Err(e) = self.propose(term, None, actor, raise).await {
-            tracing::warn!(epoch, error = %e, "could not raise the epoch floor");
-        }
-    }
-
     pub(crate) fn not_leader(&self) -> ReportReply {
         let leader = self
             .leader()
@@ -1382,34 +1352,6 @@ impl Service {
             .and_then(|l| self.member_addr(l))
             .map(|a| a.to_string());
         ReportReply::NotLeader { leader }
-    }
-}
-
-/// Why the signed `header` (already verified) proves that another leadership signed envelopes of
-/// `term`, given the machine's last recorded send, or `None` (decision 0272). Every envelope this
-/// leadership signs has its send record applied before it is written, so a signed position of
-/// `term` past the last recorded send of `term`, or the same sequence with another digest, is one
-/// this store never made. Positions below the last record are not looked up.
-pub(crate) fn reused_by_another(
-    term: u64,
-    header: &crate::core::envelope::EnvelopeHeader,
-    recorded: Option<&crate::store::command::SendRecord>,
-) -> Option<String> {
-    if header.epoch != term || header.sequence == 0 {
-        return None;
-    }
-    let machine = &header.machine;
-    match recorded.filter(|s| s.epoch == term) {
-        None => Some(format!("no send of term {term} to {machine} is recorded")),
-        Some(s) if header.sequence > s.sequence => Some(format!(
-            "the last send of term {term} to {machine} recorded is {term}.{}",
-            s.sequence
-        )),
-        Some(s) if header.sequence == s.sequence && header.digest != s.digest => Some(format!(
-            "{term}.{} was recorded with another digest",
-            s.sequence
-        )),
-        Some(_) => None,
     }
 }
 
@@ -1472,7 +1414,10 @@ impl Handler for Serving {
                     encode_answer(&service.forwarded(id, &body, &lines).await)
                 }
                 (MessageKind::Report { machine }, Principal::Host(_)) => {
-                    let reply = service.report(&machine, &body).await?;
+                    let reply = service
+                        .report(&machine, &body)
+                        .await
+                        .map_err(|e| e.to_string())?;
                     mesh_codec::encode(report_reply_what, &reply).map_err(|e| e.to_string())
                 }
                 (kind, from) => Err(format!("replica does not serve {kind} from {from}")),

@@ -10,22 +10,20 @@
 //! epoch: the term is new to all of them, the marker goes and the push goes on. Each replica drops
 //! its marker once its store records a send of a term above the restore's: only a proven
 //! leadership records one.
+//!
+//! What this holds is the leader's memory of the marks; the decisions are pure elsewhere
+//! (decision 0321): which mark counts in report intake (`leadership::intake`), whether a push
+//! holds in the push engine (`engine::floor`).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use super::api::{ApiError, PushLine, PushOutcome, PushTarget, PushView};
-use super::engine::plan_dry;
+use super::engine::floor::{FloorProof, recorded_proof};
 use super::floor::clear_unproven;
-use super::planview::Reveal;
+use super::leadership::intake::Mark;
 use super::service::Service;
-use crate::core::envelope::Position;
 use crate::core::report::Report;
-use crate::store::command::Command;
 use crate::store::state::DomainState;
-
-/// Most machines a hold reason names; the rest are counted.
-pub const unheard_named_max: usize = 10;
 
 /// What a leader of an unproven store knows of its hosts' marks.
 pub(crate) struct Unproven {
@@ -40,50 +38,6 @@ struct Inner {
     term: u64,
     /// The highest epoch each machine of the model showed in `term` (bounded by the model).
     marks: BTreeMap<String, u64>,
-}
-
-/// What a leader in `term` may do while the floor is unproven.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// Every machine holds an epoch below the term: it is new to all of them.
-    Send,
-    /// These machines have not shown their epoch in this term yet.
-    Wait { unheard: Vec<String> },
-    /// `machine` holds `epoch`, at or above the term: the floor must go above it.
-    Leave { machine: String, epoch: u64 },
-}
-
-/// The rule itself, pure: `required` are the machines whose marks must be known.
-pub(crate) fn verdict<'a>(
-    term: u64,
-    required: impl IntoIterator<Item = &'a String>,
-    marks: &BTreeMap<String, u64>,
-) -> Verdict {
-    let mut unheard = Vec::new();
-    let mut highest: Option<(&str, u64)> = None;
-    for machine in required {
-        match marks.get(machine) {
-            None => unheard.push(machine.clone()),
-            Some(epoch) if highest.is_none_or(|(_, h)| *epoch > h) => {
-                highest = Some((machine, *epoch));
-            }
-            Some(_) => {}
-        }
-    }
-    // A host already known to hold the term or above settles it, whoever else is unheard.
-    if let Some((machine, epoch)) = highest
-        && epoch >= term
-    {
-        return Verdict::Leave {
-            machine: machine.to_string(),
-            epoch,
-        };
-    }
-    if unheard.is_empty() {
-        Verdict::Send
-    } else {
-        Verdict::Wait { unheard }
-    }
 }
 
 impl Unproven {
@@ -123,7 +77,7 @@ impl Unproven {
         *mark = (*mark).max(epoch);
     }
 
-    fn marks(&self, term: u64) -> BTreeMap<String, u64> {
+    pub(crate) fn marks(&self, term: u64) -> BTreeMap<String, u64> {
         let inner = self.lock();
         if inner.term == term {
             inner.marks.clone()
@@ -141,96 +95,16 @@ impl Unproven {
 }
 
 impl Service {
-    /// Notes the epoch a report shows, as leader in `term`, while the floor is unproven. An
-    /// epoch at or above the term counts only with a proof signed by a trusted replica (G9: an
-    /// unproven claim does not count); an older one cannot mislead anyone but its host.
-    pub(crate) fn note_mark(&self, term: u64, report: &Report) {
-        if self.unproven.restored().is_none() {
-            return;
-        }
-        let Ok(state) = self.app.state() else {
-            return;
-        };
-        if !state.mesh.machines.contains_key(&report.machine) {
-            return;
-        }
-        if report.epoch >= term && report.epoch > 0 {
-            let position = Position {
-                epoch: report.epoch,
-                sequence: report.sequence,
-            };
-            let proven = match &report.proof {
-                None => Err("it carries no proof".to_string()),
-                Some(proof) => proof
-                    .verify(&self.proof_keys(&state), &report.machine, position)
-                    .map_err(|e| e.to_string()),
-            };
-            if let Err(why) = proven {
+    /// Notes the mark the intake core found in a report, as leader in `term`, while the floor
+    /// is unproven (decision 0274); one that does not count is only logged.
+    pub(crate) fn note_mark(&self, term: u64, report: &Report, mark: Mark) {
+        match mark {
+            Mark::Counts { epoch } => self.unproven.heard(term, &report.machine, epoch),
+            Mark::DoesNotCount { epoch, why } => {
                 // The report itself is filed as any other (its epoch is not above the floor);
                 // only its claim does not count here.
-                tracing::warn!(machine = %report.machine, epoch = report.epoch, term, %why,
+                tracing::warn!(machine = %report.machine, epoch, term, %why,
                     "a report claims an epoch at or above this leader's term while the floor is unproven, but {why}; it does not count, the machine stays unheard");
-                return;
-            }
-        }
-        self.unproven.heard(term, &report.machine, report.epoch);
-    }
-
-    /// Why a push of the leader in `term` must hold every machine while the floor is unproven,
-    /// or `None` when it may send. `keep` (a genesis' machine) cannot report before it.
-    pub(crate) async fn floor_wait(
-        &self,
-        term: u64,
-        state: &DomainState,
-        keep: Option<&str>,
-    ) -> Option<String> {
-        let restored = self.unproven.restored()?;
-        if self.clear_if_proven(state) {
-            return None;
-        }
-        let marks = self.unproven.marks(term);
-        let required = state
-            .mesh
-            .machines
-            .keys()
-            .filter(|m| Some(m.as_str()) != keep);
-        match verdict(term, required, &marks) {
-            Verdict::Send => {
-                self.floor_proven(&format!(
-                    "every machine of the model reported an epoch below term {term}"
-                ));
-                None
-            }
-            Verdict::Wait { unheard } => {
-                let mut names = unheard
-                    .iter()
-                    .take(unheard_named_max)
-                    .map(String::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                if unheard.len() > unheard_named_max {
-                    names.push_str(&format!(" and {} more", unheard.len() - unheard_named_max));
-                }
-                Some(format!(
-                    "floor unproven: this store was restored (term floor {restored}) without its epoch-floor file, so nothing is sent until every machine of the model reported to this leader the epoch it holds; not heard yet in term {term}: {names}. Start their hosts (each reports within its reconcile interval), or remove from the model those that run nothing, then push again. For a host gone for good, restore every replica again with `meshd restore --epoch-floor N`, N at or above the highest epoch any host holds (a higher N only makes the terms jump)"
-                ))
-            }
-            Verdict::Leave { machine, epoch } => {
-                let floor = epoch.saturating_add(1);
-                let actor = format!("host:{machine}");
-                let raise = Command::RaiseEpochFloor { epoch: floor };
-                let raised = if state.epoch_floor >= floor {
-                    format!("the floor is {}", state.epoch_floor)
-                } else {
-                    match self.propose(term, None, &actor, raise).await {
-                        Ok(_) => format!("the floor is raised to {floor}"),
-                        Err(e) => format!("raising the floor to {floor} failed ({e})"),
-                    }
-                };
-                tracing::warn!(machine = %machine, epoch, term, floor, "floor unproven after a restore: a host holds an epoch at or above this leader's term; leaving the term");
-                Some(format!(
-                    "floor unproven: {machine} holds an envelope of epoch {epoch}, not below this leader's term {term} (the store was restored without its epoch-floor file and the term was used before); {raised} and the leader moves to a term above it. Push again"
-                ))
             }
         }
     }
@@ -241,17 +115,15 @@ impl Service {
         let Some(restored) = self.unproven.restored() else {
             return false;
         };
-        let Some(send) = state.last_sends.values().find(|s| s.epoch > restored) else {
+        let Some(proof) = recorded_proof(state, restored) else {
             return false;
         };
-        self.floor_proven(&format!(
-            "the store recorded send {}.{} to {}, of a term above the restore's {restored}",
-            send.epoch, send.sequence, send.machine
-        ));
+        self.floor_proven(&proof);
         true
     }
 
-    fn floor_proven(&self, why: &str) {
+    /// Forgets the restore and removes the marker, as the engine or the store proved the floor.
+    pub(crate) fn floor_proven(&self, why: &FloorProof) {
         if !self.unproven.prove() {
             return;
         }
@@ -264,33 +136,6 @@ impl Service {
             "EPOCH FLOOR PROVEN after the restore: {why}; sends go on"
         );
     }
-
-    /// The answer of a push held while the floor is unproven: every machine it would send to,
-    /// held with `reason`; nothing recorded, nothing sent.
-    pub(crate) fn floor_held(
-        &self,
-        state: &Arc<DomainState>,
-        epoch: u64,
-        target: PushTarget,
-        moves: Vec<String>,
-        reason: &str,
-    ) -> Result<PushView, ApiError> {
-        let planned = self.with_work(state, |work| {
-            plan_dry(state, work, target, moves, &Reveal::none())
-        })??;
-        let lines = planned
-            .machines
-            .into_iter()
-            .map(|m| PushLine {
-                machine: m.machine,
-                outcome: PushOutcome::Held {
-                    reason: reason.to_string(),
-                    holds: vec![],
-                },
-            })
-            .collect();
-        Ok(PushView { epoch, lines })
-    }
 }
 
 #[cfg(test)]
@@ -299,44 +144,6 @@ mod tests {
 
     fn marks(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
         pairs.iter().map(|(m, e)| (m.to_string(), *e)).collect()
-    }
-
-    fn machines(names: &[&str]) -> Vec<String> {
-        names.iter().map(|m| m.to_string()).collect()
-    }
-
-    #[test]
-    fn g9_an_unproven_floor_sends_only_once_every_machine_showed_an_epoch_below_the_term() {
-        // Decision 0274: a lagging host (mark 2.1) beside one not heard yet must not make term 2
-        // look new; only every machine's mark below the term does.
-        let all = machines(&["ace", "bee", "cat"]);
-        assert_eq!(
-            verdict(3, &all, &marks(&[("ace", 1), ("bee", 2)])),
-            Verdict::Wait {
-                unheard: machines(&["cat"])
-            }
-        );
-        assert_eq!(
-            verdict(3, &all, &marks(&[("ace", 1), ("bee", 2), ("cat", 0)])),
-            Verdict::Send
-        );
-        // The term itself held by a host (2.1 under a leader of term 2) is a term used before.
-        assert_eq!(
-            verdict(2, &all, &marks(&[("ace", 1), ("bee", 2)])),
-            Verdict::Leave {
-                machine: "bee".into(),
-                epoch: 2
-            }
-        );
-        assert_eq!(
-            verdict(2, &all, &marks(&[("ace", 5), ("bee", 2), ("cat", 1)])),
-            Verdict::Leave {
-                machine: "ace".into(),
-                epoch: 5
-            }
-        );
-        // A model without machines has nothing to wait for.
-        assert_eq!(verdict(2, &machines(&[]), &marks(&[])), Verdict::Send);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! sequence of every send, and the compose cache it plans from ([`cache`]).
 
 pub(crate) mod cache;
+pub(crate) mod floor;
 #[cfg(test)]
 mod tests;
 
@@ -17,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 
 pub(crate) use cache::{Cache, Work};
+use floor::{FloorCheck, FloorHold, FloorProof, Raised, UnprovenFloor};
 
 use super::api::{ApiError, PlanView, PushError, PushLine, PushOutcome, PushTarget, PushView};
 use super::planview::{Reveal, plan_view, what_moved};
@@ -187,6 +189,24 @@ pub(crate) enum Action {
     /// `/metrics` and show it in `status`. The machine's line failed; the push goes on once a
     /// quorum round that began after the refusal confirmed the push's term.
     Unproven { machine: String, refusal: String },
+    /// The floor unproven after a restore is proven (G9, decision 0274): remove the marker and
+    /// log why. The push goes on.
+    FloorProven(FloorProof),
+    /// The floor is unproven and `machine` holds `epoch`, at or above the push's term: the term
+    /// was used before, the floor goes to `floor` (log it; decision 0274).
+    LeaveTerm {
+        machine: String,
+        epoch: u64,
+        floor: u64,
+    },
+    /// Propose `RaiseEpochFloor { epoch: floor }` in `epoch` as `host:{machine}` (the host whose
+    /// mark proved the term used) and feed [`Event::Committed`], [`Event::Refused`] or
+    /// [`Event::Failed`]. The push then holds every machine.
+    RaiseFloor {
+        epoch: u64,
+        floor: u64,
+        machine: String,
+    },
     /// The push's answer. Nothing is in flight any more; the engine is done.
     Answer(Result<PushView, ApiError>),
 }
@@ -194,6 +214,8 @@ pub(crate) enum Action {
 /// The step a push is at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {
+    /// The floor is unproven and goes up before every machine is held (decision 0274).
+    FloorRaise,
     Mints,
     Holds,
     Records,
@@ -233,19 +255,119 @@ pub(crate) struct PushEngine {
     /// Machines whose envelope the transport would refuse: not recorded, their line failed.
     undeliverable: Vec<PushLine>,
     stopped: Option<String>,
+    /// Held by an unproven floor (decision 0274): such a push never began.
+    held_by_floor: bool,
+    /// While the floor's raise is in flight: the machines to answer `held` once it came back, or
+    /// why they cannot be planned.
+    floor_held: Option<FloorHeld>,
+}
+
+/// A push held by an unproven floor whose raise is in flight.
+struct FloorHeld {
+    machine: String,
+    epoch: u64,
+    floor: u64,
+    machines: Result<Vec<String>, ApiError>,
 }
 
 impl PushEngine {
-    /// Plans the push and returns the engine with its first actions.
+    /// Plans the push and returns the engine with its first actions (a push under a proven
+    /// floor; the driver calls [`PushEngine::begin_under`]).
+    #[cfg(test)]
     pub(crate) fn begin(now: Instant, b: Begin<'_>) -> (PushEngine, Vec<Action>) {
+        PushEngine::begin_under(now, b, None)
+    }
+
+    /// [`PushEngine::begin`] under a floor unproven since a restore (`Some`, decision 0274): the
+    /// engine decides the G9 hold first — the floor proven (the push goes on), every machine held,
+    /// or the floor raised then every machine held.
+    pub(crate) fn begin_under(
+        now: Instant,
+        b: Begin<'_>,
+        unproven: Option<UnprovenFloor<'_>>,
+    ) -> (PushEngine, Vec<Action>) {
         let lease = b.lease;
+        let mut out = Vec::new();
+        if let Some(floor) = unproven {
+            match floor::check(lease.epoch, b.state, b.job.keep.as_deref(), floor) {
+                FloorCheck::Proven(proof) => out.push(Action::FloorProven(proof)),
+                FloorCheck::Hold(hold) => {
+                    let mut engine = PushEngine::failed(lease);
+                    engine.held_by_floor = true;
+                    out.push(Action::Answer(held_all(&b, lease.epoch, &hold)));
+                    return (engine, out);
+                }
+                FloorCheck::Raise {
+                    machine,
+                    epoch,
+                    floor,
+                } => {
+                    let mut engine = PushEngine::failed(lease);
+                    engine.step = Step::FloorRaise;
+                    engine.pending_reply = true;
+                    engine.held_by_floor = true;
+                    out.push(Action::LeaveTerm {
+                        machine: machine.clone(),
+                        epoch,
+                        floor,
+                    });
+                    out.push(Action::RaiseFloor {
+                        epoch: lease.epoch,
+                        floor,
+                        machine: machine.clone(),
+                    });
+                    engine.floor_held = Some(FloorHeld {
+                        machine,
+                        epoch,
+                        floor,
+                        machines: held_machines(&b),
+                    });
+                    return (engine, out);
+                }
+            }
+        }
         match prepare(b) {
             Ok(mut engine) => {
-                let actions = engine.pump(now);
-                (engine, actions)
+                out.extend(engine.pump(now));
+                (engine, out)
             }
-            Err(e) => (PushEngine::failed(lease), vec![Action::Answer(Err(e))]),
+            Err(e) => {
+                out.push(Action::Answer(Err(e)));
+                (PushEngine::failed(lease), out)
+            }
         }
+    }
+
+    /// Whether an unproven floor held this push (it never began: nothing was planned to send).
+    pub(crate) fn held_by_floor(&self) -> bool {
+        self.held_by_floor
+    }
+
+    /// The floor's raise came back: every machine is held, the reason saying what became of it.
+    fn on_floor_raised(&mut self, event: Event) -> Vec<Action> {
+        let Some(held) = self.floor_held.as_ref() else {
+            return Vec::new();
+        };
+        let floor = held.floor;
+        let raised = match event {
+            Event::Committed(_) => Raised::To { floor },
+            Event::Refused(error) | Event::Failed(error) => Raised::Failed { floor, error },
+            // Only the raise is in flight; nothing else is waited for.
+            _ => return Vec::new(),
+        };
+        let hold = FloorHold::Leave {
+            machine: held.machine.clone(),
+            epoch: held.epoch,
+            term: self.lease.epoch,
+            raised,
+        };
+        let answer = match &held.machines {
+            Ok(machines) => Ok(held_view(self.lease.epoch, machines, &hold)),
+            Err(e) => Err(e.clone()),
+        };
+        self.pending_reply = false;
+        self.step = Step::Done;
+        vec![Action::Answer(answer)]
     }
 
     /// An engine that answered at once (bad input, a plan that does not hold).
@@ -277,6 +399,8 @@ impl PushEngine {
             lines: vec![],
             undeliverable: vec![],
             stopped: None,
+            held_by_floor: false,
+            floor_held: None,
         }
     }
 
@@ -305,6 +429,9 @@ impl PushEngine {
     pub(crate) fn handle(&mut self, now: Instant, event: Event) -> Vec<Action> {
         if self.step == Step::Done {
             return Vec::new();
+        }
+        if self.step == Step::FloorRaise {
+            return self.on_floor_raised(event);
         }
         let mut out = Vec::new();
         match event {
@@ -562,6 +689,8 @@ impl PushEngine {
     fn work_remains(&self) -> bool {
         match self.step {
             Step::Mints | Step::Holds | Step::Records | Step::Keep => true,
+            // Only the floor's raise is in flight; no lease is needed for it.
+            Step::FloorRaise => false,
             // Sends on their way count: their writes run under the lease, so it is renewed
             // until every one answered (decision 0221).
             Step::Sending => !self.queue.is_empty() || !self.in_flight.is_empty(),
@@ -643,13 +772,13 @@ impl PushEngine {
                     });
                 }
                 Step::Sending => {
-                    self.send_more(may_send, &mut out);
+                    self.send_more(now, may_send, &mut out);
                     if self.queue.is_empty() && self.in_flight.is_empty() {
                         self.finish(&mut out);
                     }
                     return out;
                 }
-                Step::Done => return out,
+                Step::FloorRaise | Step::Done => return out,
             }
         }
     }
@@ -663,15 +792,29 @@ impl PushEngine {
         }
     }
 
-    fn send_more(&mut self, may_act: bool, out: &mut Vec<Action>) {
+    fn send_more(&mut self, now: Instant, may_act: bool, out: &mut Vec<Action>) {
         while may_act && self.in_flight.len() < sends_in_flight_max {
             let Some(index) = self.queue.pop_front() else {
                 return;
             };
+            let envelope = self.envelope(index);
+            // G3: an envelope leaves only under an open lease of the push's own term, and only
+            // with the stopped push sending nothing more. Broken, the engine has a bug.
+            assert!(
+                self.stopped.is_none() && self.lease.is_open(now),
+                "send of {}.{} to {} handed out without an open lease",
+                envelope.epoch,
+                envelope.sequence,
+                envelope.machine
+            );
+            assert_eq!(
+                envelope.epoch, self.lease.epoch,
+                "an envelope of another epoch than the push's lease"
+            );
             let machine = self.plan.sends[index].machine.clone();
             self.in_flight.insert(machine, (index, self.lease.until));
             out.push(Action::Send {
-                envelope: self.envelope(index),
+                envelope,
                 deadline: self.lease.until,
             });
         }
@@ -821,6 +964,7 @@ fn prepare(b: Begin<'_>) -> Result<PushEngine, ApiError> {
         state,
         &planned,
     );
+    assert_sequences_rise(state, &records);
     let undeliverable = drop_undeliverable(&mut planned, &mut records, signer, frame_bytes_max);
     if let Some(kept) = job.keep.as_deref()
         && let Some(line) = undeliverable.iter().find(|l| l.machine == kept)
@@ -875,7 +1019,68 @@ fn prepare(b: Begin<'_>) -> Result<PushEngine, ApiError> {
         lines,
         undeliverable,
         stopped: None,
+        held_by_floor: false,
+        floor_held: None,
     })
+}
+
+/// Every machine a push of `b` would send to or hold, as `plan` plans it (placeholder secrets,
+/// nothing revealed): what an unproven floor holds.
+fn held_machines(b: &Begin<'_>) -> Result<Vec<String>, ApiError> {
+    let planned = plan_dry(
+        b.state,
+        b.work,
+        b.job.target.clone(),
+        b.job.moves.clone(),
+        &Reveal::none(),
+    )?;
+    Ok(planned.machines.into_iter().map(|m| m.machine).collect())
+}
+
+/// The answer of a push held by an unproven floor: every machine it would send to, held with
+/// `hold`'s reason; nothing recorded, nothing sent.
+fn held_all(b: &Begin<'_>, epoch: u64, hold: &FloorHold) -> Result<PushView, ApiError> {
+    held_machines(b).map(|machines| held_view(epoch, &machines, hold))
+}
+
+fn held_view(epoch: u64, machines: &[String], hold: &FloorHold) -> PushView {
+    let reason = hold.to_string();
+    let lines = machines
+        .iter()
+        .map(|machine| PushLine {
+            machine: machine.clone(),
+            outcome: PushOutcome::Held {
+                reason: reason.clone(),
+                holds: vec![],
+            },
+        })
+        .collect();
+    PushView { epoch, lines }
+}
+
+/// G4: every record of a push is one machine's next sequence, strictly above the last send the
+/// store recorded to it, and names each machine once. The records are made from the state here:
+/// broken, this code has a bug (the store would refuse them anyway).
+fn assert_sequences_rise(state: &DomainState, records: &[SendRecord]) {
+    let mut machines = BTreeSet::new();
+    for record in records {
+        let last = state
+            .last_sends
+            .get(&record.machine)
+            .map_or(0, |s| s.sequence);
+        assert!(
+            record.sequence > last,
+            "send record {}.{} to {} is not above the last recorded sequence {last}",
+            record.epoch,
+            record.sequence,
+            record.machine
+        );
+        assert!(
+            machines.insert(record.machine.as_str()),
+            "two send records to {} in one push",
+            record.machine
+        );
+    }
 }
 
 /// The envelope of one planned send under its record.

@@ -1310,3 +1310,176 @@ fn g3_a_send_stopped_at_the_write_under_every_lease_stops_the_push_after_n_resen
     assert!(matches!(&lines(view)["m000"],
         PushOutcome::Failed { error, .. } if error.starts_with("stopped at the write:")));
 }
+
+/// [`begin`] under a floor unproven since a restore at term floor `restored`, with the marks
+/// this leader heard in its term (decision 0274).
+fn begin_unproven(
+    state: &DomainState,
+    job: PushJob,
+    lease: Lease,
+    restored: u64,
+    marks: &[(&str, u64)],
+) -> (PushEngine, Vec<Action>) {
+    let marks: BTreeMap<String, u64> = marks.iter().map(|(m, e)| (m.to_string(), *e)).collect();
+    let state = Arc::new(state.clone());
+    let mut work = Work::default();
+    work.refresh(&state).expect("the fixture composes");
+    let mut secret = |_: &MintRequest| Some("secret".to_string());
+    let begin = Begin {
+        job,
+        actor: "operator:test",
+        signer: 1,
+        lease,
+        wall_ms: 1_000,
+        state: &state,
+        work: &work,
+        reveal: &Reveal::none(),
+        secret: &mut secret,
+        frame_bytes_max: 16 * 1024 * 1024,
+    };
+    let unproven = floor::UnprovenFloor {
+        restored,
+        marks: &marks,
+    };
+    PushEngine::begin_under(lease.started, begin, Some(unproven))
+}
+
+/// Every line of a floor-held answer: all held, with one reason; nothing proposed or sent.
+fn held_reason(actions: &[Action]) -> String {
+    assert!(proposals(actions).is_empty(), "{actions:?}");
+    assert!(sends(actions).is_empty(), "{actions:?}");
+    let Some(Ok(view)) = answer(actions) else {
+        panic!("a held push answers: {actions:?}");
+    };
+    let mut reasons = BTreeSet::new();
+    for line in &view.lines {
+        let PushOutcome::Held { reason, holds } = &line.outcome else {
+            panic!("{line:?}");
+        };
+        assert!(holds.is_empty());
+        reasons.insert(reason.clone());
+    }
+    assert_eq!(view.lines.len(), 3, "every machine of the push: {view:?}");
+    assert_eq!(reasons.len(), 1);
+    reasons.into_iter().next().unwrap_or_default()
+}
+
+#[test]
+fn g9_an_unproven_floor_holds_every_machine_until_every_machine_showed_its_epoch() {
+    // G9 (decision 0274): a leader restored without its floor file sends nothing while a machine
+    // of the model has not shown this leader the epoch it holds; the reason names it.
+    let t0 = Instant::now();
+    let state = state_of(many(3));
+    let marks = [("m000", 1), ("m001", 1)];
+    let (engine, out) = begin_unproven(&state, job(PushTarget::All), lease_at(2, t0), 1, &marks);
+    let reason = held_reason(&out);
+    assert!(
+        reason.contains("not heard yet in term 2: m002."),
+        "{reason}"
+    );
+    assert!(engine.held_by_floor());
+    assert!(!out.iter().any(|a| matches!(a, Action::FloorProven(_))));
+    // A genesis' own machine cannot report before it: not waited for.
+    let genesis = PushJob {
+        keep: Some("m002".into()),
+        ..job(PushTarget::All)
+    };
+    let (engine, out) = begin_unproven(&state, genesis, lease_at(2, t0), 1, &marks);
+    assert!(!engine.held_by_floor(), "{out:?}");
+}
+
+#[test]
+fn g9_every_mark_below_the_term_proves_the_floor_and_the_push_goes_on() {
+    // G9 (decision 0274): the term is new to every host; the marker goes and the push plans.
+    let t0 = Instant::now();
+    let state = state_of(many(3));
+    let marks = [("m000", 1), ("m001", 0), ("m002", 1)];
+    let (engine, out) = begin_unproven(&state, job(PushTarget::All), lease_at(2, t0), 1, &marks);
+    assert_eq!(
+        out.first(),
+        Some(&Action::FloorProven(floor::FloorProof::EveryMachineBelow {
+            term: 2
+        }))
+    );
+    assert!(!engine.held_by_floor());
+    assert_eq!(
+        proposals(&out).len(),
+        1,
+        "the records are proposed: {out:?}"
+    );
+    assert!(answer(&out).is_none());
+    // A store that recorded a send of a term above the restore's is proven without a mark.
+    let mut recorded = state.clone();
+    let p = proposals(&out);
+    let [(2, _, Command::RecordSends { sends: records })] = p.as_slice() else {
+        panic!("{out:?}");
+    };
+    recorded
+        .last_sends
+        .insert(records[0].machine.clone(), records[0].clone());
+    let (_, out) = begin_unproven(&recorded, job(PushTarget::All), lease_at(3, t0), 1, &[]);
+    assert!(
+        matches!(
+            out.first(),
+            Some(Action::FloorProven(floor::FloorProof::Recorded {
+                epoch: 2,
+                restored: 1,
+                ..
+            }))
+        ),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn g9_a_host_holding_the_term_raises_the_floor_above_it_then_holds_every_machine() {
+    // G9 (decisions 0272, 0274): a mark at or above the leader's term is a term used before: the
+    // floor goes above it (the leader moves past it) and nothing is sent in this term.
+    let t0 = Instant::now();
+    let state = state_of(many(3));
+    let marks = [("m000", 2), ("m001", 1)];
+    let (mut engine, out) =
+        begin_unproven(&state, job(PushTarget::All), lease_at(2, t0), 1, &marks);
+    assert_eq!(
+        out,
+        vec![
+            Action::LeaveTerm {
+                machine: "m000".into(),
+                epoch: 2,
+                floor: 3
+            },
+            Action::RaiseFloor {
+                epoch: 2,
+                floor: 3,
+                machine: "m000".into()
+            },
+        ]
+    );
+    assert!(engine.held_by_floor());
+    assert_eq!(engine.wake_at(), None, "no lease round for a held push");
+    // Nothing but the raise's answer settles it.
+    assert!(engine.handle(t0, Event::Tick).is_empty());
+    let out = engine.handle(t0, Event::Committed(Applied::EpochFloor { floor: 3 }));
+    let reason = held_reason(&out);
+    assert!(
+        reason.contains("m000 holds an envelope of epoch 2"),
+        "{reason}"
+    );
+    assert!(reason.contains("the floor is raised to 3"), "{reason}");
+    assert!(engine.is_done());
+    // The raise failed: said so, still held.
+    let (mut engine, _) = begin_unproven(&state, job(PushTarget::All), lease_at(2, t0), 1, &marks);
+    let out = engine.handle(t0, Event::Failed("no quorum".into()));
+    let reason = held_reason(&out);
+    assert!(
+        reason.contains("raising the floor to 3 failed (no quorum)"),
+        "{reason}"
+    );
+    // The floor already above the mark: held at once, nothing proposed.
+    let mut raised = state.clone();
+    raised.epoch_floor = 5;
+    let (_, out) = begin_unproven(&raised, job(PushTarget::All), lease_at(2, t0), 1, &marks);
+    let reason = held_reason(&out);
+    assert!(reason.contains("the floor is 5"), "{reason}");
+    assert!(!out.iter().any(|a| matches!(a, Action::RaiseFloor { .. })));
+}
