@@ -743,10 +743,19 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
                     world.fault(format!("isolate replica {id} for {ms} ms"));
                     faults += 1;
                     cut_replica(&world.net, id, true);
-                    let _ = world.apply_and_push(tag).await;
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                    cut_replica(&world.net, id, false);
-                    world.fault(format!("heal replica {id}"));
+                    // Healed on its own timer while the operator goes on.
+                    let (net, trace, start) = (world.net.clone(), world.trace.clone(), world.start);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        cut_replica(&net, id, false);
+                        trace.record(Step::Fault {
+                            at_us: micros_since(start),
+                            what: format!("heal replica {id}"),
+                        });
+                    });
+                    if world.apply_and_push(tag).await {
+                        pushes_applied += 1;
+                    }
                 }
                 1 => {
                     let id = match world.leader() {
