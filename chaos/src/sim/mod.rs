@@ -48,7 +48,8 @@ pub const sim_run_ms_max: u64 = 120_000;
 pub const sim_faults_ms: u64 = 6_000;
 /// How long a simulated operator request may take.
 pub const sim_request_ms: u64 = 4_000;
-/// Trace steps one run keeps at most; a longer run is stopped as stuck.
+/// Trace steps one run keeps at most; a run that would trace more counts as failed (its trace is
+/// incomplete, so neither its hash nor its checks can be trusted).
 pub const sim_trace_steps_max: usize = 200_000;
 
 /// What a run does.
@@ -125,6 +126,8 @@ pub struct SimOutcome {
 #[derive(Clone, Default)]
 struct Trace {
     steps: Arc<Mutex<Vec<Step>>>,
+    /// Steps not recorded past [`sim_trace_steps_max`].
+    lost: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Trace {
@@ -132,7 +135,14 @@ impl Trace {
         let mut steps = self.steps.lock().unwrap_or_else(|p| p.into_inner());
         if steps.len() < sim_trace_steps_max {
             steps.push(step);
+        } else {
+            self.lost
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    fn lost(&self) -> u64 {
+        self.lost.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn take(&self) -> Vec<Step> {
@@ -801,7 +811,13 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
     let trace = world.trace.clone();
     world.shutdown().await;
     let steps = trace.take();
-    let violations = check(&steps);
+    let mut violations = check(&steps);
+    if trace.lost() > 0 {
+        violations.push(format!(
+            "the trace is incomplete: {} steps past sim_trace_steps_max ({sim_trace_steps_max}) were not recorded",
+            trace.lost()
+        ));
+    }
     Ok(SimOutcome {
         seed,
         trace_hash: hash(&steps),
