@@ -259,9 +259,13 @@ impl Endpoint {
         };
         endpoint_config.cid_generator(|| Box::new(RestartableCids::new()));
         endpoint_config.rng_seed(rng_seed);
-        let quinn =
-            quinn::Endpoint::new_with_abstract_socket(endpoint_config, Some(server), socket, runtime)
-                .map_err(socket_err)?;
+        let quinn = quinn::Endpoint::new_with_abstract_socket(
+            endpoint_config,
+            Some(server),
+            socket,
+            runtime,
+        )
+        .map_err(socket_err)?;
         let local_addr = quinn.local_addr().map_err(socket_err)?;
         Ok(Endpoint {
             inner: Arc::new(Inner {

@@ -136,8 +136,7 @@ impl Trace {
         if steps.len() < sim_trace_steps_max {
             steps.push(step);
         } else {
-            self.lost
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.lost.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -391,10 +390,14 @@ impl World {
         };
         let identity = self.pki.identity(&Principal::Replica(id));
         let endpoint = self.endpoint(replica_addr(id), &identity, generation)?;
-        let running =
-            mesh::controller::start_in(config, endpoint, Arc::new(SimClock), RaftRuntime::current())
-                .await
-                .map_err(|e| self.setup_error(format!("replica {id} starts: {e}")))?;
+        let running = mesh::controller::start_in(
+            config,
+            endpoint,
+            Arc::new(SimClock),
+            RaftRuntime::current(),
+        )
+        .await
+        .map_err(|e| self.setup_error(format!("replica {id} starts: {e}")))?;
         watch_raft(
             id,
             running.service().replica().metrics(),
