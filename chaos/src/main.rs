@@ -467,39 +467,6 @@ fn fuzz_main(args: &[String]) -> ExitCode {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::Tally;
-
-    #[test]
-    fn a_jobs_childs_tally_line_reads_back_as_the_same_counts() {
-        // --jobs adds up what its children print: a count lost or misread there would make a
-        // pass's table wrong.
-        let mut t = Tally {
-            done: 7,
-            checks: 84,
-            violations: 2,
-            undecided: 1,
-            stuck: 1,
-            requests: 300,
-            acked: 250,
-            writes: 90,
-            applies: 88,
-            ..Tally::default()
-        };
-        t.faults.insert("isolate-leader".into(), 9);
-        t.faults.insert("crash-mid-snapshot".into(), 3);
-        let back = Tally::parse(&t.line()).expect("reads back");
-        assert_eq!(back.line(), t.line());
-        assert_eq!(back.faults.get("crash-mid-snapshot"), Some(&3));
-        let mut sum = Tally::default();
-        sum.add(back);
-        sum.add(Tally::parse(&t.line()).expect("reads back"));
-        assert_eq!((sum.done, sum.violations, sum.stuck), (14, 4, 2));
-        assert!(Tally::parse("TALLY done=x").is_err());
-    }
-}
-
 /// `mesh-chaos sim [--seed S] [--seeds N] [--calm] [--trace]`: the deterministic simulator
 /// (`mesh_chaos::sim`), seeds `S..S+N`, one line per seed with its trace hash; `--calm` without
 /// faults; `--trace` writes each trace to `$TMPDIR/mesh-sim-seed-<n>.trace`. Exits 1 on any
@@ -580,5 +547,38 @@ fn sim_main(args: &[String]) -> ExitCode {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tally;
+
+    #[test]
+    fn a_jobs_childs_tally_line_reads_back_as_the_same_counts() {
+        // --jobs adds up what its children print: a count lost or misread there would make a
+        // pass's table wrong.
+        let mut t = Tally {
+            done: 7,
+            checks: 84,
+            violations: 2,
+            undecided: 1,
+            stuck: 1,
+            requests: 300,
+            acked: 250,
+            writes: 90,
+            applies: 88,
+            ..Tally::default()
+        };
+        t.faults.insert("isolate-leader".into(), 9);
+        t.faults.insert("crash-mid-snapshot".into(), 3);
+        let back = Tally::parse(&t.line()).expect("reads back");
+        assert_eq!(back.line(), t.line());
+        assert_eq!(back.faults.get("crash-mid-snapshot"), Some(&3));
+        let mut sum = Tally::default();
+        sum.add(back);
+        sum.add(Tally::parse(&t.line()).expect("reads back"));
+        assert_eq!((sum.done, sum.violations, sum.stuck), (14, 4, 2));
+        assert!(Tally::parse("TALLY done=x").is_err());
     }
 }

@@ -680,7 +680,7 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
     let setup = |what: String| SimError::Setup { seed, what };
     let dir = sim_dir().map_err(|e| setup(format!("temp dir: {e}")))?;
     let pki = Pki::in_dir(&dir.path().join("pki"));
-    let net = Net::new(Rng::new(seed, 0x4e45_54));
+    let net = Net::new(Rng::new(seed, 0x004e_4554));
     let start = tokio::time::Instant::now();
     let trace = Trace::default();
     let operator_identity = pki.identity(&Principal::Operator("sim".into()));
