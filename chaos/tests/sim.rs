@@ -27,7 +27,11 @@ fn replay_a_seed_twice_gives_the_same_trace_and_hash() {
         assert_eq!(first.net, second.net, "seed {seed}");
         // The run did what it is for: faults met, pushes applied by both hosts, no violation.
         assert!(first.faults >= 1, "seed {seed} injected no fault");
-        assert!(first.pushes_applied >= 2, "seed {seed}: {first:?}");
+        assert!(
+            first.pushes_applied >= 2,
+            "seed {seed}: {} pushes applied",
+            first.pushes_applied
+        );
         assert_eq!(first.violations, Vec::<String>::new(), "seed {seed}");
     }
 }
