@@ -16,6 +16,7 @@ pub mod nemesis;
 pub mod observe;
 pub mod rng;
 pub mod run;
+pub mod sim;
 pub mod workload;
 
 pub use checkers::{Final, Violation, check_all};

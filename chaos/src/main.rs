@@ -22,12 +22,15 @@ static allocator: CountingAlloc = CountingAlloc;
 /// Child processes at once at most (`--jobs`).
 const jobs_max: u64 = 8;
 
-const usage: &str = "usage: mesh-chaos --runs N [--mix partitions|stale-leaders|processes|stores|new-disks|everything|hostile] [--seed S] [--chaos-ms MS] [--minutes M] [--jobs J]\n       mesh-chaos fuzz --seconds N [--seed S]";
+const usage: &str = "usage: mesh-chaos --runs N [--mix partitions|stale-leaders|processes|stores|new-disks|everything|hostile] [--seed S] [--chaos-ms MS] [--minutes M] [--jobs J]\n       mesh-chaos fuzz --seconds N [--seed S]\n       mesh-chaos sim [--seed S] [--seeds N] [--calm] [--trace]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("fuzz") {
         return fuzz_main(&args[1..]);
+    }
+    if args.first().map(String::as_str) == Some("sim") {
+        return sim_main(&args[1..]);
     }
     runs_main(&args)
 }
@@ -461,6 +464,89 @@ fn fuzz_main(args: &[String]) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    }
+}
+
+/// `mesh-chaos sim [--seed S] [--seeds N] [--calm] [--trace]`: the deterministic simulator
+/// (`mesh_chaos::sim`), seeds `S..S+N`, one line per seed with its trace hash; `--calm` without
+/// faults; `--trace` writes each trace to `$TMPDIR/mesh-sim-seed-<n>.trace`. Exits 1 on any
+/// violation or stuck run.
+fn sim_main(args: &[String]) -> ExitCode {
+    let sim_usage = "usage: mesh-chaos sim [--seed S] [--seeds N] [--calm] [--trace]";
+    let (mut seed, mut seeds, mut faults, mut write_trace) = (1u64, 1u64, true, false);
+    let mut rest = args.iter();
+    while let Some(flag) = rest.next() {
+        match flag.as_str() {
+            "--calm" => faults = false,
+            "--trace" => write_trace = true,
+            "--seed" | "--seeds" => {
+                let Some(n) = rest.next().and_then(|v| v.parse::<u64>().ok()) else {
+                    eprintln!("mesh-chaos: {flag} needs a number; {sim_usage}");
+                    return ExitCode::from(2);
+                };
+                if flag == "--seed" {
+                    seed = n;
+                } else {
+                    seeds = n;
+                }
+            }
+            other => {
+                eprintln!("mesh-chaos: unknown argument {other:?}; {sim_usage}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let began = Instant::now();
+    let mut failed = 0u64;
+    for n in seed..seed.saturating_add(seeds) {
+        let one = Instant::now();
+        match mesh_chaos::sim::simulate(mesh_chaos::sim::SimSpec { seed: n, faults }) {
+            Ok(outcome) => {
+                println!(
+                    "seed {} trace {} steps {} simulated {} ms wall {} ms faults {} pushes applied {} datagrams {} dropped {} duplicated {} cut {} violations {}",
+                    outcome.seed,
+                    outcome.trace_hash,
+                    outcome.steps,
+                    outcome.simulated_ms,
+                    one.elapsed().as_millis(),
+                    outcome.faults,
+                    outcome.pushes_applied,
+                    outcome.net.sent,
+                    outcome.net.dropped,
+                    outcome.net.duplicated,
+                    outcome.net.cut,
+                    outcome.violations.len()
+                );
+                if write_trace {
+                    let path = mesh_chaos::sim::trace_path(n);
+                    if let Err(e) =
+                        std::fs::write(&path, mesh_chaos::sim::trace_text(&outcome.trace))
+                    {
+                        eprintln!("mesh-chaos: cannot write {}: {e}", path.display());
+                    }
+                }
+                if !outcome.violations.is_empty() {
+                    failed += 1;
+                    for v in &outcome.violations {
+                        println!("  VIOLATION {v}");
+                    }
+                    println!("FAILED sim seed {n}; replay: mesh-chaos sim --seed {n}");
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                println!("FAILED sim seed {n}: {e}");
+            }
+        }
+    }
+    eprintln!(
+        "{seeds} seeds in {:.1} s, {failed} failed",
+        began.elapsed().as_secs_f64()
+    );
+    if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

@@ -14,6 +14,7 @@ pub mod network;
 mod recover;
 mod replica;
 pub mod router;
+pub mod runtime;
 mod state_machine;
 mod store;
 
@@ -42,7 +43,7 @@ pub use replica::{
     ShutdownError, StartError, TermRaised, restore, store_file_name,
 };
 pub use state_machine::{App, AppError, EntryAt, SnapshotBuilder, SnapshotFile, StateMachine};
-pub use store::StoreError;
+pub use store::{StoreError, off_the_thread};
 
 /// A replica's id in the cluster.
 pub type NodeId = u64;
@@ -87,6 +88,7 @@ openraft::declare_raft_types!(
         NodeId = NodeId,
         Node = BasicNode,
         SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = runtime::SeededRuntime,
 );
 
 /// The Raft node type every replica runs.

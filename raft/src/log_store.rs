@@ -47,6 +47,8 @@ pub struct LogStore {
     /// Entries appended and not yet known to be on disk, by index.
     tail: Arc<Mutex<BTreeMap<u64, Entry>>>,
     writes: mpsc::Sender<Write>,
+    /// No writer thread: every write is done when queued ([`LogStore::new`]).
+    in_place: bool,
     /// Set: a purge past the state machine's applied index waits (at most this long) until it
     /// holds the purged entries (decision 0280), or until a snapshot install ended without them
     /// (the count of ended installs the state machine keeps, [`StateMachine::counting_install_ends`]).
@@ -78,21 +80,33 @@ enum Write {
 impl LogStore {
     /// A log store over a database opened by [`mesh_migrations::open`], with its writer thread
     /// (it holds the database only while writing, and ends when the last clone is dropped).
+    ///
+    /// On a tokio runtime of one thread there is no writer thread: each write is done in place,
+    /// when it is queued (the simulator, decision 0322: a write finishing on another thread at a
+    /// moment real time decides would change the order of a run's events from one replay to the
+    /// next).
     pub fn new(db: Arc<Database>) -> Self {
         let (writes, queue) = mpsc::channel(log_writes_queued_max);
         let tail = Arc::new(Mutex::new(BTreeMap::new()));
         let (weak_db, weak_tail) = (Arc::downgrade(&db), Arc::downgrade(&tail));
-        std::thread::Builder::new()
-            .name("raft-log-writer".into())
-            .spawn(move || write_loop(weak_db, weak_tail, queue))
-            .map_or_else(
-                |e| tracing::error!(error = %e, "cannot start the Raft log writer thread; every log write will fail"),
-                |_| (),
-            );
+        let in_place = matches!(
+            tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()),
+            Ok(tokio::runtime::RuntimeFlavor::CurrentThread)
+        );
+        if !in_place {
+            std::thread::Builder::new()
+                .name("raft-log-writer".into())
+                .spawn(move || write_loop(weak_db, weak_tail, queue))
+                .map_or_else(
+                    |e| tracing::error!(error = %e, "cannot start the Raft log writer thread; every log write will fail"),
+                    |_| (),
+                );
+        }
         Self {
             db,
             tail,
             writes,
+            in_place,
             purge_wait: None,
         }
     }
@@ -182,6 +196,10 @@ impl LogStore {
 
     /// Queues `write` for the writer thread.
     async fn queue(&self, write: Write) -> Result<(), StoreError> {
+        if self.in_place {
+            write_one(&self.db, &Arc::downgrade(&self.tail), write);
+            return Ok(());
+        }
         self.writes
             .send(write)
             .await
@@ -329,48 +347,67 @@ fn write_loop(
                         Err(_) => break,
                     }
                 }
-                let all: Vec<&Entry> = batch.iter().flat_map(|(e, _)| e.iter()).collect();
-                let written = append_entries(&database, &all);
-                if written.is_ok()
-                    && let Some(tail) = tail.upgrade()
-                {
-                    let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
-                    for entry in &all {
-                        let id = entry.get_log_id();
-                        // Only if still the same entry: a truncation may have replaced it.
-                        if tail.get(&id.index).map(|e| e.get_log_id()) == Some(id) {
-                            tail.remove(&id.index);
-                        }
-                    }
-                }
-                for (_, flushed) in batch {
-                    let result = match &written {
-                        Ok(()) => Ok(()),
-                        Err(e) => Err(std::io::Error::other(e.to_string())),
-                    };
-                    flushed.log_io_completed(result);
-                }
+                append_batch(&database, &tail, batch);
             }
-            Write::Vote { vote, done } => {
-                let result = write_raft_state(
-                    &database,
-                    tables::RAFT_STATE_VOTE,
-                    "vote",
-                    &vote,
-                    Durability::Immediate,
-                );
-                let _ = done.send(result);
-            }
-            Write::Truncate { index, done } => {
-                let _ = done.send(truncate_from(&database, index));
-            }
-            Write::Purge { log_id, done } => {
-                let _ = done.send(purge_upto(&database, log_id));
-            }
+            other => write_one(&database, &tail, other),
         }
         drop(database);
         if next.is_none() {
             next = queue.blocking_recv();
+        }
+    }
+}
+
+/// Writes a batch of appends in one transaction, takes them out of the tail and tells openraft.
+fn append_batch(
+    database: &Database,
+    tail: &Weak<Mutex<BTreeMap<u64, Entry>>>,
+    batch: Vec<(Vec<Entry>, LogFlushed<TypeConfig>)>,
+) {
+    let all: Vec<&Entry> = batch.iter().flat_map(|(e, _)| e.iter()).collect();
+    let written = append_entries(database, &all);
+    if written.is_ok()
+        && let Some(tail) = tail.upgrade()
+    {
+        let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+        for entry in &all {
+            let id = entry.get_log_id();
+            // Only if still the same entry: a truncation may have replaced it.
+            if tail.get(&id.index).map(|e| e.get_log_id()) == Some(id) {
+                tail.remove(&id.index);
+            }
+        }
+    }
+    for (_, flushed) in batch {
+        let result = match &written {
+            Ok(()) => Ok(()),
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        };
+        flushed.log_io_completed(result);
+    }
+}
+
+/// Does one write (an append as a batch of one).
+fn write_one(database: &Database, tail: &Weak<Mutex<BTreeMap<u64, Entry>>>, write: Write) {
+    match write {
+        Write::Append { entries, flushed } => {
+            append_batch(database, tail, vec![(entries, flushed)]);
+        }
+        Write::Vote { vote, done } => {
+            let result = write_raft_state(
+                database,
+                tables::RAFT_STATE_VOTE,
+                "vote",
+                &vote,
+                Durability::Immediate,
+            );
+            let _ = done.send(result);
+        }
+        Write::Truncate { index, done } => {
+            let _ = done.send(truncate_from(database, index));
+        }
+        Write::Purge { log_id, done } => {
+            let _ = done.send(purge_upto(database, log_id));
         }
     }
 }

@@ -462,9 +462,7 @@ async fn open_store(dir: &Path) -> Result<Arc<Database>, StartError> {
         source,
     })?;
     let path = dir.join(store_file_name);
-    let db = tokio::task::spawn_blocking(move || mesh_migrations::open(&path))
-        .await
-        .map_err(|e| StoreError::Join(e.to_string()))??;
+    let db = crate::store::off_the_thread(move || mesh_migrations::open(&path)).await??;
     Ok(Arc::new(db))
 }
 
@@ -547,9 +545,7 @@ pub async fn restore<A: App>(
         path: dir.to_path_buf(),
         source,
     })?;
-    let db = tokio::task::spawn_blocking(move || mesh_migrations::open(&path))
-        .await
-        .map_err(|e| StoreError::Join(e.to_string()))??;
+    let db = crate::store::off_the_thread(move || mesh_migrations::open(&path)).await??;
     let membership = file.last_membership.clone();
     blocking(move || {
         let txn = db.begin_write()?;

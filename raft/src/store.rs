@@ -52,9 +52,24 @@ where
     T: Send + 'static,
     F: FnOnce() -> Result<T, StoreError> + Send + 'static,
 {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| StoreError::Join(e.to_string()))?
+    off_the_thread(work).await?
+}
+
+/// Runs `work` on the blocking pool, except on a runtime of one thread: there it runs in place.
+/// The simulator (decision 0322) runs every replica on one thread with simulated time; work
+/// finishing on another thread at a moment real time decides would make a run's order of events
+/// differ from one replay to the next. meshd runs Raft on a multi-thread runtime: the pool.
+pub async fn off_the_thread<T, F>(work: F) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::CurrentThread) => Ok(work()),
+        _ => tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| StoreError::Join(e.to_string())),
+    }
 }
 
 /// Reads and decodes the value under `key`; `None` when the key was never written.

@@ -141,8 +141,17 @@ pub struct Service {
 /// connections they dial to the other replicas (quinn drives a dialled connection where it was
 /// dialled) never wait in the queue of the runtime that serves operators and hosts and fans a
 /// push out to thousands of them. Dropped, it stops without waiting (a runtime may not block in
-/// an async context); [`Running::shutdown`] stops Raft in order before.
-pub struct RaftRuntime(Option<tokio::runtime::Runtime>);
+/// an async context); [`Running::shutdown`] stops Raft in order before. [`RaftRuntime::current`]
+/// is the other place: the runtime the replica is started on (the simulator's one thread,
+/// decision 0322).
+pub struct RaftRuntime(Place);
+
+enum Place {
+    /// A thread of its own; `None` once shut down.
+    Own(Option<tokio::runtime::Runtime>),
+    /// The runtime `start_in` is called on.
+    Current,
+}
 
 impl RaftRuntime {
     pub fn new(id: u64) -> Result<RaftRuntime, ServiceError> {
@@ -155,18 +164,24 @@ impl RaftRuntime {
                 id,
                 reason: e.to_string(),
             })?;
-        Ok(RaftRuntime(Some(runtime)))
+        Ok(RaftRuntime(Place::Own(Some(runtime))))
+    }
+
+    /// Raft on the runtime the replica is started on, no thread of its own: every task of the
+    /// replica on one runtime (the simulator runs three replicas on one thread this way).
+    pub fn current() -> RaftRuntime {
+        RaftRuntime(Place::Current)
     }
 
     /// Runs `f` with this runtime as the current one: an endpoint bound in it is driven on its
     /// thread.
     pub fn enter<R>(&self, f: impl FnOnce() -> R) -> R {
         match &self.0 {
-            Some(runtime) => {
+            Place::Own(Some(runtime)) => {
                 let _in = runtime.enter();
                 f()
             }
-            None => f(),
+            Place::Own(None) | Place::Current => f(),
         }
     }
 
@@ -176,25 +191,28 @@ impl RaftRuntime {
         F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let Some(runtime) = &self.0 else {
-            return Err(ServiceError::RaftThread {
-                id,
-                reason: "the runtime was shut down".into(),
-            });
+        let spawned = match &self.0 {
+            Place::Own(Some(runtime)) => runtime.spawn(future),
+            Place::Current => tokio::spawn(future),
+            Place::Own(None) => {
+                return Err(ServiceError::RaftThread {
+                    id,
+                    reason: "the runtime was shut down".into(),
+                });
+            }
         };
-        runtime
-            .spawn(future)
-            .await
-            .map_err(|e| ServiceError::RaftThread {
-                id,
-                reason: e.to_string(),
-            })
+        spawned.await.map_err(|e| ServiceError::RaftThread {
+            id,
+            reason: e.to_string(),
+        })
     }
 }
 
 impl Drop for RaftRuntime {
     fn drop(&mut self) {
-        if let Some(runtime) = self.0.take() {
+        if let Place::Own(own) = &mut self.0
+            && let Some(runtime) = own.take()
+        {
             runtime.shutdown_background();
         }
     }
@@ -281,7 +299,7 @@ pub async fn start_in(
     let dir = config.data_dir().to_path_buf();
     let app = {
         let dir = dir.clone();
-        tokio::task::spawn_blocking(move || MeshApp::open(&dir))
+        mesh_raft::off_the_thread(move || MeshApp::open(&dir))
             .await
             .map_err(|e| ServiceError::Store {
                 dir: config.data_dir().to_path_buf(),

@@ -227,6 +227,29 @@ impl Endpoint {
         config: CheckedConfig,
     ) -> Result<Endpoint, BindError> {
         let socket_err = |source| BindError::Socket { addr, source };
+        let socket = std::net::UdpSocket::bind(addr).map_err(socket_err)?;
+        widen_buffers(&socket, addr);
+        let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
+        let socket = runtime.wrap_udp_socket(socket).map_err(socket_err)?;
+        Endpoint::over_socket(identity, config, socket, runtime, None)
+    }
+
+    /// [`Endpoint::bind`] over a socket and runtime given instead of a UDP socket of the OS and
+    /// tokio's: the same QUIC, TLS and trust checks over another datagram carrier (the
+    /// simulator's network, decision 0322). `rng_seed` seeds QUIC's own random choices (none:
+    /// from the OS, as `bind`).
+    pub fn over_socket(
+        identity: &Identity,
+        config: CheckedConfig,
+        socket: Arc<dyn quinn::AsyncUdpSocket>,
+        runtime: Arc<dyn quinn::Runtime>,
+        rng_seed: Option<[u8; 32]>,
+    ) -> Result<Endpoint, BindError> {
+        let addr = socket.local_addr().map_err(|source| BindError::Socket {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source,
+        })?;
+        let socket_err = |source| BindError::Socket { addr, source };
         let live = Arc::new(identity.live()?);
         let server = tls::server_config_live(live.clone(), &config)?;
         let client = tls::client_config_live(live.clone(), &config)?;
@@ -235,11 +258,14 @@ impl Endpoint {
             None => quinn::EndpointConfig::default(),
         };
         endpoint_config.cid_generator(|| Box::new(RestartableCids::new()));
-        let socket = std::net::UdpSocket::bind(addr).map_err(socket_err)?;
-        widen_buffers(&socket, addr);
-        let runtime = Arc::new(quinn::TokioRuntime);
-        let quinn = quinn::Endpoint::new(endpoint_config, Some(server), socket, runtime)
-            .map_err(socket_err)?;
+        endpoint_config.rng_seed(rng_seed);
+        let quinn = quinn::Endpoint::new_with_abstract_socket(
+            endpoint_config,
+            Some(server),
+            socket,
+            runtime,
+        )
+        .map_err(socket_err)?;
         let local_addr = quinn.local_addr().map_err(socket_err)?;
         Ok(Endpoint {
             inner: Arc::new(Inner {

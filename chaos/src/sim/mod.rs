@@ -1,0 +1,934 @@
+//! The deterministic simulator (issue 22 items 2–3, decisions 0322 and 0323): the real mesh in one
+//! OS thread with simulated time. Three replicas started through the real `controller::start_in`
+//! (real `Service`, `MeshApp` on redb, openraft) with Raft on the same runtime
+//! ([`mesh::controller::RaftRuntime::current`]), two real host agents (`Agent`, its listener, its
+//! reconcile loop) and an operator, all talking real QUIC and TLS over [`net::Net`], a simulated
+//! network. tokio's clock is paused: it jumps to the next timer whenever every task waits, so a
+//! run of simulated seconds takes what its computing takes. Every random choice a run makes
+//! comes from its seed: the network's fate of each datagram, the faults, the operator's choices,
+//! QUIC's own generator, request ids, openraft's election timeouts
+//! (`mesh_raft::runtime::seed_thread_rng`).
+//!
+//! A run records a trace of typed events ([`Step`]): each replica's Raft state, term, leader
+//! and applied index as they change, every report a host sends (the position it applied),
+//! every operator answer and every fault, each stamped with the simulated time. The trace hash
+//! (blake3 over the trace) is what a replay must reproduce. The checkers ([`check`]) read the
+//! trace, not log lines.
+
+pub mod net;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mesh::controller::api::{Answer, Body, Call, PushOutcome, PushTarget, Request, RequestId};
+use mesh::controller::config::{ReplicaConfig, ReplicaConfigFile, TlsFile, write_signing_key};
+use mesh::controller::{RaftRuntime, Running};
+use mesh::core::model::Mesh;
+use mesh::core::report::Report;
+use mesh::host::{Agent, HostConfig, QuicSink, ReportSink, SinkFuture, listener};
+use mesh_raft::{Clock, RaftSettings};
+use mesh_testkit::Pki;
+use mesh_transport::{Endpoint, Identity, MessageKind, Peer, Principal, TransportConfig};
+use tokio::sync::watch;
+
+use crate::bed::replica_key;
+use crate::rng::Rng;
+use net::{Net, NetCounts, Weather};
+
+/// Replicas in a simulated cluster.
+pub const sim_replicas_n: u64 = 3;
+/// The machines of a simulated run, one host agent each.
+pub const sim_machines: [&str; 2] = ["ace", "bex"];
+/// Simulated time a run may take before it counts as stuck.
+pub const sim_run_ms_max: u64 = 120_000;
+/// Simulated time the fault phase of a run lasts.
+pub const sim_faults_ms: u64 = 6_000;
+/// How long a simulated operator request may take.
+pub const sim_request_ms: u64 = 4_000;
+/// Trace steps one run keeps at most; a run that would trace more counts as failed (its trace is
+/// incomplete, so neither its hash nor its checks can be trusted).
+pub const sim_trace_steps_max: usize = 200_000;
+
+/// What a run does.
+#[derive(Clone, Copy, Debug)]
+pub struct SimSpec {
+    pub seed: u64,
+    /// Seeded network faults and a replica crash and restart; `false`: a calm network.
+    pub faults: bool,
+}
+
+/// One typed step of a run's trace, stamped with simulated milliseconds since the start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A replica's Raft state as its metrics changed it (state, term, leader, applied index).
+    Raft {
+        at_us: u64,
+        replica: u64,
+        leader_here: bool,
+        state: String,
+        term: u64,
+        leader: Option<u64>,
+        applied: Option<u64>,
+    },
+    /// A host delivered (or tried to deliver) a report: the position it applied.
+    Report {
+        at_us: u64,
+        machine: String,
+        epoch: u64,
+        sequence: u64,
+        report_sequence: u64,
+        delivered: bool,
+    },
+    /// The operator's answer to one request.
+    Answer {
+        at_us: u64,
+        request: String,
+        via: u64,
+        outcome: String,
+    },
+    /// A fault the nemesis injected or ended.
+    Fault { at_us: u64, what: String },
+}
+
+/// Why a run could not be made or did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("cannot build the simulator's runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("seed {seed}: {what}; replay with `mesh-chaos sim --seed {seed}`")]
+    Setup { seed: u64, what: String },
+    #[error(
+        "seed {seed}: stuck at {at_ms} simulated ms: {what}; replay with `mesh-chaos sim --seed {seed}`"
+    )]
+    Stuck { seed: u64, at_ms: u64, what: String },
+}
+
+/// What a run did.
+#[derive(Clone, Debug)]
+pub struct SimOutcome {
+    pub seed: u64,
+    /// blake3 of the trace, hex: two runs of one seed print the same.
+    pub trace_hash: String,
+    pub steps: usize,
+    pub simulated_ms: u64,
+    pub net: NetCounts,
+    pub faults: usize,
+    pub pushes_applied: u64,
+    pub violations: Vec<String>,
+    /// The trace itself, to diff two runs of one seed.
+    pub trace: Vec<Step>,
+}
+
+/// The trace of one run, shared by the tasks that record into it.
+#[derive(Clone, Default)]
+struct Trace {
+    steps: Arc<Mutex<Vec<Step>>>,
+    /// Steps not recorded past [`sim_trace_steps_max`].
+    lost: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Trace {
+    fn record(&self, step: Step) {
+        let mut steps = self.steps.lock().unwrap_or_else(|p| p.into_inner());
+        if steps.len() < sim_trace_steps_max {
+            steps.push(step);
+        } else {
+            self.lost.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn lost(&self) -> u64 {
+        self.lost.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn take(&self) -> Vec<Step> {
+        std::mem::take(&mut *self.steps.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// Simulated microseconds since `start`.
+fn micros_since(start: tokio::time::Instant) -> u64 {
+    u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The lease clock on simulated time: tokio's paused clock.
+struct SimClock;
+
+impl Clock for SimClock {
+    fn now(&self) -> std::time::Instant {
+        tokio::time::Instant::now().into_std()
+    }
+}
+
+/// Raft timings of a simulated run: as the chaos runs' (`bed::raft_settings`).
+fn raft_settings() -> RaftSettings {
+    crate::bed::raft_settings()
+}
+
+fn transport() -> TransportConfig {
+    TransportConfig {
+        request_timeout_ms: 6_000,
+        ..TransportConfig::default()
+    }
+}
+
+fn replica_addr(id: u64) -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, id as u8], 7000))
+}
+
+fn host_addr(i: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, 1, i as u8 + 1], 7100))
+}
+
+fn operator_addr() -> SocketAddr {
+    SocketAddr::from(([10, 0, 2, 1], 7200))
+}
+
+/// A host's report sink: the real QUIC sink, each delivery recorded in the trace.
+struct TracedSink {
+    inner: QuicSink,
+    trace: Trace,
+    start: tokio::time::Instant,
+}
+
+impl ReportSink for TracedSink {
+    fn deliver<'a>(&'a self, report: &'a Report) -> SinkFuture<'a> {
+        Box::pin(async move {
+            let result = self.inner.deliver(report).await;
+            self.trace.record(Step::Report {
+                at_us: micros_since(self.start),
+                machine: report.machine.clone(),
+                epoch: report.epoch,
+                sequence: report.sequence,
+                report_sequence: report.report_sequence,
+                delivered: result.is_ok(),
+            });
+            result
+        })
+    }
+}
+
+/// One running host agent.
+struct SimHost {
+    agent: Arc<Agent>,
+    endpoint: Endpoint,
+    stop: watch::Sender<bool>,
+}
+
+/// The simulated cluster: replicas, hosts, the operator, over one [`Net`].
+struct World {
+    seed: u64,
+    dir: tempfile::TempDir,
+    pki: Pki,
+    net: Net,
+    rng: Rng,
+    trace: Trace,
+    start: tokio::time::Instant,
+    configs: BTreeMap<u64, ReplicaConfig>,
+    replicas: BTreeMap<u64, Running>,
+    hosts: BTreeMap<String, SimHost>,
+    operator: Endpoint,
+    /// Request ids drawn from the seed, not the OS.
+    request_ids: u64,
+}
+
+/// A QUIC generator seed for the endpoint at `addr` in run `seed`.
+fn quic_seed(seed: u64, addr: SocketAddr, generation: u64) -> [u8; 32] {
+    let mut rng = Rng::new(
+        seed,
+        u64::from(u32::from_be_bytes(match addr.ip() {
+            std::net::IpAddr::V4(v4) => v4.octets(),
+            std::net::IpAddr::V6(_) => [0; 4],
+        })) ^ (generation << 40),
+    );
+    let mut out = [0u8; 32];
+    for chunk in out.chunks_mut(8) {
+        chunk.copy_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    out
+}
+
+impl World {
+    fn setup_error(&self, what: impl std::fmt::Display) -> SimError {
+        SimError::Setup {
+            seed: self.seed,
+            what: what.to_string(),
+        }
+    }
+
+    fn endpoint(
+        &self,
+        addr: SocketAddr,
+        identity: &Identity,
+        generation: u64,
+    ) -> Result<Endpoint, SimError> {
+        let config = transport().check().map_err(|e| self.setup_error(e))?;
+        Endpoint::over_socket(
+            identity,
+            config,
+            self.net.bind(addr),
+            Arc::new(quinn::TokioRuntime),
+            Some(quic_seed(self.seed, addr, generation)),
+        )
+        .map_err(|e| self.setup_error(format!("endpoint at {addr}: {e}")))
+    }
+
+    fn write_config(&self, id: u64) -> Result<ReplicaConfig, SimError> {
+        let sub = format!("replica-{id}");
+        let (cert, key) = self.pki.write(&sub, &Principal::Replica(id));
+        let signing = self.dir.path().join(format!("{sub}.key"));
+        write_signing_key(&signing, &replica_key(id)).map_err(|e| self.setup_error(e))?;
+        let file = ReplicaConfigFile {
+            id,
+            listen: replica_addr(id).to_string(),
+            data_dir: self.dir.path().join(&sub),
+            signing_key: signing,
+            tls: TlsFile {
+                ca: self.pki.ca_path(),
+                cert,
+                key,
+            },
+            peers: (1..=sim_replicas_n)
+                .map(|i| (i.to_string(), replica_addr(i).to_string()))
+                .collect(),
+            hosts: sim_machines
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.to_string(), host_addr(i).to_string()))
+                .collect(),
+            raft: Some(raft_settings()),
+            transport: Some(transport()),
+            http: None,
+            silent_after_ms: None,
+            trusted_keys: (1..=sim_replicas_n)
+                .map(|i| {
+                    let public = replica_key(i).verifying_key();
+                    (i.to_string(), mesh::hex::encode_hex(public.as_bytes()))
+                })
+                .collect(),
+            join: false,
+        };
+        let path = self.dir.path().join(format!("{sub}.toml"));
+        let text = file.to_toml().map_err(|e| self.setup_error(e))?;
+        std::fs::write(&path, text).map_err(|e| self.setup_error(e))?;
+        ReplicaConfig::load(&path).map_err(|e| self.setup_error(e))
+    }
+
+    fn host_config(&self, i: usize, name: &str) -> Result<HostConfig, SimError> {
+        let sub = format!("host-{name}");
+        let (cert, key) = self.pki.write(&sub, &Principal::Host(name.into()));
+        let root = self.dir.path().join(&sub).join("root");
+        std::fs::create_dir_all(&root).map_err(|e| self.setup_error(e))?;
+        let trusted: Vec<String> = (1..=sim_replicas_n)
+            .map(|id| {
+                format!(
+                    "{id} = \"{}\"",
+                    mesh::hex::encode_hex(replica_key(id).verifying_key().as_bytes())
+                )
+            })
+            .collect();
+        let list: Vec<String> = (1..=sim_replicas_n)
+            .map(|id| format!("\"{}\"", replica_addr(id)))
+            .collect();
+        let text = format!(
+            "name = \"{name}\"\nroot = \"{}\"\nmounts_root = \"{}\"\nlisten = \"{}\"\nreplicas = [{}]\nreconcile_interval_ms = {}\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n[trusted_keys]\n{}\n",
+            root.display(),
+            self.dir.path().join(&sub).join("mounts").display(),
+            host_addr(i),
+            list.join(", "),
+            crate::bed::reconcile_every_ms,
+            self.pki.ca_path().display(),
+            cert.display(),
+            key.display(),
+            trusted.join("\n")
+        );
+        let path = self.dir.path().join(format!("{sub}.toml"));
+        std::fs::write(&path, text).map_err(|e| self.setup_error(e))?;
+        HostConfig::load(&path).map_err(|e| self.setup_error(e))
+    }
+
+    async fn start_host(&self, i: usize, name: &str) -> Result<SimHost, SimError> {
+        let config = self.host_config(i, name)?;
+        let tls = config
+            .tls()
+            .ok_or_else(|| self.setup_error(format!("host {name} has no [tls]")))?;
+        let identity =
+            Identity::load(&tls.ca, &tls.cert, &tls.key).map_err(|e| self.setup_error(e))?;
+        let endpoint = self.endpoint(host_addr(i), &identity, 0)?;
+        let sink = TracedSink {
+            inner: QuicSink::new(endpoint.clone(), name, config.replicas().to_vec()),
+            trace: self.trace.clone(),
+            start: self.start,
+        };
+        let agent = Arc::new(Agent::open(config, Arc::new(sink)).map_err(|e| self.setup_error(e))?);
+        agent.start().await.map_err(|e| self.setup_error(e))?;
+        let _fatal = listener::serve(&endpoint, agent.clone());
+        let (stop, stop_rx) = watch::channel(false);
+        {
+            let agent = agent.clone();
+            tokio::spawn(async move { agent.reconcile(stop_rx).await });
+        }
+        Ok(SimHost {
+            agent,
+            endpoint,
+            stop,
+        })
+    }
+
+    /// Starts replica `id` from its files (generation: how many times it started before).
+    async fn start_replica(&mut self, id: u64, generation: u64) -> Result<(), SimError> {
+        let config = match self.configs.get(&id) {
+            Some(c) => c.clone(),
+            None => {
+                let c = self.write_config(id)?;
+                self.configs.insert(id, c.clone());
+                c
+            }
+        };
+        let identity = self.pki.identity(&Principal::Replica(id));
+        let endpoint = self.endpoint(replica_addr(id), &identity, generation)?;
+        let running = mesh::controller::start_in(
+            config,
+            endpoint,
+            Arc::new(SimClock),
+            RaftRuntime::current(),
+        )
+        .await
+        .map_err(|e| self.setup_error(format!("replica {id} starts: {e}")))?;
+        watch_raft(
+            id,
+            running.service().replica().metrics(),
+            self.trace.clone(),
+            self.start,
+        );
+        self.replicas.insert(id, running);
+        Ok(())
+    }
+
+    /// The replica leading in the highest term, if any.
+    fn leader(&self) -> Option<(u64, u64)> {
+        self.replicas
+            .iter()
+            .filter_map(|(id, r)| {
+                let m = r.service().replica().metrics().borrow().clone();
+                (m.state == openraft::ServerState::Leader).then_some((*id, m.current_term))
+            })
+            .max_by_key(|(_, term)| *term)
+    }
+
+    fn call(&mut self, request: Request) -> Call {
+        self.request_ids += 1;
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&self.seed.to_le_bytes());
+        id[8..].copy_from_slice(&self.request_ids.to_le_bytes());
+        Call {
+            id: RequestId(id),
+            request,
+        }
+    }
+
+    /// Asks replica `via` as the operator and records the answer in the trace.
+    async fn ask(&mut self, via: u64, request: Request) -> Result<Body, String> {
+        let what = request_name(&request);
+        let call = self.call(request);
+        let answered = self.ask_call(via, &call).await;
+        let outcome = match &answered {
+            Ok(Answer { body: Ok(body), .. }) => body_summary(body),
+            Ok(Answer { body: Err(e), .. }) => format!("refused: {e}"),
+            Err(e) => format!("no answer: {e}"),
+        };
+        self.trace.record(Step::Answer {
+            at_us: micros_since(self.start),
+            request: what,
+            via,
+            outcome,
+        });
+        match answered {
+            Ok(Answer { body: Ok(body), .. }) => Ok(body),
+            Ok(Answer { body: Err(e), .. }) => Err(e.to_string()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn ask_call(&self, via: u64, call: &Call) -> Result<Answer, String> {
+        let body = mesh_codec::encode("request", call).map_err(|e| e.to_string())?;
+        let peer = Peer::expecting(replica_addr(via), Principal::Replica(via));
+        let bytes = self
+            .operator
+            .request(
+                peer,
+                MessageKind::Command,
+                body,
+                Duration::from_millis(sim_request_ms),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        mesh_codec::decode("answer", &bytes).map_err(|e| e.to_string())
+    }
+
+    fn fault(&self, what: String) {
+        self.trace.record(Step::Fault {
+            at_us: micros_since(self.start),
+            what,
+        });
+    }
+
+    fn stuck(&self, what: impl std::fmt::Display) -> SimError {
+        SimError::Stuck {
+            seed: self.seed,
+            at_ms: micros_since(self.start) / 1_000,
+            what: what.to_string(),
+        }
+    }
+
+    /// Waits (in simulated time) until some replica leads.
+    async fn wait_leader(&self, within_ms: u64) -> Result<(u64, u64), SimError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(within_ms);
+        loop {
+            if let Some(leader) = self.leader() {
+                return Ok(leader);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(self.stuck(format!("no leader within {within_ms} ms")));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Applies model `tag` and pushes it to every machine through a replica the seed picks;
+    /// returns whether every machine answered applied.
+    async fn apply_and_push(&mut self, tag: u64) -> bool {
+        let via = 1 + self.rng.below(sim_replicas_n);
+        let applied = self
+            .ask(
+                via,
+                Request::Apply {
+                    mesh: model(tag),
+                    why: format!("sim apply {tag}"),
+                    drain: false,
+                },
+            )
+            .await;
+        if applied.is_err() {
+            return false;
+        }
+        let via = 1 + self.rng.below(sim_replicas_n);
+        match self
+            .ask(
+                via,
+                Request::Push {
+                    target: PushTarget::All,
+                    why: format!("sim push {tag}"),
+                    moves: vec![],
+                    plan: None,
+                },
+            )
+            .await
+        {
+            Ok(Body::Push(view)) => view
+                .lines
+                .iter()
+                .all(|l| matches!(l.outcome, PushOutcome::Applied { .. })),
+            _ => false,
+        }
+    }
+
+    /// Crashes replica `id` (cut off from everyone, stopped, its address off the network) and
+    /// restarts it from its files after `down_ms`.
+    async fn crash_and_restart(
+        &mut self,
+        id: u64,
+        down_ms: u64,
+        generation: u64,
+    ) -> Result<(), SimError> {
+        self.fault(format!("crash replica {id} for {down_ms} ms"));
+        self.net.unbind(replica_addr(id));
+        if let Some(running) = self.replicas.remove(&id) {
+            let _ = tokio::time::timeout(Duration::from_millis(15_000), running.shutdown()).await;
+        }
+        tokio::time::sleep(Duration::from_millis(down_ms)).await;
+        self.fault(format!("restart replica {id}"));
+        self.start_replica(id, generation).await
+    }
+
+    async fn shutdown(mut self) {
+        for (_, running) in std::mem::take(&mut self.replicas) {
+            let _ = tokio::time::timeout(Duration::from_millis(15_000), running.shutdown()).await;
+        }
+        for (_, host) in std::mem::take(&mut self.hosts) {
+            let _ = host.stop.send(true);
+            host.endpoint.abandon();
+            host.agent.shutdown().await;
+        }
+        self.operator.abandon();
+    }
+}
+
+/// Records replica `id`'s Raft state in the trace whenever it changes.
+fn watch_raft(
+    id: u64,
+    mut metrics: watch::Receiver<mesh_raft::Metrics>,
+    trace: Trace,
+    start: tokio::time::Instant,
+) {
+    tokio::spawn(async move {
+        let mut last = None;
+        loop {
+            let now = {
+                let m = metrics.borrow_and_update();
+                (
+                    m.state == openraft::ServerState::Leader,
+                    format!("{:?}", m.state),
+                    m.current_term,
+                    m.current_leader,
+                    m.last_applied.map(|l| l.index),
+                )
+            };
+            if last.as_ref() != Some(&now) {
+                let (leader_here, state, term, leader, applied) = now.clone();
+                trace.record(Step::Raft {
+                    at_us: micros_since(start),
+                    replica: id,
+                    leader_here,
+                    state,
+                    term,
+                    leader,
+                    applied,
+                });
+                last = Some(now);
+            }
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// The model of apply `tag`: the two machines, no modules (a module is a child process, which
+/// the simulator does not run; decision 0322), so a push sends each host a declaration of its
+/// settings and nothing else. The `tag` names the machines' address to make each apply differ.
+fn model(tag: u64) -> Mesh {
+    let mut mesh = Mesh::default();
+    for m in sim_machines {
+        let mut machine = mesh_testkit::model::machine(m);
+        machine.address = format!("192.0.2.{}", tag % 250 + 1);
+        mesh.machines.insert(m.into(), machine);
+    }
+    mesh
+}
+
+fn request_name(request: &Request) -> String {
+    match request {
+        Request::Apply { why, .. } => format!("apply ({why})"),
+        Request::Push { why, .. } => format!("push --all ({why})"),
+        _ => "other".into(),
+    }
+}
+
+fn body_summary(body: &Body) -> String {
+    match body {
+        Body::Push(view) => {
+            let lines: Vec<String> = view
+                .lines
+                .iter()
+                .map(|l| match &l.outcome {
+                    PushOutcome::Applied { sequence, .. } => {
+                        format!("{} applied {}.{sequence}", l.machine, view.epoch)
+                    }
+                    PushOutcome::Sent { sequence, .. } => {
+                        format!("{} sent {}.{sequence}", l.machine, view.epoch)
+                    }
+                    other => format!("{} {}", l.machine, outcome_kind(other)),
+                })
+                .collect();
+            format!("push epoch {}: {}", view.epoch, lines.join(", "))
+        }
+        Body::Applied { .. } => "applied".into(),
+        _ => "answered".into(),
+    }
+}
+
+fn outcome_kind(outcome: &PushOutcome) -> String {
+    let text = format!("{outcome:?}");
+    text.split([' ', '{', '(']).next().unwrap_or("").to_string()
+}
+
+/// Runs one seed on a fresh one-thread runtime with a paused clock.
+pub fn simulate(spec: SimSpec) -> Result<SimOutcome, SimError> {
+    mesh_raft::runtime::seed_thread_rng(spec.seed);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .map_err(SimError::Runtime)?;
+    runtime.block_on(async move {
+        tokio::time::timeout(Duration::from_millis(sim_run_ms_max), run(spec))
+            .await
+            .map_err(|_| SimError::Stuck {
+                seed: spec.seed,
+                at_ms: sim_run_ms_max,
+                what: "the run did not end".into(),
+            })?
+    })
+}
+
+async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
+    let seed = spec.seed;
+    let setup = |what: String| SimError::Setup { seed, what };
+    let dir = sim_dir().map_err(|e| setup(format!("temp dir: {e}")))?;
+    let pki = Pki::in_dir(&dir.path().join("pki"));
+    let net = Net::new(Rng::new(seed, 0x004e_4554));
+    let start = tokio::time::Instant::now();
+    let trace = Trace::default();
+    let operator_identity = pki.identity(&Principal::Operator("sim".into()));
+    let config = transport()
+        .check()
+        .map_err(|e| setup(format!("transport config: {e}")))?;
+    let operator = Endpoint::over_socket(
+        &operator_identity,
+        config,
+        net.bind(operator_addr()),
+        Arc::new(quinn::TokioRuntime),
+        Some(quic_seed(seed, operator_addr(), 0)),
+    )
+    .map_err(|e| setup(format!("operator endpoint: {e}")))?;
+    let mut world = World {
+        seed,
+        dir,
+        pki,
+        net,
+        rng: Rng::new(seed, 0x4f50),
+        trace,
+        start,
+        configs: BTreeMap::new(),
+        replicas: BTreeMap::new(),
+        hosts: BTreeMap::new(),
+        operator,
+        request_ids: 0,
+    };
+    for (i, name) in sim_machines.iter().enumerate() {
+        let host = world.start_host(i, name).await?;
+        world.hosts.insert(name.to_string(), host);
+    }
+    for id in 1..=sim_replicas_n {
+        world.start_replica(id, 0).await?;
+    }
+    let mut pushes_applied = 0;
+    let mut faults = 0;
+    world.wait_leader(20_000).await?;
+    // (1) The first apply and push, on a calm network.
+    let mut tag = 1;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(30_000);
+    loop {
+        if world.apply_and_push(tag).await {
+            pushes_applied += 1;
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(world.stuck("the first push was not applied by every host in 30 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // (2) Faults from the seed while the operator applies and pushes.
+    if spec.faults {
+        let weather = Weather {
+            drop_per_mille: world.rng.between(0, 50) as u32,
+            duplicate_per_mille: world.rng.between(0, 50) as u32,
+            jitter_ms: world.rng.between(0, 30),
+        };
+        world.fault(format!("weather {weather:?}"));
+        world.net.set_weather(weather);
+        let faults_end = tokio::time::Instant::now() + Duration::from_millis(sim_faults_ms);
+        let mut generation = [0u64; sim_replicas_n as usize + 1];
+        while tokio::time::Instant::now() < faults_end {
+            tag += 1;
+            match world.rng.below(4) {
+                0 => {
+                    // The leader (or any replica) cut off from the others for a while.
+                    let id = match world.leader() {
+                        Some((leader, _)) if world.rng.chance(700) => leader,
+                        _ => 1 + world.rng.below(sim_replicas_n),
+                    };
+                    let ms = world.rng.between(300, 2_000);
+                    world.fault(format!("isolate replica {id} for {ms} ms"));
+                    faults += 1;
+                    cut_replica(&world.net, id, true);
+                    // Healed on its own timer while the operator goes on.
+                    let (net, trace, start) = (world.net.clone(), world.trace.clone(), world.start);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        cut_replica(&net, id, false);
+                        trace.record(Step::Fault {
+                            at_us: micros_since(start),
+                            what: format!("heal replica {id}"),
+                        });
+                    });
+                    if world.apply_and_push(tag).await {
+                        pushes_applied += 1;
+                    }
+                }
+                1 => {
+                    let id = match world.leader() {
+                        Some((leader, _)) if world.rng.chance(500) => leader,
+                        _ => 1 + world.rng.below(sim_replicas_n),
+                    };
+                    let down = world.rng.between(100, 1_500);
+                    faults += 1;
+                    let g = &mut generation[id as usize];
+                    *g += 1;
+                    let g = *g;
+                    world.crash_and_restart(id, down, g).await?;
+                }
+                _ => {
+                    if world.apply_and_push(tag).await {
+                        pushes_applied += 1;
+                    }
+                }
+            }
+            let think = world.rng.between(10, 300);
+            tokio::time::sleep(Duration::from_millis(think)).await;
+        }
+        world.net.heal();
+        world.net.set_weather(Weather::default());
+        world.fault("heal: calm network".into());
+    }
+    // (3) Converge: a push every machine applies.
+    world.wait_leader(30_000).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(30_000);
+    loop {
+        tag += 1;
+        if world.apply_and_push(tag).await {
+            pushes_applied += 1;
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(world.stuck("no push applied by every host within 30 s of the heal"));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let simulated_ms = micros_since(world.start) / 1_000;
+    let net = world.net.counts();
+    let trace = world.trace.clone();
+    world.shutdown().await;
+    let steps = trace.take();
+    let mut violations = check(&steps);
+    if trace.lost() > 0 {
+        violations.push(format!(
+            "the trace is incomplete: {} steps past sim_trace_steps_max ({sim_trace_steps_max}) were not recorded",
+            trace.lost()
+        ));
+    }
+    Ok(SimOutcome {
+        seed,
+        trace_hash: hash(&steps),
+        steps: steps.len(),
+        simulated_ms,
+        net,
+        faults,
+        pushes_applied,
+        violations,
+        trace: steps,
+    })
+}
+
+/// A run's files: in memory (`/dev/shm`) when the machine has it. The stores fsync every Raft
+/// append, which on a disk took 5 of a seed's 6 seconds (2026-12-03); the simulated run is the
+/// same either way (same trace hash), since no disk fault is simulated yet.
+fn sim_dir() -> std::io::Result<tempfile::TempDir> {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir()
+        && let Ok(dir) = tempfile::Builder::new().prefix("mesh-sim").tempdir_in(shm)
+    {
+        return Ok(dir);
+    }
+    tempfile::tempdir()
+}
+
+/// Cuts replica `id` off from the other replicas, both ways (hosts and the operator still reach it).
+fn cut_replica(net: &Net, id: u64, cut: bool) {
+    for other in 1..=sim_replicas_n {
+        if other != id {
+            net.cut_both(replica_addr(id), replica_addr(other), cut);
+        }
+    }
+}
+
+/// blake3 over the trace's steps, as hex.
+pub fn hash(steps: &[Step]) -> String {
+    let mut hasher = blake3::Hasher::new();
+    for step in steps {
+        hasher.update(format!("{step:?}\n").as_bytes());
+    }
+    hasher.finalize().to_hex().to_string()
+}
+
+/// The checkers over a trace: each violation named.
+///
+/// - One leader per term (Raft's election safety, which G3 rests on): no two replicas are ever
+///   leader in the same term.
+/// - G2/G3 at the hosts: a host never reports a position below one it reported before (its
+///   applied `(epoch, sequence)` only moves forward), so no host ever applies an envelope from
+///   an epoch older than one it already applied.
+pub fn check(steps: &[Step]) -> Vec<String> {
+    let mut violations = Vec::new();
+    let mut leaders: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut applied: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
+    for step in steps {
+        match step {
+            Step::Raft {
+                at_us,
+                replica,
+                leader_here: true,
+                term,
+                ..
+            } => match leaders.get(term) {
+                Some(first) if first != replica => violations.push(format!(
+                    "two leaders in term {term}: replica {first}, and replica {replica} at {} ms",
+                    at_us / 1_000
+                )),
+                _ => {
+                    leaders.insert(*term, *replica);
+                }
+            },
+            Step::Report {
+                at_us,
+                machine,
+                epoch,
+                sequence,
+                ..
+            } => {
+                if let Some((e, s, at)) = applied.get(machine.as_str())
+                    && (*epoch, *sequence) < (*e, *s)
+                {
+                    let older = if epoch < e {
+                        "an older epoch after a newer one"
+                    } else {
+                        "a position below its mark"
+                    };
+                    violations.push(format!(
+                        "{machine} applied {epoch}.{sequence} at {} ms, {older} ({e}.{s} applied by {} ms)",
+                        at_us / 1_000,
+                        at / 1_000
+                    ));
+                    continue;
+                }
+                applied.insert(machine, (*epoch, *sequence, *at_us));
+            }
+            _ => {}
+        }
+    }
+    violations
+}
+
+/// The trace of one run, for a replay that differs (written where `--trace` asks).
+pub fn trace_text(steps: &[Step]) -> String {
+    steps.iter().map(|s| format!("{s:?}\n")).collect()
+}
+
+/// Where a run's trace is written when asked.
+pub fn trace_path(seed: u64) -> PathBuf {
+    std::env::temp_dir().join(format!("mesh-sim-seed-{seed}.trace"))
+}
