@@ -164,7 +164,9 @@ struct Inner {
     peers: Mutex<HashMap<SocketAddr, Arc<PeerSlot>>>,
     counters: Arc<Counters>,
     faults: Arc<Faults>,
-    serving: Mutex<bool>,
+    /// What serving shares, once [`Endpoint::serve`] was called: a dialled connection that
+    /// carries messages both ways is served with it too (decision 0316).
+    serving: Mutex<Option<ServeContext>>,
     live: Arc<Live>,
     open: Arc<OpenConns>,
 }
@@ -251,7 +253,7 @@ impl Endpoint {
                 peers: Mutex::new(HashMap::new()),
                 counters: Arc::new(Counters::default()),
                 faults: Arc::new(Faults::default()),
-                serving: Mutex::new(false),
+                serving: Mutex::new(None),
                 open: Arc::new(OpenConns::new(live.clone())),
                 live,
             }),
@@ -295,10 +297,9 @@ impl Endpoint {
             .serving
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if *serving {
+        if serving.is_some() {
             return false;
         }
-        *serving = true;
         let context = ServeContext {
             config: self.inner.config.clone(),
             counters: self.inner.counters.clone(),
@@ -310,6 +311,7 @@ impl Endpoint {
             warned: Arc::default(),
             warned_handshakes: Arc::default(),
         };
+        *serving = Some(context.clone());
         tokio::spawn(crate::serve::accept_loop(self.inner.quinn.clone(), context));
         true
     }
@@ -452,7 +454,7 @@ impl Endpoint {
         timeout: Duration,
     ) -> Result<Principal, TransportError> {
         let deadline = Instant::now() + timeout;
-        match tokio::time::timeout_at(deadline, self.connection(peer, deadline)).await {
+        match tokio::time::timeout_at(deadline, self.connection(peer, None, deadline)).await {
             Ok(connected) => connected.map(|(_, principal, _)| principal),
             Err(_) => Err(TransportError::Timeout {
                 addr: peer,
@@ -565,7 +567,9 @@ impl Endpoint {
         what: &Outgoing,
         gate: Option<WriteGate<'_>>,
     ) -> Result<Vec<u8>, TransportError> {
-        let (conn, principal, reused) = self.connection(peer.addr, deadline).await?;
+        let (conn, principal, reused) = self
+            .connection(peer.addr, peer.expect.as_ref(), deadline)
+            .await?;
         check_expected(peer, &principal)?;
         let result = self
             .exchange(&conn, peer.addr, message, deadline, what, gate)
@@ -574,7 +578,9 @@ impl Endpoint {
             Err(Attempt::Stale(reason)) if reused => {
                 tracing::debug!(peer = %peer.addr, %reason, "connection was stale; dialling again");
                 self.forget_connection(peer.addr).await;
-                let (conn, principal, _) = self.connection(peer.addr, deadline).await?;
+                let (conn, principal, _) = self
+                    .connection(peer.addr, peer.expect.as_ref(), deadline)
+                    .await?;
                 check_expected(peer, &principal)?;
                 self.exchange(&conn, peer.addr, message, deadline, what, gate)
                     .await
@@ -782,7 +788,9 @@ impl Endpoint {
         peer: &Peer,
         deadline: Instant,
     ) -> Result<(Connection, bool), TransportError> {
-        let (conn, principal, reused) = self.connection(peer.addr, deadline).await?;
+        let (conn, principal, reused) = self
+            .connection(peer.addr, peer.expect.as_ref(), deadline)
+            .await?;
         check_expected(peer, &principal)?;
         Ok((conn, reused))
     }
@@ -801,10 +809,13 @@ impl Endpoint {
         }
     }
 
-    /// The live connection to `addr`, dialling if there is none. The bool says it was reused.
+    /// The live connection to `addr`: the one this endpoint dialled, else one the peer there (or
+    /// `expect`, when it dialled from elsewhere) opened to this endpoint and that carries
+    /// messages both ways (decision 0316), else a new dial. The bool says it was reused.
     async fn connection(
         &self,
         addr: SocketAddr,
+        expect: Option<&Principal>,
         deadline: Instant,
     ) -> Result<(Connection, Principal, bool), TransportError> {
         let slot = self.slot(addr)?;
@@ -821,6 +832,19 @@ impl Endpoint {
                 }
             }
             state.conn = None;
+        }
+        if let Some(shared) = self.inner.open.shared(addr, expect) {
+            // The peer's certificate was verified at its handshake, as a dial's would be; an
+            // ended one closes the connection and the dial below meets the current one.
+            let now = time::OffsetDateTime::now_utc();
+            match shared
+                .cert
+                .as_ref()
+                .and_then(|c| crate::trust::ended(c, now))
+            {
+                None => return Ok((shared.conn, shared.principal, true)),
+                Some(refusal) => close_untrusted(&shared.conn, &refusal.to_string()),
+            }
         }
         match dial_gate(state.retry_at, Instant::now(), deadline) {
             DialGate::Now => {}
@@ -889,10 +913,41 @@ impl Endpoint {
             .open
             .track(&conn, Side::Dialled, since)
             .map_err(|reason| TransportError::HandshakeRefused { addr, reason })?;
-        let (principal, _) = crate::serve::peer_principal(&conn)
+        let (principal, role) = crate::serve::peer_principal(&conn)
             .map_err(|reason| TransportError::HandshakeRefused { addr, reason })?;
         tracing::debug!(peer = %addr, %principal, "connected");
+        self.serve_dialled(&conn, addr, &principal, role);
         Ok((conn, principal))
+    }
+
+    /// Serves what the peer sends back over a connection this endpoint dialled, when the
+    /// connection carries messages both ways (a host's to a replica or a replica's to a host,
+    /// decision 0316) and this endpoint serves at all. Its stream credit started at none.
+    fn serve_dialled(
+        &self,
+        conn: &Connection,
+        addr: SocketAddr,
+        principal: &Principal,
+        role: Option<crate::principal::Role>,
+    ) {
+        if !crate::open::shares_connections(&self.inner.principal, principal) {
+            return;
+        }
+        let serving = self
+            .inner
+            .serving
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let Some(context) = serving else { return };
+        tokio::spawn(crate::serve::serve_connection(
+            conn.clone(),
+            addr,
+            principal.clone(),
+            role,
+            0,
+            context,
+        ));
     }
 }
 
