@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use quinn::{Connection, ConnectionError};
@@ -165,8 +165,11 @@ struct Inner {
     counters: Arc<Counters>,
     faults: Arc<Faults>,
     /// What serving shares, once [`Endpoint::serve`] was called: a dialled connection that
-    /// carries messages both ways is served with it too (decision 0316).
-    serving: Mutex<Option<ServeContext>>,
+    /// carries messages both ways is served with it too (decision 0316). Weak: the accept loop
+    /// owns it. A handler may hold this endpoint (a host's does), and a strong reference here
+    /// would make a cycle that keeps the closed endpoint, and its UDP port, for good: a host
+    /// restarted in the same process could not bind its address again (decision 0325).
+    serving: Mutex<Option<Weak<ServeContext>>>,
     live: Arc<Live>,
     open: Arc<OpenConns>,
 }
@@ -311,7 +314,8 @@ impl Endpoint {
             warned: Arc::default(),
             warned_handshakes: Arc::default(),
         };
-        *serving = Some(context.clone());
+        let context = Arc::new(context);
+        *serving = Some(Arc::downgrade(&context));
         tokio::spawn(crate::serve::accept_loop(self.inner.quinn.clone(), context));
         true
     }
@@ -938,7 +942,9 @@ impl Endpoint {
             .serving
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone();
+            .as_ref()
+            .and_then(Weak::upgrade);
+        // None once the endpoint closed (its accept loop ended) or when it never served.
         let Some(context) = serving else { return };
         tokio::spawn(crate::serve::serve_connection(
             conn.clone(),
@@ -946,7 +952,7 @@ impl Endpoint {
             principal.clone(),
             role,
             0,
-            context,
+            ServeContext::clone(&context),
         ));
     }
 }

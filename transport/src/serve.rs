@@ -205,7 +205,9 @@ pub(crate) fn peer_principal(conn: &Connection) -> Result<(Principal, Option<Rol
 /// Accepts connections as the admission table allows (decision 0300): a new `Incoming` takes a
 /// handshake slot, is answered with a Retry, or is refused; a verified connection takes an
 /// established slot or is closed naming the cap.
-pub(crate) async fn accept_loop(endpoint: quinn::Endpoint, context: ServeContext) {
+/// Owns the endpoint's serving context (the endpoint keeps only a weak reference to it): it is
+/// dropped when the endpoint closes and this loop ends.
+pub(crate) async fn accept_loop(endpoint: quinn::Endpoint, context: Arc<ServeContext>) {
     while let Some(incoming) = endpoint.accept().await {
         let addr = incoming.remote_address();
         if context.faults.is_cut_off(addr) {
@@ -227,7 +229,12 @@ pub(crate) async fn accept_loop(endpoint: quinn::Endpoint, context: ServeContext
                 continue;
             }
         };
-        tokio::spawn(handshake(incoming, addr, slot, context.clone()));
+        tokio::spawn(handshake(
+            incoming,
+            addr,
+            slot,
+            ServeContext::clone(&context),
+        ));
     }
 }
 

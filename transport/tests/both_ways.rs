@@ -2,11 +2,15 @@
 //! dialled it (decision 0316): a leader sends envelopes over the connection a host opened for its
 //! reports, a host reports over the connection a leader opened for its envelopes, each side is
 //! held to what the certificate the other presented at the handshake allows, and a side whose
-//! shared connection closed dials again.
+//! shared connection closed dials again. A host that closes and starts again on its own address
+//! (in the same process) binds it again and gets the leader's next send (decision 0325).
 
 mod support;
 
-use mesh_transport::{MessageKind, Peer, TransportError};
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use mesh_transport::{BoxFuture, Endpoint, Handler, MessageKind, Peer, Principal, TransportError};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use support::*;
@@ -229,5 +233,89 @@ async fn a_replica_sends_nothing_over_a_connection_an_older_host_gives_no_stream
     assert!(
         opened.is_err(),
         "nothing was opened on the old host's connection"
+    );
+}
+
+/// A handler that holds its own endpoint, as a host's envelope handler does (it sets the deny
+/// list of the declaration it applied on it), and otherwise records and echoes.
+struct HoldsItsEndpoint {
+    endpoint: OnceLock<Endpoint>,
+    recorder: Recorder,
+}
+
+impl Handler for HoldsItsEndpoint {
+    fn request(
+        &self,
+        from: Principal,
+        kind: MessageKind,
+        body: Vec<u8>,
+    ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
+        self.recorder.request(from, kind, body)
+    }
+
+    fn one_way(&self, from: Principal, kind: MessageKind, body: Vec<u8>) -> BoxFuture<'_, ()> {
+        self.recorder.one_way(from, kind, body)
+    }
+}
+
+/// Host `ace` bound on `addr` and serving a [`HoldsItsEndpoint`]; `None` while `addr` is taken.
+fn host_holding_its_endpoint(
+    pki: &Pki,
+    addr: SocketAddr,
+) -> Option<(Endpoint, Arc<HoldsItsEndpoint>)> {
+    let endpoint = Endpoint::bind(addr, &pki.identity(&host("ace")), config()).ok()?;
+    let handler = Arc::new(HoldsItsEndpoint {
+        endpoint: OnceLock::new(),
+        recorder: Recorder::default(),
+    });
+    assert!(handler.endpoint.set(endpoint.clone()).is_ok());
+    assert!(endpoint.serve(handler.clone()));
+    Some((endpoint, handler))
+}
+
+#[tokio::test]
+async fn a_host_restarted_on_its_own_address_gets_the_leaders_next_send() {
+    // Decision 0325, the fault that had 0316 reverted (chaos processes seed 1592590339): a closed
+    // endpoint whose handler holds it must still let its UDP port go, so a host restarted in
+    // the same process binds its address again; the leader's next send reaches the new one.
+    let pki = Pki::new();
+    let (leader, _) = serving(&pki, &replica(1));
+    let (ace, _) = host_holding_its_endpoint(&pki, any_port()).expect("bind ace");
+    let addr = ace.local_addr();
+    let filed = ace
+        .request(leader.local_addr(), report("ace"), b"r1".to_vec(), timeout)
+        .await;
+    assert_eq!(filed, Ok(b"echo:r1".to_vec()));
+    let to_ace = Peer::expecting(addr, host("ace"));
+    let applied = leader
+        .request(
+            to_ace.clone(),
+            MessageKind::Envelope,
+            b"e1".to_vec(),
+            timeout,
+        )
+        .await;
+    assert_eq!(applied, Ok(b"echo:e1".to_vec()));
+    assert_eq!(
+        leader.counts().dials,
+        0,
+        "the envelope went over the host's own connection"
+    );
+    ace.close().await;
+    drop(ace);
+    let (again, at_again) = mesh_testkit::wait_value("the host's address to be free again", || {
+        std::future::ready(host_holding_its_endpoint(&pki, addr))
+    })
+    .await;
+    assert_eq!(again.local_addr(), addr);
+    let applied = leader
+        .request(to_ace, MessageKind::Envelope, b"e2".to_vec(), timeout)
+        .await;
+    assert_eq!(applied, Ok(b"echo:e2".to_vec()));
+    let seen = at_again.recorder.seen();
+    assert_eq!(
+        (seen.len(), &seen[0].from, &seen[0].body),
+        (1, &replica(1), &b"e2".to_vec()),
+        "the restarted host served the leader's next envelope"
     );
 }
