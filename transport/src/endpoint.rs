@@ -158,6 +158,8 @@ struct PeerSlot {
 struct Inner {
     quinn: quinn::Endpoint,
     client: quinn::ClientConfig,
+    /// `client` with the transport of a dial to a host (no GSO, `tls::gso_on`), made once.
+    client_to_hosts: quinn::ClientConfig,
     config: CheckedConfig,
     principal: Principal,
     local_addr: SocketAddr,
@@ -249,6 +251,7 @@ impl Endpoint {
         Ok(Endpoint {
             inner: Arc::new(Inner {
                 quinn,
+                client_to_hosts: tls::to_host(&client, &config),
                 client,
                 config,
                 principal: identity.principal().clone(),
@@ -866,7 +869,7 @@ impl Endpoint {
                 });
             }
         }
-        match self.dial(addr, deadline).await {
+        match self.dial(addr, expect, deadline).await {
             Ok((conn, principal)) => {
                 state.failures = 0;
                 state.retry_at = None;
@@ -886,17 +889,23 @@ impl Endpoint {
         }
     }
 
+    /// Dials `addr`; a host expected there gets the transport of `tls::Side::DiallingHost`.
     async fn dial(
         &self,
         addr: SocketAddr,
+        expect: Option<&Principal>,
         deadline: Instant,
     ) -> Result<(Connection, Principal), TransportError> {
         // Before any verification: a trust change from here on is seen by `track` below.
         let since = self.inner.open.since();
+        let client = match expect {
+            Some(Principal::Host(_)) => self.inner.client_to_hosts.clone(),
+            _ => self.inner.client.clone(),
+        };
         let connecting = self
             .inner
             .quinn
-            .connect_with(self.inner.client.clone(), addr, server_name)
+            .connect_with(client, addr, server_name)
             .map_err(|e| TransportError::Unreachable {
                 addr,
                 reason: e.to_string(),
