@@ -300,13 +300,14 @@ pub(crate) enum Side {
 
 /// Whether quinn may hand the kernel up to ten packets at once (generic segmentation offload) on
 /// a connection of `side`. quinn keeps each connection's send buffer as large as its largest
-/// send: about ten packets (12–14 KiB) once anything longer than one packet left, with GSO; one
-/// packet without. A leader keeps a connection to every host (one both ways, decision 0316), so
-/// at 10,000 hosts that buffer alone was about 120 MiB of the controller's memory (decision
-/// 0325). Only the connections a replica dials to another replica (Raft appends, snapshots: the
-/// one bulk sender) keep GSO; an accepted connection cannot be told apart before its handshake,
-/// so none has it (what goes back on it is answers: Raft's are small; an operator's large
-/// `status` costs one send call a packet).
+/// send: up to ten packets (12–14 KiB) once anything longer than one packet left, with GSO; one
+/// packet without. A leader keeps a connection to every host (one both ways, decision 0316):
+/// with envelopes of more than a packet that is about 12 KiB a host, 120 MiB at 10,000 (measured
+/// in process, decision 0325; the memory bench's one-packet envelopes do not show it). Dials to
+/// anything but a host keep GSO: a replica's Raft appends and snapshots to another replica are
+/// the one bulk sender, and a host or operator holds few connections. An accepted connection
+/// cannot be told apart before its handshake, so none has it (what goes back on it is answers:
+/// Raft's are small; an operator's large `status` costs one send call a packet).
 pub(crate) fn gso_on(side: Side) -> bool {
     match side {
         Side::Dialling => true,
@@ -600,7 +601,7 @@ mod tests {
     #[test]
     fn host_connections_keep_a_one_packet_send_buffer_and_replica_dials_keep_gso() {
         // Decision 0325: the leader's 10,000 host connections send without GSO, so quinn's send
-        // buffer on each stays one packet; a replica's dial to a replica (Raft) keeps it.
+        // buffer on each stays one packet; dials to replicas (Raft among them) keep it.
         assert!(
             !gso(Side::Serving),
             "accepted connections send one packet at a time"
