@@ -1598,8 +1598,9 @@ async fn file_reports(
 /// Controller memory, measured on a real `meshd` process (one replica: one controller's
 /// memory) holding 10,000 machines x 10 modules: applied as meshctl sends it, composed
 /// (`status`), and sent once (`push --all` to 10,000 simulated hosts over QUIC, each on a
-/// connection the leader keeps), then with every host's report filed (each host dials the
-/// leader once, so the leader holds 10,000 accepted connections as well as the dialled ones).
+/// connection the leader keeps), then with every host's report filed (each host reports over the
+/// connection the leader opened to it, decision 0316, and keeps it open; before 0316 each host
+/// dialled one of its own, so the leader held 10,000 accepted connections as well).
 /// The figures are the process's `VmRSS` (and `VmHWM`, its peak) from `/proc`, with meshd's
 /// own allocator settings: nothing trims it.
 async fn memory() -> Result<()> {
@@ -1760,12 +1761,17 @@ async fn memory() -> Result<()> {
     let (pushed, _) = rss_of(pid);
     tokio::time::sleep(Duration::from_secs(settle_s)).await;
     let (pushed_idle, _) = rss_of(pid);
-    // Every host reports what it applied, as a host does after an apply: over a connection of
-    // its own to the leader, which the leader then serves (10,000 more connections).
+    // Every host reports what it applied, as a host does after an apply, through its endpoint's
+    // own send path: over the connection the leader opened to it (decision 0316), which stays
+    // open as every real host's does.
     let t2 = Instant::now();
+    let dials_before: u64 = endpoints.iter().map(|(e, _)| e.counts().dials).sum();
     let filed = file_reports(&bed, &endpoints, &hosts_on).await;
+    let dials: u64 = endpoints.iter().map(|(e, _)| e.counts().dials).sum::<u64>() - dials_before;
+    // Decision 0316: a host reports over the connection the leader opened for its envelopes,
+    // so this is 0 unless a host's connection was lost since the push.
     println!(
-        "memory: {filed}/{memory_machines} reports filed after {:.1} s",
+        "memory: {filed}/{memory_machines} reports filed after {:.1} s; the hosts dialled {dials} new connections for them",
         t2.elapsed().as_secs_f64()
     );
     let (reported, _) = rss_of(pid);

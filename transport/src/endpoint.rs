@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use quinn::{Connection, ConnectionError};
@@ -158,13 +158,20 @@ struct PeerSlot {
 struct Inner {
     quinn: quinn::Endpoint,
     client: quinn::ClientConfig,
+    /// `client` with the transport of a dial to a host (no GSO, `tls::gso_on`), made once.
+    client_to_hosts: quinn::ClientConfig,
     config: CheckedConfig,
     principal: Principal,
     local_addr: SocketAddr,
     peers: Mutex<HashMap<SocketAddr, Arc<PeerSlot>>>,
     counters: Arc<Counters>,
     faults: Arc<Faults>,
-    serving: Mutex<bool>,
+    /// What serving shares, once [`Endpoint::serve`] was called: a dialled connection that
+    /// carries messages both ways is served with it too (decision 0316). Weak: the accept loop
+    /// owns it. A handler may hold this endpoint (a host's does), and a strong reference here
+    /// would make a cycle that keeps the closed endpoint, and its UDP port, for good: a host
+    /// restarted in the same process could not bind its address again (decision 0325).
+    serving: Mutex<Option<Weak<ServeContext>>>,
     live: Arc<Live>,
     open: Arc<OpenConns>,
 }
@@ -270,6 +277,7 @@ impl Endpoint {
         Ok(Endpoint {
             inner: Arc::new(Inner {
                 quinn,
+                client_to_hosts: tls::to_host(&client, &config),
                 client,
                 config,
                 principal: identity.principal().clone(),
@@ -277,7 +285,7 @@ impl Endpoint {
                 peers: Mutex::new(HashMap::new()),
                 counters: Arc::new(Counters::default()),
                 faults: Arc::new(Faults::default()),
-                serving: Mutex::new(false),
+                serving: Mutex::new(None),
                 open: Arc::new(OpenConns::new(live.clone())),
                 live,
             }),
@@ -321,10 +329,9 @@ impl Endpoint {
             .serving
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if *serving {
+        if serving.is_some() {
             return false;
         }
-        *serving = true;
         let context = ServeContext {
             config: self.inner.config.clone(),
             counters: self.inner.counters.clone(),
@@ -336,6 +343,8 @@ impl Endpoint {
             warned: Arc::default(),
             warned_handshakes: Arc::default(),
         };
+        let context = Arc::new(context);
+        *serving = Some(Arc::downgrade(&context));
         tokio::spawn(crate::serve::accept_loop(self.inner.quinn.clone(), context));
         true
     }
@@ -478,7 +487,7 @@ impl Endpoint {
         timeout: Duration,
     ) -> Result<Principal, TransportError> {
         let deadline = Instant::now() + timeout;
-        match tokio::time::timeout_at(deadline, self.connection(peer, deadline)).await {
+        match tokio::time::timeout_at(deadline, self.connection(peer, None, deadline)).await {
             Ok(connected) => connected.map(|(_, principal, _)| principal),
             Err(_) => Err(TransportError::Timeout {
                 addr: peer,
@@ -591,7 +600,9 @@ impl Endpoint {
         what: &Outgoing,
         gate: Option<WriteGate<'_>>,
     ) -> Result<Vec<u8>, TransportError> {
-        let (conn, principal, reused) = self.connection(peer.addr, deadline).await?;
+        let (conn, principal, reused) = self
+            .connection(peer.addr, peer.expect.as_ref(), deadline)
+            .await?;
         check_expected(peer, &principal)?;
         let result = self
             .exchange(&conn, peer.addr, message, deadline, what, gate)
@@ -600,7 +611,9 @@ impl Endpoint {
             Err(Attempt::Stale(reason)) if reused => {
                 tracing::debug!(peer = %peer.addr, %reason, "connection was stale; dialling again");
                 self.forget_connection(peer.addr).await;
-                let (conn, principal, _) = self.connection(peer.addr, deadline).await?;
+                let (conn, principal, _) = self
+                    .connection(peer.addr, peer.expect.as_ref(), deadline)
+                    .await?;
                 check_expected(peer, &principal)?;
                 self.exchange(&conn, peer.addr, message, deadline, what, gate)
                     .await
@@ -808,7 +821,9 @@ impl Endpoint {
         peer: &Peer,
         deadline: Instant,
     ) -> Result<(Connection, bool), TransportError> {
-        let (conn, principal, reused) = self.connection(peer.addr, deadline).await?;
+        let (conn, principal, reused) = self
+            .connection(peer.addr, peer.expect.as_ref(), deadline)
+            .await?;
         check_expected(peer, &principal)?;
         Ok((conn, reused))
     }
@@ -827,10 +842,13 @@ impl Endpoint {
         }
     }
 
-    /// The live connection to `addr`, dialling if there is none. The bool says it was reused.
+    /// The live connection to `addr`: the one this endpoint dialled, else one the peer there (or
+    /// `expect`, when it dialled from elsewhere) opened to this endpoint and that carries
+    /// messages both ways (decision 0316), else a new dial. The bool says it was reused.
     async fn connection(
         &self,
         addr: SocketAddr,
+        expect: Option<&Principal>,
         deadline: Instant,
     ) -> Result<(Connection, Principal, bool), TransportError> {
         let slot = self.slot(addr)?;
@@ -848,6 +866,19 @@ impl Endpoint {
             }
             state.conn = None;
         }
+        if let Some(shared) = self.inner.open.shared(addr, expect) {
+            // The peer's certificate was verified at its handshake, as a dial's would be; an
+            // ended one closes the connection and the dial below meets the current one.
+            let now = time::OffsetDateTime::now_utc();
+            match shared
+                .cert
+                .as_ref()
+                .and_then(|c| crate::trust::ended(c, now))
+            {
+                None => return Ok((shared.conn, shared.principal, true)),
+                Some(refusal) => close_untrusted(&shared.conn, &refusal.to_string()),
+            }
+        }
         match dial_gate(state.retry_at, Instant::now(), deadline) {
             DialGate::Now => {}
             // Waiting out the backoff (holding only this peer's lock) spaces dials to a dead
@@ -864,7 +895,7 @@ impl Endpoint {
                 });
             }
         }
-        match self.dial(addr, deadline).await {
+        match self.dial(addr, expect, deadline).await {
             Ok((conn, principal)) => {
                 state.failures = 0;
                 state.retry_at = None;
@@ -884,17 +915,23 @@ impl Endpoint {
         }
     }
 
+    /// Dials `addr`; a host expected there gets the transport of `tls::Side::DiallingHost`.
     async fn dial(
         &self,
         addr: SocketAddr,
+        expect: Option<&Principal>,
         deadline: Instant,
     ) -> Result<(Connection, Principal), TransportError> {
         // Before any verification: a trust change from here on is seen by `track` below.
         let since = self.inner.open.since();
+        let client = match expect {
+            Some(Principal::Host(_)) => self.inner.client_to_hosts.clone(),
+            _ => self.inner.client.clone(),
+        };
         let connecting = self
             .inner
             .quinn
-            .connect_with(self.inner.client.clone(), addr, server_name)
+            .connect_with(client, addr, server_name)
             .map_err(|e| TransportError::Unreachable {
                 addr,
                 reason: e.to_string(),
@@ -915,10 +952,43 @@ impl Endpoint {
             .open
             .track(&conn, Side::Dialled, since)
             .map_err(|reason| TransportError::HandshakeRefused { addr, reason })?;
-        let (principal, _) = crate::serve::peer_principal(&conn)
+        let (principal, role) = crate::serve::peer_principal(&conn)
             .map_err(|reason| TransportError::HandshakeRefused { addr, reason })?;
         tracing::debug!(peer = %addr, %principal, "connected");
+        self.serve_dialled(&conn, addr, &principal, role);
         Ok((conn, principal))
+    }
+
+    /// Serves what the peer sends back over a connection this endpoint dialled, when the
+    /// connection carries messages both ways (a host's to a replica or a replica's to a host,
+    /// decision 0316) and this endpoint serves at all. Its stream credit started at none.
+    fn serve_dialled(
+        &self,
+        conn: &Connection,
+        addr: SocketAddr,
+        principal: &Principal,
+        role: Option<crate::principal::Role>,
+    ) {
+        if !crate::open::shares_connections(&self.inner.principal, principal) {
+            return;
+        }
+        let serving = self
+            .inner
+            .serving
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .as_ref()
+            .and_then(Weak::upgrade);
+        // None once the endpoint closed (its accept loop ended) or when it never served.
+        let Some(context) = serving else { return };
+        tokio::spawn(crate::serve::serve_connection(
+            conn.clone(),
+            addr,
+            principal.clone(),
+            role,
+            0,
+            ServeContext::clone(&context),
+        ));
     }
 }
 

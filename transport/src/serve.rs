@@ -205,7 +205,9 @@ pub(crate) fn peer_principal(conn: &Connection) -> Result<(Principal, Option<Rol
 /// Accepts connections as the admission table allows (decision 0300): a new `Incoming` takes a
 /// handshake slot, is answered with a Retry, or is refused; a verified connection takes an
 /// established slot or is closed naming the cap.
-pub(crate) async fn accept_loop(endpoint: quinn::Endpoint, context: ServeContext) {
+/// Owns the endpoint's serving context (the endpoint keeps only a weak reference to it): it is
+/// dropped when the endpoint closes and this loop ends.
+pub(crate) async fn accept_loop(endpoint: quinn::Endpoint, context: Arc<ServeContext>) {
     while let Some(incoming) = endpoint.accept().await {
         let addr = incoming.remote_address();
         if context.faults.is_cut_off(addr) {
@@ -227,7 +229,12 @@ pub(crate) async fn accept_loop(endpoint: quinn::Endpoint, context: ServeContext
                 continue;
             }
         };
-        tokio::spawn(handshake(incoming, addr, slot, context.clone()));
+        tokio::spawn(handshake(
+            incoming,
+            addr,
+            slot,
+            ServeContext::clone(&context),
+        ));
     }
 }
 
@@ -271,7 +278,12 @@ async fn handshake(
     {
         return handshake_refused(&context, addr, &reason);
     }
-    serve_connection(conn, addr, principal, role, context).await;
+    if crate::open::shares_connections(&context.principal, &principal) {
+        // This side sends back over it rather than dialling a second one (decision 0316).
+        context.open.share(&conn, &principal, addr);
+    }
+    let initial = crate::tls::streams_unproven.min(context.config.streams_per_connection_max());
+    serve_connection(conn, addr, principal, role, initial, context).await;
 }
 
 fn handshake_refused(context: &ServeContext, addr: SocketAddr, reason: &str) {
@@ -287,19 +299,24 @@ fn handshake_refused(context: &ServeContext, addr: SocketAddr, reason: &str) {
     }
 }
 
-async fn serve_connection(
+/// Serves the streams `principal` opens on `conn`, which started with `initial` stream credit
+/// (`streams_unproven` on an accepted connection, none on a dialled one, see
+/// `tls::transport_config`). A dialled connection is served only when it is shared (decision
+/// 0316): the permissions are those of the certificate the peer presented at the handshake,
+/// whichever side dialled.
+pub(crate) async fn serve_connection(
     conn: Connection,
     addr: SocketAddr,
     principal: Principal,
     role: Option<Role>,
+    initial: u32,
     context: ServeContext,
 ) {
     let permissions = Arc::new(permissions_for(&principal));
     let framing = crate::version::framing_of(&conn);
-    // The peer is known now: replicas and operators get the full stream credit, hosts fewer
-    // (the connection started with `streams_unproven`, see `tls::transport_config`).
+    // The peer is known now: replicas and operators get the full stream credit, hosts fewer.
     let streams = crate::tls::streams_for(&principal, &context.config);
-    if streams != crate::tls::streams_unproven {
+    if streams != initial {
         conn.set_max_concurrent_bi_streams(VarInt::from_u32(streams));
         conn.set_max_concurrent_uni_streams(VarInt::from_u32(streams));
     }

@@ -293,6 +293,26 @@ pub(crate) enum Side {
     Serving,
     /// Connections this endpoint dials: only this side opens streams on them.
     Dialling,
+    /// [`Side::Dialling`] to a host: sends of a few KiB (envelopes, log requests), one such
+    /// connection per host kept by a leader, so sent without GSO ([`gso_on`]).
+    DiallingHost,
+}
+
+/// Whether quinn may hand the kernel up to ten packets at once (generic segmentation offload) on
+/// a connection of `side`. quinn keeps each connection's send buffer as large as its largest
+/// send: up to ten packets (12–14 KiB) once anything longer than one packet left, with GSO; one
+/// packet without. A leader keeps a connection to every host (one both ways, decision 0316):
+/// with envelopes of more than a packet that is about 12 KiB a host, 120 MiB at 10,000 (measured
+/// in process, decision 0325; the memory bench's one-packet envelopes do not show it). Dials to
+/// anything but a host keep GSO: a replica's Raft appends and snapshots to another replica are
+/// the one bulk sender, and a host or operator holds few connections. An accepted connection
+/// cannot be told apart before its handshake, so none has it (what goes back on it is answers:
+/// Raft's are small; an operator's large `status` costs one send call a packet).
+pub(crate) fn gso_on(side: Side) -> bool {
+    match side {
+        Side::Dialling => true,
+        Side::Serving | Side::DiallingHost => false,
+    }
 }
 
 /// Streams a peer may open on an accepted connection before its certificate is read, and all a
@@ -316,7 +336,8 @@ pub(crate) fn streams_for(principal: &crate::Principal, config: &CheckedConfig) 
     }
 }
 
-/// QUIC transport parameters for one side: timeouts from the checked config, and stream credit.
+/// QUIC transport parameters for one side: timeouts from the checked config, stream credit, and
+/// whether sends may use GSO ([`gso_on`]).
 ///
 /// quinn keeps a slot for every stream id the peer may open, from the connection's start: 2 ×
 /// 256 ids cost a connection about 33 KiB, 330 MiB for a leader dialling 10,000 hosts (measured
@@ -326,7 +347,7 @@ pub(crate) fn streams_for(principal: &crate::Principal, config: &CheckedConfig) 
 pub(crate) fn transport_config(config: &CheckedConfig, side: Side) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     let streams = match side {
-        Side::Dialling => quinn::VarInt::from_u32(0),
+        Side::Dialling | Side::DiallingHost => quinn::VarInt::from_u32(0),
         Side::Serving => {
             quinn::VarInt::from_u32(streams_unproven.min(config.streams_per_connection_max()))
         }
@@ -336,6 +357,7 @@ pub(crate) fn transport_config(config: &CheckedConfig, side: Side) -> Arc<quinn:
     // The idle timeout is checked to be at most an hour, far inside QUIC's 2^62 ms limit.
     t.max_idle_timeout(quinn::IdleTimeout::try_from(config.idle_timeout()).ok());
     t.keep_alive_interval(Some(config.keep_alive()));
+    t.enable_segmentation_offload(gso_on(side));
     Arc::new(t)
 }
 
@@ -461,6 +483,13 @@ fn client_config_alpn(
     Ok(client)
 }
 
+/// `client` for a dial to a host: the same TLS side, the transport of [`Side::DiallingHost`].
+pub(crate) fn to_host(client: &quinn::ClientConfig, config: &CheckedConfig) -> quinn::ClientConfig {
+    let mut client = client.clone();
+    client.transport_config(transport_config(config, Side::DiallingHost));
+    client
+}
+
 /// Stateless-reset key derived from the identity's private key, so a process restarted with the
 /// same certificate can tell peers at once that their old connection is gone (instead of them
 /// waiting out the idle timeout before re-dialling).
@@ -551,5 +580,36 @@ impl quinn::ConnectionIdGenerator for RestartableCids {
 
     fn cid_lifetime(&self) -> Option<std::time::Duration> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What quinn was told about GSO for `side`, read off the config it gets.
+    fn gso(side: Side) -> bool {
+        let config = CheckedConfig::default();
+        let shown = format!("{:?}", transport_config(&config, side));
+        assert!(
+            shown.contains("enable_segmentation_offload"),
+            "quinn's config no longer shows the GSO switch: {shown}"
+        );
+        shown.contains("enable_segmentation_offload: true")
+    }
+
+    #[test]
+    fn host_connections_keep_a_one_packet_send_buffer_and_replica_dials_keep_gso() {
+        // Decision 0325: the leader's 10,000 host connections send without GSO, so quinn's send
+        // buffer on each stays one packet; dials to replicas (Raft among them) keep it.
+        assert!(
+            !gso(Side::Serving),
+            "accepted connections send one packet at a time"
+        );
+        assert!(
+            !gso(Side::DiallingHost),
+            "a dial to a host sends one packet at a time"
+        );
+        assert!(gso(Side::Dialling), "a dial to a replica keeps GSO");
     }
 }
