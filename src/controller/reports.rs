@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use super::leadership::Leadership;
 pub(crate) use super::leadership::intake::{Route, route};
 use super::service::Service;
 use crate::core::report::{Account, Report, ReportPosition};
@@ -115,8 +116,6 @@ struct TermMap {
 /// The leader's memory of its hosts, for one term at a time; bounded by the model's machines.
 pub(crate) struct Liveness {
     inner: Mutex<TermMap>,
-    /// Which warnings about which host are due: one a host and kind per interval.
-    warned: mesh_transport::ratelog::LogEvery<(String, &'static str)>,
 }
 
 /// What a status answer says of a host's liveness.
@@ -151,7 +150,6 @@ impl Liveness {
                 machines: HashMap::new(),
                 outsiders_in_flight: 0,
             }),
-            warned: mesh_transport::ratelog::LogEvery::default(),
         }
     }
 
@@ -232,7 +230,7 @@ impl Liveness {
 
     /// Decides what to do with `report` in `term`, given the machine's durable account, and
     /// notes it: heard (not proposed), or counted as in flight until [`Liveness::filed`].
-    fn route(
+    pub(crate) fn route(
         &self,
         term: u64,
         account: Option<&Account>,
@@ -280,16 +278,8 @@ impl Liveness {
         Route::File { heard: None }
     }
 
-    /// Notes a report of `machine` (a machine of the model) refused for size or rate in `term`,
-    /// and says whether a warning about it is due (`Some(held back since the last)`).
-    pub(crate) fn note_refused(
-        &self,
-        term: u64,
-        machine: &str,
-        kind: &'static str,
-        reason: &str,
-        now: Instant,
-    ) -> Option<u64> {
+    /// Notes a report of `machine` (a machine of the model) refused for size or rate in `term`.
+    pub(crate) fn note_refused(&self, term: u64, machine: &str, reason: &str, now: Instant) {
         let mut map = self.lock();
         if term >= map.term {
             Self::for_term(&mut map, term);
@@ -305,14 +295,6 @@ impl Liveness {
                 reason: reason.to_string(),
             });
         }
-        drop(map);
-        self.warn_due(machine, kind, now)
-    }
-
-    /// Whether a warning of `kind` about `machine` is due: at most one a host and kind per
-    /// interval (`Some(held back since the last)`).
-    pub(crate) fn warn_due(&self, machine: &str, kind: &'static str, now: Instant) -> Option<u64> {
-        self.warned.due((machine.to_string(), kind), now)
     }
 
     /// What `status` says of `machine`'s reports refused for size or rate in `term`, while the
@@ -472,30 +454,33 @@ impl Service {
     /// Fills in when this replica, as leader, last heard each machine's host; on a replica that
     /// does not lead, nothing is heard (it never hears reports).
     pub(crate) fn fill_heard(&self, machines: &mut [crate::controller::api::MachineView]) {
-        let Ok(term) = self.leading_term() else {
+        let Some(leadership) = self.leadership_now() else {
             return;
         };
+        let (live, term) = (&leadership.live, leadership.term());
         let now = Instant::now();
         let silent_after = self.config.silent_after();
         for m in machines {
-            let heard = self.live.view(term, &m.name, now);
+            let heard = live.view(term, &m.name, now);
             m.heard_ago_ms = match heard {
                 HeardView::Ago(d) => Some(millis(d)),
                 HeardView::NotSince(_) => None,
             };
             m.silent_for_ms = silent_for(heard, silent_after).map(millis);
-            m.unproven_refusal = self.live.unproven(term, &m.name);
-            m.report_refusal = self.live.refused_view(term, &m.name, now);
+            m.unproven_refusal = live.unproven(term, &m.name);
+            m.report_refusal = live.refused_view(term, &m.name, now);
         }
     }
 
     /// Every machine of the model and whether this replica, leading in `term`, finds it silent now
     /// (`Some(for how long, ms)`, decision 0301); `None` when the state cannot be read (logged; the
-    /// caller looks again at its next tick). For the event log's host silent / back (decision 0308).
+    /// caller looks again at its next tick) or `term` is not the leadership held now. For the event
+    /// log's host silent / back (decision 0308).
     pub(crate) fn silent_hosts(
         &self,
         term: u64,
     ) -> Option<std::collections::BTreeMap<String, Option<u64>>> {
+        let leadership = self.leadership_in(term)?;
         let state = match self.app.state() {
             Ok(state) => state,
             Err(e) => {
@@ -507,7 +492,7 @@ impl Service {
         let silent_after = self.config.silent_after();
         let mut silent = std::collections::BTreeMap::new();
         for machine in state.mesh.machines.keys() {
-            let quiet = silent_for(self.live.view(term, machine, now), silent_after);
+            let quiet = silent_for(leadership.live.view(term, machine, now), silent_after);
             silent.insert(machine.clone(), quiet.map(millis));
         }
         Some(silent)
@@ -516,15 +501,23 @@ impl Service {
     /// How many machines had a report refused for size or rate by this replica, as leader, in the
     /// last [`report_refusal_shown_ms`]; 0 on a replica that does not lead.
     pub(crate) fn hosts_refused_now(&self) -> usize {
-        let Ok(term) = self.leading_term() else {
+        let Some(leadership) = self.leadership_now() else {
             return 0;
         };
-        self.live.refused_now(term, Instant::now())
+        leadership
+            .live
+            .refused_now(leadership.term(), Instant::now())
     }
 
-    /// Files (or only hears) a report that passed the checks, as leader in `term`; `bytes` is its
+    /// Files (or only hears) a report that passed the checks, as `leadership`; `bytes` is its
     /// encoded size.
-    pub(crate) async fn take_report(&self, term: u64, report: Report, bytes: usize) -> ReportReply {
+    pub(crate) async fn take_report(
+        &self,
+        leadership: &Leadership,
+        report: Report,
+        bytes: usize,
+    ) -> ReportReply {
+        let (term, live) = (leadership.term(), &leadership.live);
         let arrived = Instant::now();
         let (route, known, changes) = {
             // The snapshot is dropped before any wait: one held across an apply makes it copy.
@@ -538,9 +531,9 @@ impl Service {
             let route = if known {
                 let account = state.accounts.get(&report.machine);
                 let caught_up = self.caught_up(term);
-                self.live.route(term, account, caught_up, &report, arrived)
+                live.route(term, account, caught_up, &report, arrived)
             } else {
-                self.live.route_outsider(term)
+                live.route_outsider(term)
             };
             // The events this report makes once filed (decision 0308): its modules against the
             // account's last report. A report only heard says the same: it makes none.
@@ -566,7 +559,7 @@ impl Service {
                 self.metrics.report("heard");
                 return ReportReply::Filed { accepted: true };
             }
-            Route::Busy => return self.over_quota(term, &report.machine, known, arrived),
+            Route::Busy => return self.over_quota(leadership, &report.machine, known, arrived),
             Route::File { heard } => heard,
         };
         let machine = report.machine.clone();
@@ -589,9 +582,9 @@ impl Service {
             let queued = match full {
                 mpsc::error::TrySendError::Full(q) | mpsc::error::TrySendError::Closed(q) => q,
             };
-            self.live.filed(term, &queued.done, None);
+            live.filed(term, &queued.done, None);
             self.metrics.report("busy");
-            if let Some(held_back) = self.live.warn_due(&machine, "queue full", arrived) {
+            if let Some(held_back) = self.warn_due(&machine, "queue full", arrived) {
                 tracing::warn!(%machine, max = queue_max, held_back, "report queue full; the host keeps the report and sends it again");
             }
             return self.not_leader();
@@ -611,16 +604,22 @@ impl Service {
 
     /// The answer to a report over its host's quota: try again (the host keeps it on its disk
     /// and sends it again), the same answer as a full queue, so no host needs a new reply.
-    fn over_quota(&self, term: u64, machine: &str, known: bool, now: Instant) -> ReportReply {
+    fn over_quota(
+        &self,
+        leadership: &Leadership,
+        machine: &str,
+        known: bool,
+        now: Instant,
+    ) -> ReportReply {
         let reason = format!(
             "over its quota of {reports_in_flight_per_host_max} reports queued or committing at once (reports_in_flight_per_host_max); the host keeps the report and sends it again"
         );
-        self.try_again(term, machine, known, now, &reason)
+        self.try_again(leadership, machine, known, now, &reason)
     }
 
     /// The answer to a report whose host already has [`reports_handled_per_host_max`] reports
     /// being handled: try again, before a byte of it is decoded.
-    pub(crate) fn over_handling(&self, term: u64, machine: &str) -> ReportReply {
+    pub(crate) fn over_handling(&self, leadership: &Leadership, machine: &str) -> ReportReply {
         let known = match self.app.state() {
             Ok(state) => state.mesh.machines.contains_key(machine),
             Err(e) => {
@@ -631,27 +630,26 @@ impl Service {
         let reason = format!(
             "over its share of {reports_handled_per_host_max} reports handled at once (reports_handled_per_host_max); the host keeps the report and sends it again"
         );
-        self.try_again(term, machine, known, Instant::now(), &reason)
+        self.try_again(leadership, machine, known, Instant::now(), &reason)
     }
 
     /// Tells a host to send its report again later: counted as `over_quota`, the host named in
     /// `status` (a machine of the model), logged at most once per interval.
     fn try_again(
         &self,
-        term: u64,
+        leadership: &Leadership,
         machine: &str,
         known: bool,
         now: Instant,
         reason: &str,
     ) -> ReportReply {
         self.metrics.report("over_quota");
-        let due = match known {
-            true => self
+        if known {
+            leadership
                 .live
-                .note_refused(term, machine, "over quota", reason, now),
-            false => self.live.warn_due(machine, "over quota", now),
-        };
-        if let Some(held_back) = due {
+                .note_refused(leadership.term(), machine, reason, now);
+        }
+        if let Some(held_back) = self.warn_due(machine, "over quota", now) {
             tracing::warn!(%machine, held_back, "report refused for now: {reason}");
         }
         self.not_leader()
@@ -690,8 +688,12 @@ impl Service {
                 vec![None; count]
             }
         };
+        // The batch's leadership, if it is still the one held: a term left keeps nothing.
+        let leadership = self.leadership_in(term);
         for ((mut done, reply), accepted) in waiting.into_iter().zip(answers) {
-            self.live.filed(term, &done, accepted);
+            if let Some(leadership) = &leadership {
+                leadership.live.filed(term, &done, accepted);
+            }
             if accepted == Some(true) {
                 self.events.push(term, std::mem::take(&mut done.changes));
             }
@@ -970,16 +972,17 @@ mod tests {
     #[test]
     fn a_host_refused_for_size_or_rate_is_named_for_a_minute_with_a_count() {
         // Issue 23 part 4: status names the host while it keeps being refused, then forgets it.
+        // The warnings are the service's (`Service::warn_due`), the same limiter as here.
         let live = Liveness::new();
+        let warned = mesh_transport::ratelog::LogEvery::default();
         let t0 = Instant::now();
         assert_eq!(live.refused_view(4, "ace", t0), None);
-        assert_eq!(
-            live.note_refused(4, "ace", "over bound", "too big", t0),
-            Some(0)
-        );
+        live.note_refused(4, "ace", "too big", t0);
+        assert_eq!(warned.due(("ace".to_string(), "over bound"), t0), Some(0));
         let t1 = t0 + Duration::from_secs(1);
+        live.note_refused(4, "ace", "still too big", t1);
         assert_eq!(
-            live.note_refused(4, "ace", "over bound", "still too big", t1),
+            warned.due(("ace".to_string(), "over bound"), t1),
             None,
             "logged once an interval"
         );
@@ -996,7 +999,7 @@ mod tests {
         assert_eq!(live.refused_view(4, "ace", later), None);
         assert_eq!(live.refused_now(4, later), 0);
         // A refusal after the minute starts a new count.
-        live.note_refused(4, "ace", "over bound", "again", later);
+        live.note_refused(4, "ace", "again", later);
         let view = live.refused_view(4, "ace", later).expect("named");
         assert!(view.starts_with("1 report refused"), "{view}");
     }
