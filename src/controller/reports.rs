@@ -472,15 +472,14 @@ impl Service {
         }
     }
 
-    /// Every machine of the model and whether this replica, leading in `term`, finds it silent now
-    /// (`Some(for how long, ms)`, decision 0301); `None` when the state cannot be read (logged; the
-    /// caller looks again at its next tick) or `term` is not the leadership held now. For the event
-    /// log's host silent / back (decision 0308).
+    /// Every machine of the model and whether `leadership` finds it silent now (`Some(for how
+    /// long, ms)`, decision 0301); `None` when the state cannot be read (logged; the caller looks
+    /// again at its next tick). For the event log's host silent / back (decision 0308).
     pub(crate) fn silent_hosts(
         &self,
-        term: u64,
+        leadership: &Leadership,
     ) -> Option<std::collections::BTreeMap<String, Option<u64>>> {
-        let leadership = self.leadership_in(term)?;
+        let term = leadership.term();
         let state = match self.app.state() {
             Ok(state) => state,
             Err(e) => {

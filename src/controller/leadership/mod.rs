@@ -25,6 +25,9 @@ pub(crate) struct Leadership {
     /// While the floor is unproven after a restore (G9, decision 0274): the highest epoch each
     /// machine of the model showed in this term (bounded by the model).
     marks: Mutex<BTreeMap<String, u64>>,
+    /// The hosts this leadership found silent at its last look, with for how long (ms), for its
+    /// host silent / back events (decision 0308); bounded by the model.
+    silent: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Leadership {
@@ -37,7 +40,15 @@ impl Leadership {
             live,
             handling: Handling::default(),
             marks: Mutex::new(BTreeMap::new()),
+            silent: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Takes `now`, the hosts silent at this look, in place of those of the last look, and
+    /// returns the last (this leadership's own: its first look starts from nothing).
+    pub(crate) fn swap_silent(&self, now: BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+        let mut silent = self.silent.lock().unwrap_or_else(PoisonError::into_inner);
+        std::mem::replace(&mut *silent, now)
     }
 
     /// The term this leadership is of.
@@ -151,7 +162,7 @@ mod tests {
     }
 
     /// Term `l`'s memory: `ace` heard, refused for size, refused an envelope unproven, at its
-    /// share of reports handled (the turns returned), and marked at epoch 3.
+    /// share of reports handled (the turns returned), and marked at epoch 3; `bee` found silent.
     fn remember(l: &Leadership, now: Instant) -> Vec<crate::controller::reports::HandlingTurn<'_>> {
         let mut account = Account::default();
         account.file(report(10));
@@ -163,6 +174,7 @@ mod tests {
         l.live
             .note_unproven(l.term(), "ace", Some("older".to_string()));
         l.heard_mark("ace", 3);
+        l.swap_silent([("bee".to_string(), 30_000)].into());
         let turns: Vec<_> = (0..reports_handled_per_host_max)
             .filter_map(|_| l.handling.enter("ace"))
             .collect();
@@ -173,7 +185,8 @@ mod tests {
     #[test]
     fn a_new_term_starts_with_nothing_of_the_old_and_a_term_left_is_never_led_again() {
         // Decision 0327: a leadership exists for one term. Its successor starts empty (nothing
-        // heard, no report of the old term counted as handled, no G9 mark, no refusal shown), and
+        // heard, no report of the old term counted as handled, no G9 mark, no refusal shown, no
+        // host found silent), and
         // term T's value is not handed out once T+1 was taken, nor made again once left.
         let office = Office::default();
         assert!(
@@ -199,6 +212,10 @@ mod tests {
             "nothing heard"
         );
         assert!(five.marks().is_empty(), "no G9 mark of term 4");
+        assert!(
+            five.swap_silent(Default::default()).is_empty(),
+            "term 5 finds silence anew: no host silent in term 4 comes back in it"
+        );
         assert_eq!(
             five.live.refused_view(5, "ace", later),
             None,
