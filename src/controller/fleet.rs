@@ -83,13 +83,12 @@ impl Service {
         else {
             return Ok(FleetCounts::default());
         };
-        let term = leadership.term();
         let state = self.state()?;
         let machines = self.machine_views(&state)?;
         let now = std::time::Instant::now();
         let mut oldest = Duration::ZERO;
         for m in &machines {
-            let quiet = match leadership.live.view(term, &m.name, now) {
+            let quiet = match leadership.live.view(&m.name, now) {
                 HeardView::Ago(d) | HeardView::NotSince(d) => d,
             };
             oldest = oldest.max(quiet);

@@ -328,7 +328,7 @@ impl Service {
                         tracing::debug!(machine = %line.machine, outcome = ?line.outcome, "push line");
                         if matches!(line.outcome, PushOutcome::Applied { .. }) {
                             if let Some(l) = &leadership {
-                                l.live.note_unproven(epoch, &line.machine, None);
+                                l.live.note_unproven(&line.machine, None);
                             }
                         }
                         // Never waits: a slow reader gets the line from the answer instead.
@@ -355,7 +355,7 @@ impl Service {
                         self.metrics.unproven_refusal();
                         tracing::warn!(%machine, epoch, %refusal, "UNPROVEN REFUSAL: the host refused this leader's envelope as older, but nothing signed by a trusted replica shows it holding a newer one; its line failed and the push goes on after a quorum round");
                         if let Some(l) = &leadership {
-                            l.live.note_unproven(epoch, &machine, Some(refusal));
+                            l.live.note_unproven(&machine, Some(refusal));
                         }
                     }
                 }

@@ -1333,9 +1333,7 @@ impl Service {
         };
         // Named in `status` by this term's leadership; a replica that does not lead only logs.
         if known && let Some(leadership) = self.leadership_now() {
-            leadership
-                .live
-                .note_refused(leadership.term(), machine, reason, now);
+            leadership.live.note_refused(machine, reason, now);
         }
         if let Some(held_back) = self.warn_due(machine, "over bound", now) {
             tracing::warn!(machine, held_back, "{reason}");

@@ -32,12 +32,10 @@ pub(crate) struct Leadership {
 
 impl Leadership {
     fn new(term: u64) -> Leadership {
-        let live = Liveness::new();
-        // Silence is counted from here for hosts it has not heard (decision 0301).
-        live.took_office(term);
         Leadership {
             term,
-            live,
+            // Silence is counted from here for hosts it has not heard (decision 0301).
+            live: Liveness::new(),
             handling: Handling::default(),
             marks: Mutex::new(BTreeMap::new()),
             silent: Mutex::new(BTreeMap::new()),
@@ -144,7 +142,10 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::{Leadership, Office};
-    use crate::controller::reports::{HeardView, Route, reports_handled_per_host_max};
+    use crate::controller::reports::{
+        HandlingTurn, HeardView, Route, reports_handled_per_host_max,
+        reports_in_flight_per_host_max,
+    };
     use crate::core::report::{Account, Report};
 
     fn report(report_sequence: u64) -> Report {
@@ -161,18 +162,22 @@ mod tests {
         }
     }
 
-    /// Term `l`'s memory: `ace` heard, refused for size, refused an envelope unproven, at its
-    /// share of reports handled (the turns returned), and marked at epoch 3; `bee` found silent.
-    fn remember(l: &Leadership, now: Instant) -> Vec<crate::controller::reports::HandlingTurn<'_>> {
+    /// Term `l`'s memory: `ace` heard, at its quota of reports in flight, refused for size,
+    /// refused an envelope unproven, at its share of reports handled (the turns returned), and
+    /// marked at epoch 3; `bee` found silent.
+    fn remember(l: &Leadership, now: Instant) -> Vec<HandlingTurn<'_>> {
         let mut account = Account::default();
         account.file(report(10));
-        let route = l
-            .live
-            .route(l.term(), Some(&account), true, &report(11), now);
+        let route = l.live.route(Some(&account), true, &report(11), now);
         assert_eq!(route, Route::Heard);
-        l.live.note_refused(l.term(), "ace", "too big", now);
-        l.live
-            .note_unproven(l.term(), "ace", Some("older".to_string()));
+        // ace's reports in flight at its quota.
+        for sequence in 20..20 + u64::from(reports_in_flight_per_host_max) {
+            let route = l.live.route(None, true, &report(sequence), now);
+            assert!(matches!(route, Route::File { .. }), "{route:?}");
+        }
+        assert_eq!(l.live.route(None, true, &report(30), now), Route::Busy);
+        l.live.note_refused("ace", "too big", now);
+        l.live.note_unproven("ace", Some("older".to_string()));
         l.heard_mark("ace", 3);
         l.swap_silent([("bee".to_string(), 30_000)].into());
         let turns: Vec<_> = (0..reports_handled_per_host_max)
@@ -185,8 +190,8 @@ mod tests {
     #[test]
     fn a_new_term_starts_with_nothing_of_the_old_and_a_term_left_is_never_led_again() {
         // Decision 0327: a leadership exists for one term. Its successor starts empty (nothing
-        // heard, no report of the old term counted as handled, no G9 mark, no refusal shown, no
-        // host found silent), and
+        // heard, no report of the old term counted as handled or in flight, no G9 mark, no refusal
+        // shown, no host found silent), and
         // term T's value is not handed out once T+1 was taken, nor made again once left.
         let office = Office::default();
         assert!(
@@ -202,13 +207,13 @@ mod tests {
             "one value for the term"
         );
         assert_eq!(four.marks().get("ace"), Some(&3));
-        assert!(matches!(four.live.view(4, "ace", now), HeardView::Ago(_)));
+        assert!(matches!(four.live.view("ace", now), HeardView::Ago(_)));
 
         let five = office.of(5, true).expect("took office in term 5");
         assert_eq!(five.term(), 5);
         let later = now + Duration::from_millis(1);
         assert!(
-            matches!(five.live.view(5, "ace", later), HeardView::NotSince(_)),
+            matches!(five.live.view("ace", later), HeardView::NotSince(_)),
             "nothing heard"
         );
         assert!(five.marks().is_empty(), "no G9 mark of term 4");
@@ -217,18 +222,33 @@ mod tests {
             "term 5 finds silence anew: no host silent in term 4 comes back in it"
         );
         assert_eq!(
-            five.live.refused_view(5, "ace", later),
+            five.live.refused_view("ace", later),
             None,
             "no refusal of term 4"
         );
         assert_eq!(
-            five.live.unproven(5, "ace"),
+            five.live.unproven("ace"),
             None,
             "no unproven refusal of term 4"
         );
         assert!(
             five.handling.enter("ace").is_some(),
             "term 4's reports in hand do not count"
+        );
+        // A report of the new term is decided against the account alone, and ace's quota is
+        // its own again.
+        let mut account = Account::default();
+        account.file(report(12));
+        assert_eq!(
+            five.live.route(Some(&account), true, &report(13), later),
+            Route::Heard
+        );
+        assert!(
+            matches!(
+                five.live.route(None, true, &report(31), later),
+                Route::File { .. }
+            ),
+            "term 4's reports in flight do not count"
         );
 
         // Term 4's state is refused now: its value is not handed out, not even to a leader.
