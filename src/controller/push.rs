@@ -326,10 +326,10 @@ impl Service {
                     }
                     Action::Line(line) => {
                         tracing::debug!(machine = %line.machine, outcome = ?line.outcome, "push line");
-                        if matches!(line.outcome, PushOutcome::Applied { .. }) {
-                            if let Some(l) = &leadership {
-                                l.live.note_unproven(&line.machine, None);
-                            }
+                        if matches!(line.outcome, PushOutcome::Applied { .. })
+                            && let Some(l) = &leadership
+                        {
+                            l.live.note_unproven(&line.machine, None);
                         }
                         // Never waits: a slow reader gets the line from the answer instead.
                         offer(lines, &PushEvent::Line(line));
