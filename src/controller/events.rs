@@ -708,33 +708,27 @@ impl Service {
 /// replica leads (decision 0301's rule, `silent_for`), and notes each change as an event. Ends when
 /// the service is gone.
 pub(crate) async fn watch_silence(service: Weak<Service>) {
-    let mut term = 0;
-    let mut silent: BTreeMap<String, u64> = BTreeMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(events_silence_tick_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let Some(s) = service.upgrade() else { return };
-        let Ok(leading) = s.leading_term() else {
+        // A new term is a new leadership: its own look, from nothing (it finds silence anew).
+        let Some(leadership) = s.leadership_now() else {
             continue;
         };
-        if leading != term {
-            // A new term: this leader's own look, from nothing (it finds silence anew).
-            term = leading;
-            silent.clear();
-        }
-        let Some(machines) = s.silent_hosts(term) else {
+        let Some(machines) = s.silent_hosts(&leadership) else {
             continue;
         };
+        let now: BTreeMap<String, u64> = machines
+            .iter()
+            .filter_map(|(m, quiet)| quiet.map(|ms| (m.clone(), ms)))
+            .collect();
+        let mut silent = leadership.swap_silent(now.clone());
         // A machine the model dropped is neither silent nor back: it is gone.
         silent.retain(|m, _| machines.contains_key(m));
-        let now: BTreeMap<String, u64> = machines
-            .into_iter()
-            .filter_map(|(m, quiet)| quiet.map(|ms| (m, ms)))
-            .collect();
         let drafts = silence_changes(&silent, &now);
-        s.events.push(term, drafts);
-        silent = now;
+        s.events.push(leadership.term(), drafts);
     }
 }
 

@@ -77,7 +77,10 @@ impl Service {
     /// when it is a leader a quorum confirmed within an election timeout; all 0 otherwise (a
     /// follower hears no host; a leader cut off from the others may already be deposed).
     pub(crate) fn fleet_now(&self) -> Result<FleetCounts, ApiError> {
-        let Some(term) = self.confirmed_leading_term() else {
+        let Some(leadership) = self
+            .confirmed_leading_term()
+            .and_then(|term| self.leadership_in(term))
+        else {
             return Ok(FleetCounts::default());
         };
         let state = self.state()?;
@@ -85,7 +88,7 @@ impl Service {
         let now = std::time::Instant::now();
         let mut oldest = Duration::ZERO;
         for m in &machines {
-            let quiet = match self.live.view(term, &m.name, now) {
+            let quiet = match leadership.live.view(&m.name, now) {
                 HeardView::Ago(d) | HeardView::NotSince(d) => d,
             };
             oldest = oldest.max(quiet);

@@ -228,8 +228,11 @@ impl Service {
         let push_why = job.why.clone();
         // G9 after a restore without the floor file: the engine holds the push until the hosts'
         // marks are known (decision 0274).
+        // The push is of the lease's term: it reads and notes only that term's leadership
+        // (decision 0327); with none (the term was left), it marks nothing and its lease stops it.
+        let leadership = self.leadership_in(lease.epoch);
         let restored = self.unproven.restored();
-        let marks = self.unproven.marks(lease.epoch);
+        let marks = leadership.as_ref().map(|l| l.marks()).unwrap_or_default();
         let unproven = restored.map(|restored| UnprovenFloor {
             restored,
             marks: &marks,
@@ -291,6 +294,8 @@ impl Service {
         let (extend, extended) = watch::channel(None::<Instant>);
         let mut metrics = self.replica.metrics();
         let mut deposed = false;
+        // What the push's lines say of its hosts is noted by its term's leadership only.
+        let leadership = self.leadership_in(epoch);
         loop {
             for action in std::mem::take(&mut actions) {
                 match action {
@@ -321,8 +326,10 @@ impl Service {
                     }
                     Action::Line(line) => {
                         tracing::debug!(machine = %line.machine, outcome = ?line.outcome, "push line");
-                        if matches!(line.outcome, PushOutcome::Applied { .. }) {
-                            self.live.note_unproven(epoch, &line.machine, None);
+                        if matches!(line.outcome, PushOutcome::Applied { .. })
+                            && let Some(l) = &leadership
+                        {
+                            l.live.note_unproven(&line.machine, None);
                         }
                         // Never waits: a slow reader gets the line from the answer instead.
                         offer(lines, &PushEvent::Line(line));
@@ -347,7 +354,9 @@ impl Service {
                     Action::Unproven { machine, refusal } => {
                         self.metrics.unproven_refusal();
                         tracing::warn!(%machine, epoch, %refusal, "UNPROVEN REFUSAL: the host refused this leader's envelope as older, but nothing signed by a trusted replica shows it holding a newer one; its line failed and the push goes on after a quorum round");
-                        self.live.note_unproven(epoch, &machine, Some(refusal));
+                        if let Some(l) = &leadership {
+                            l.live.note_unproven(&machine, Some(refusal));
+                        }
                     }
                 }
             }

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use super::leadership::Leadership;
 pub(crate) use super::leadership::intake::{Route, route};
 use super::service::Service;
 use crate::core::report::{Account, Report, ReportPosition};
@@ -105,18 +106,19 @@ struct Refused {
 }
 
 struct TermMap {
-    term: u64,
+    /// When this leadership took office: a host not heard since counts as not heard since then
+    /// (decision 0301: a leader that never hears a host must still find it silent once it has led
+    /// for the threshold).
     since: Instant,
     machines: HashMap<String, Live>,
     /// Reports of machines outside the model queued or committing now: they share one quota.
     outsiders_in_flight: u32,
 }
 
-/// The leader's memory of its hosts, for one term at a time; bounded by the model's machines.
+/// The leader's memory of its hosts for its term (one `Leadership`'s, decision 0327); bounded by
+/// the model's machines.
 pub(crate) struct Liveness {
     inner: Mutex<TermMap>,
-    /// Which warnings about which host are due: one a host and kind per interval.
-    warned: mesh_transport::ratelog::LogEvery<(String, &'static str)>,
 }
 
 /// What a status answer says of a host's liveness.
@@ -143,15 +145,14 @@ pub fn silent_for(heard: HeardView, silent_after: Duration) -> Option<Duration> 
 }
 
 impl Liveness {
+    /// The memory of a leadership that takes office now.
     pub(crate) fn new() -> Liveness {
         Liveness {
             inner: Mutex::new(TermMap {
-                term: 0,
                 since: Instant::now(),
                 machines: HashMap::new(),
                 outsiders_in_flight: 0,
             }),
-            warned: mesh_transport::ratelog::LogEvery::default(),
         }
     }
 
@@ -162,36 +163,9 @@ impl Liveness {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The map for `term`, forgetting an older term's (another leader may have filed since).
-    fn for_term(map: &mut TermMap, term: u64) {
-        if map.term != term {
-            map.term = term;
-            map.since = Instant::now();
-            map.machines.clear();
-            map.outsiders_in_flight = 0;
-        }
-    }
-
-    /// Notes that this replica took office as leader in `term`: from now on, a host it has not
-    /// heard in `term` counts as not heard since then (decision 0301: a leader that never hears a
-    /// host must still find it silent once it has led for the threshold).
-    pub(crate) fn took_office(&self, term: u64) {
-        let mut map = self.lock();
-        if term > map.term {
-            Self::for_term(&mut map, term);
-        }
-    }
-
-    /// What this replica, leading in `term`, heard from `machine`. A term it has not noted yet is
-    /// one it just took office in: noted from now.
-    pub(crate) fn view(&self, term: u64, machine: &str, now: Instant) -> HeardView {
-        let mut map = self.lock();
-        if term > map.term {
-            Self::for_term(&mut map, term);
-        }
-        if map.term != term {
-            return HeardView::NotSince(Duration::ZERO);
-        }
+    /// What this leadership heard from `machine`.
+    pub(crate) fn view(&self, machine: &str, now: Instant) -> HeardView {
+        let map = self.lock();
         match map.machines.get(machine).and_then(|l| l.heard) {
             Some(h) => HeardView::Ago(now.saturating_duration_since(h.at)),
             None => HeardView::NotSince(now.saturating_duration_since(map.since)),
@@ -199,13 +173,9 @@ impl Liveness {
     }
 
     /// Notes (`Some`) or clears (`None`) an unproven older refusal by `machine`'s host of an
-    /// envelope this replica sent leading in `term`.
-    pub(crate) fn note_unproven(&self, term: u64, machine: &str, refusal: Option<String>) {
+    /// envelope this leadership sent.
+    pub(crate) fn note_unproven(&self, machine: &str, refusal: Option<String>) {
         let mut map = self.lock();
-        if term < map.term {
-            return;
-        }
-        Self::for_term(&mut map, term);
         match refusal {
             Some(refusal) => {
                 map.machines
@@ -221,31 +191,22 @@ impl Liveness {
         }
     }
 
-    /// The unproven older refusal noted for `machine` in `term`, if any.
-    pub(crate) fn unproven(&self, term: u64, machine: &str) -> Option<String> {
+    /// The unproven older refusal noted for `machine`, if any.
+    pub(crate) fn unproven(&self, machine: &str) -> Option<String> {
         let map = self.lock();
-        if map.term != term {
-            return None;
-        }
         map.machines.get(machine).and_then(|l| l.unproven.clone())
     }
 
-    /// Decides what to do with `report` in `term`, given the machine's durable account, and
-    /// notes it: heard (not proposed), or counted as in flight until [`Liveness::filed`].
-    fn route(
+    /// Decides what to do with `report`, given the machine's durable account, and notes it:
+    /// heard (not proposed), or counted as in flight until [`Liveness::filed`].
+    pub(crate) fn route(
         &self,
-        term: u64,
         account: Option<&Account>,
         caught_up: bool,
         report: &Report,
         now: Instant,
     ) -> Route {
         let mut map = self.lock();
-        if term < map.term {
-            // Decided under a term this replica has left: filed (and refused there), never heard.
-            return Route::File { heard: None };
-        }
-        Self::for_term(&mut map, term);
         let live = map.machines.entry(report.machine.clone()).or_default();
         let heard = live.heard.map(|h| h.position);
         let route = route(account, heard, live.in_flight > 0, caught_up, report);
@@ -265,14 +226,10 @@ impl Liveness {
         route
     }
 
-    /// Routes a report of a machine outside the model in `term`: filed (nothing heard is kept
-    /// for it), within the one quota such machines share.
-    fn route_outsider(&self, term: u64) -> Route {
+    /// Routes a report of a machine outside the model: filed (nothing heard is kept for it),
+    /// within the one quota such machines share.
+    fn route_outsider(&self) -> Route {
         let mut map = self.lock();
-        if term < map.term {
-            return Route::File { heard: None };
-        }
-        Self::for_term(&mut map, term);
         if map.outsiders_in_flight >= reports_in_flight_per_host_max {
             return Route::Busy;
         }
@@ -280,48 +237,26 @@ impl Liveness {
         Route::File { heard: None }
     }
 
-    /// Notes a report of `machine` (a machine of the model) refused for size or rate in `term`,
-    /// and says whether a warning about it is due (`Some(held back since the last)`).
-    pub(crate) fn note_refused(
-        &self,
-        term: u64,
-        machine: &str,
-        kind: &'static str,
-        reason: &str,
-        now: Instant,
-    ) -> Option<u64> {
+    /// Notes a report of `machine` (a machine of the model) refused for size or rate.
+    pub(crate) fn note_refused(&self, machine: &str, reason: &str, now: Instant) {
         let mut map = self.lock();
-        if term >= map.term {
-            Self::for_term(&mut map, term);
-            let live = map.machines.entry(machine.to_string()).or_default();
-            let run = live
-                .refused
-                .as_ref()
-                .filter(|r| shown(r, now))
-                .map_or(0, |r| r.count);
-            live.refused = Some(Refused {
-                count: run + 1,
-                at: now,
-                reason: reason.to_string(),
-            });
-        }
-        drop(map);
-        self.warn_due(machine, kind, now)
+        let live = map.machines.entry(machine.to_string()).or_default();
+        let run = live
+            .refused
+            .as_ref()
+            .filter(|r| shown(r, now))
+            .map_or(0, |r| r.count);
+        live.refused = Some(Refused {
+            count: run + 1,
+            at: now,
+            reason: reason.to_string(),
+        });
     }
 
-    /// Whether a warning of `kind` about `machine` is due: at most one a host and kind per
-    /// interval (`Some(held back since the last)`).
-    pub(crate) fn warn_due(&self, machine: &str, kind: &'static str, now: Instant) -> Option<u64> {
-        self.warned.due((machine.to_string(), kind), now)
-    }
-
-    /// What `status` says of `machine`'s reports refused for size or rate in `term`, while the
-    /// last is less than [`report_refusal_shown_ms`] old.
-    pub(crate) fn refused_view(&self, term: u64, machine: &str, now: Instant) -> Option<String> {
+    /// What `status` says of `machine`'s reports refused for size or rate, while the last is
+    /// less than [`report_refusal_shown_ms`] old.
+    pub(crate) fn refused_view(&self, machine: &str, now: Instant) -> Option<String> {
         let map = self.lock();
-        if map.term != term {
-            return None;
-        }
         let refused = map.machines.get(machine)?.refused.as_ref()?;
         if !shown(refused, now) {
             return None;
@@ -338,13 +273,10 @@ impl Liveness {
         ))
     }
 
-    /// How many machines had a report refused for size or rate in `term` less than
+    /// How many machines had a report refused for size or rate less than
     /// [`report_refusal_shown_ms`] ago.
-    pub(crate) fn refused_now(&self, term: u64, now: Instant) -> usize {
+    pub(crate) fn refused_now(&self, now: Instant) -> usize {
         let map = self.lock();
-        if map.term != term {
-            return 0;
-        }
         let mut count = 0;
         for live in map.machines.values() {
             if live.refused.as_ref().is_some_and(|r| shown(r, now)) {
@@ -356,11 +288,8 @@ impl Liveness {
 
     /// A report of `machine` at `position`, routed to be filed at `arrived` (as an outsider when
     /// `known` is false), was filed (`Some(accepted)`) or not (`None`).
-    fn filed(&self, term: u64, done: &Done, accepted: Option<bool>) {
+    fn filed(&self, done: &Done, accepted: Option<bool>) {
         let mut map = self.lock();
-        if map.term != term {
-            return;
-        }
         if !done.known {
             map.outsiders_in_flight = map.outsiders_in_flight.saturating_sub(1);
             return;
@@ -472,29 +401,30 @@ impl Service {
     /// Fills in when this replica, as leader, last heard each machine's host; on a replica that
     /// does not lead, nothing is heard (it never hears reports).
     pub(crate) fn fill_heard(&self, machines: &mut [crate::controller::api::MachineView]) {
-        let Ok(term) = self.leading_term() else {
+        let Some(leadership) = self.leadership_now() else {
             return;
         };
+        let live = &leadership.live;
         let now = Instant::now();
         let silent_after = self.config.silent_after();
         for m in machines {
-            let heard = self.live.view(term, &m.name, now);
+            let heard = live.view(&m.name, now);
             m.heard_ago_ms = match heard {
                 HeardView::Ago(d) => Some(millis(d)),
                 HeardView::NotSince(_) => None,
             };
             m.silent_for_ms = silent_for(heard, silent_after).map(millis);
-            m.unproven_refusal = self.live.unproven(term, &m.name);
-            m.report_refusal = self.live.refused_view(term, &m.name, now);
+            m.unproven_refusal = live.unproven(&m.name);
+            m.report_refusal = live.refused_view(&m.name, now);
         }
     }
 
-    /// Every machine of the model and whether this replica, leading in `term`, finds it silent now
-    /// (`Some(for how long, ms)`, decision 0301); `None` when the state cannot be read (logged; the
-    /// caller looks again at its next tick). For the event log's host silent / back (decision 0308).
+    /// Every machine of the model and whether `leadership` finds it silent now (`Some(for how
+    /// long, ms)`, decision 0301); `None` when the state cannot be read (logged; the caller looks
+    /// again at its next tick). For the event log's host silent / back (decision 0308).
     pub(crate) fn silent_hosts(
         &self,
-        term: u64,
+        leadership: &Leadership,
     ) -> Option<std::collections::BTreeMap<String, Option<u64>>> {
         let state = match self.app.state() {
             Ok(state) => state,
@@ -507,7 +437,7 @@ impl Service {
         let silent_after = self.config.silent_after();
         let mut silent = std::collections::BTreeMap::new();
         for machine in state.mesh.machines.keys() {
-            let quiet = silent_for(self.live.view(term, machine, now), silent_after);
+            let quiet = silent_for(leadership.live.view(machine, now), silent_after);
             silent.insert(machine.clone(), quiet.map(millis));
         }
         Some(silent)
@@ -516,15 +446,21 @@ impl Service {
     /// How many machines had a report refused for size or rate by this replica, as leader, in the
     /// last [`report_refusal_shown_ms`]; 0 on a replica that does not lead.
     pub(crate) fn hosts_refused_now(&self) -> usize {
-        let Ok(term) = self.leading_term() else {
+        let Some(leadership) = self.leadership_now() else {
             return 0;
         };
-        self.live.refused_now(term, Instant::now())
+        leadership.live.refused_now(Instant::now())
     }
 
-    /// Files (or only hears) a report that passed the checks, as leader in `term`; `bytes` is its
+    /// Files (or only hears) a report that passed the checks, as `leadership`; `bytes` is its
     /// encoded size.
-    pub(crate) async fn take_report(&self, term: u64, report: Report, bytes: usize) -> ReportReply {
+    pub(crate) async fn take_report(
+        &self,
+        leadership: &Leadership,
+        report: Report,
+        bytes: usize,
+    ) -> ReportReply {
+        let (term, live) = (leadership.term(), &leadership.live);
         let arrived = Instant::now();
         let (route, known, changes) = {
             // The snapshot is dropped before any wait: one held across an apply makes it copy.
@@ -538,9 +474,9 @@ impl Service {
             let route = if known {
                 let account = state.accounts.get(&report.machine);
                 let caught_up = self.caught_up(term);
-                self.live.route(term, account, caught_up, &report, arrived)
+                live.route(account, caught_up, &report, arrived)
             } else {
-                self.live.route_outsider(term)
+                live.route_outsider()
             };
             // The events this report makes once filed (decision 0308): its modules against the
             // account's last report. A report only heard says the same: it makes none.
@@ -566,7 +502,7 @@ impl Service {
                 self.metrics.report("heard");
                 return ReportReply::Filed { accepted: true };
             }
-            Route::Busy => return self.over_quota(term, &report.machine, known, arrived),
+            Route::Busy => return self.over_quota(leadership, &report.machine, known, arrived),
             Route::File { heard } => heard,
         };
         let machine = report.machine.clone();
@@ -589,9 +525,9 @@ impl Service {
             let queued = match full {
                 mpsc::error::TrySendError::Full(q) | mpsc::error::TrySendError::Closed(q) => q,
             };
-            self.live.filed(term, &queued.done, None);
+            live.filed(&queued.done, None);
             self.metrics.report("busy");
-            if let Some(held_back) = self.live.warn_due(&machine, "queue full", arrived) {
+            if let Some(held_back) = self.warn_due(&machine, "queue full", arrived) {
                 tracing::warn!(%machine, max = queue_max, held_back, "report queue full; the host keeps the report and sends it again");
             }
             return self.not_leader();
@@ -611,16 +547,22 @@ impl Service {
 
     /// The answer to a report over its host's quota: try again (the host keeps it on its disk
     /// and sends it again), the same answer as a full queue, so no host needs a new reply.
-    fn over_quota(&self, term: u64, machine: &str, known: bool, now: Instant) -> ReportReply {
+    fn over_quota(
+        &self,
+        leadership: &Leadership,
+        machine: &str,
+        known: bool,
+        now: Instant,
+    ) -> ReportReply {
         let reason = format!(
             "over its quota of {reports_in_flight_per_host_max} reports queued or committing at once (reports_in_flight_per_host_max); the host keeps the report and sends it again"
         );
-        self.try_again(term, machine, known, now, &reason)
+        self.try_again(leadership, machine, known, now, &reason)
     }
 
     /// The answer to a report whose host already has [`reports_handled_per_host_max`] reports
     /// being handled: try again, before a byte of it is decoded.
-    pub(crate) fn over_handling(&self, term: u64, machine: &str) -> ReportReply {
+    pub(crate) fn over_handling(&self, leadership: &Leadership, machine: &str) -> ReportReply {
         let known = match self.app.state() {
             Ok(state) => state.mesh.machines.contains_key(machine),
             Err(e) => {
@@ -631,27 +573,24 @@ impl Service {
         let reason = format!(
             "over its share of {reports_handled_per_host_max} reports handled at once (reports_handled_per_host_max); the host keeps the report and sends it again"
         );
-        self.try_again(term, machine, known, Instant::now(), &reason)
+        self.try_again(leadership, machine, known, Instant::now(), &reason)
     }
 
     /// Tells a host to send its report again later: counted as `over_quota`, the host named in
     /// `status` (a machine of the model), logged at most once per interval.
     fn try_again(
         &self,
-        term: u64,
+        leadership: &Leadership,
         machine: &str,
         known: bool,
         now: Instant,
         reason: &str,
     ) -> ReportReply {
         self.metrics.report("over_quota");
-        let due = match known {
-            true => self
-                .live
-                .note_refused(term, machine, "over quota", reason, now),
-            false => self.live.warn_due(machine, "over quota", now),
-        };
-        if let Some(held_back) = due {
+        if known {
+            leadership.live.note_refused(machine, reason, now);
+        }
+        if let Some(held_back) = self.warn_due(machine, "over quota", now) {
             tracing::warn!(%machine, held_back, "report refused for now: {reason}");
         }
         self.not_leader()
@@ -690,8 +629,12 @@ impl Service {
                 vec![None; count]
             }
         };
+        // The batch's leadership, if it is still the one held: a term left keeps nothing.
+        let leadership = self.leadership_in(term);
         for ((mut done, reply), accepted) in waiting.into_iter().zip(answers) {
-            self.live.filed(term, &done, accepted);
+            if let Some(leadership) = &leadership {
+                leadership.live.filed(&done, accepted);
+            }
             if accepted == Some(true) {
                 self.events.push(term, std::mem::take(&mut done.changes));
             }
@@ -784,16 +727,11 @@ mod tests {
         // Decision 0301: a host dead before the failover is never heard by the new leader; it
         // must still read silent, counted from when that leader took office.
         let after = Duration::from_millis(silent_after_ms_default);
+        // A leadership's memory is made when it takes office (`leadership::Office`).
         let live = Liveness::new();
-        live.took_office(7);
         let now = Instant::now();
-        assert_eq!(silent_for(live.view(7, "ace", now), after), None);
-        assert!(silent_for(live.view(7, "ace", now + after), after).is_some());
-        // Asked before the leadership was noted: counted from the first question.
-        let live = Liveness::new();
-        assert_eq!(silent_for(live.view(8, "ace", Instant::now()), after), None);
-        let later = Instant::now() + after;
-        assert!(silent_for(live.view(8, "ace", later), after).is_some());
+        assert_eq!(silent_for(live.view("ace", now), after), None);
+        assert!(silent_for(live.view("ace", now + after), after).is_some());
     }
 
     #[test]
@@ -803,17 +741,14 @@ mod tests {
         let a = account(report(10, 0));
         let after = Duration::from_millis(silent_after_ms_default);
         let t0 = Instant::now();
-        assert_eq!(
-            live.route(4, Some(&a), true, &report(11, 0), t0),
-            Route::Heard
-        );
+        assert_eq!(live.route(Some(&a), true, &report(11, 0), t0), Route::Heard);
         let later = t0 + after + Duration::from_millis(1);
-        assert!(silent_for(live.view(4, "ace", later), after).is_some());
+        assert!(silent_for(live.view("ace", later), after).is_some());
         assert_eq!(
-            live.route(4, Some(&a), true, &report(12, 0), later),
+            live.route(Some(&a), true, &report(12, 0), later),
             Route::Heard
         );
-        assert_eq!(silent_for(live.view(4, "ace", later), after), None);
+        assert_eq!(silent_for(live.view("ace", later), after), None);
     }
 
     fn report(report_sequence: u64, restarts: u32) -> Report {
@@ -886,34 +821,6 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn a_new_term_forgets_what_the_last_one_heard() {
-        let live = Liveness::new();
-        let a = account(report(10, 0));
-        let now = Instant::now();
-        assert_eq!(
-            live.route(4, Some(&a), true, &report(11, 0), now),
-            Route::Heard
-        );
-        assert!(matches!(live.view(4, "ace", now), HeardView::Ago(_)));
-        // A new term: nothing heard, and the report is decided against the account alone.
-        assert_eq!(
-            live.view(5, "ace", now),
-            HeardView::NotSince(Duration::ZERO)
-        );
-        assert_eq!(
-            live.route(5, Some(&a), true, &report(12, 0), now),
-            Route::Heard
-        );
-        assert!(matches!(live.view(5, "ace", now), HeardView::Ago(_)));
-        // A report decided under the term left behind does not bring that term's map back.
-        assert_eq!(
-            live.route(4, Some(&a), true, &report(13, 0), now),
-            Route::File { heard: None }
-        );
-        assert!(matches!(live.view(5, "ace", now), HeardView::Ago(_)));
-    }
-
     fn done(report: &Report, known: bool) -> Done {
         Done {
             machine: report.machine.clone(),
@@ -932,72 +839,66 @@ mod tests {
         let now = Instant::now();
         let quota = u64::from(reports_in_flight_per_host_max);
         for i in 1..=quota {
-            let route = live.route(4, None, true, &report(i, 0), now);
+            let route = live.route(None, true, &report(i, 0), now);
             assert!(matches!(route, Route::File { .. }), "{i}: {route:?}");
         }
         assert_eq!(
-            live.route(4, None, true, &report(quota + 1, 0), now),
+            live.route(None, true, &report(quota + 1, 0), now),
             Route::Busy
         );
         let mut g14 = report(1, 0);
         g14.machine = "g14".into();
         assert!(matches!(
-            live.route(4, None, true, &g14, now),
+            live.route(None, true, &g14, now),
             Route::File { .. }
         ));
         // One of ace's is filed (or not): ace has room for one more.
-        live.filed(4, &done(&report(1, 0), true), Some(true));
-        let route = live.route(4, None, true, &report(quota + 2, 0), now);
+        live.filed(&done(&report(1, 0), true), Some(true));
+        let route = live.route(None, true, &report(quota + 2, 0), now);
         assert!(matches!(route, Route::File { .. }), "{route:?}");
         assert_eq!(
-            live.route(4, None, true, &report(quota + 3, 0), now),
+            live.route(None, true, &report(quota + 3, 0), now),
             Route::Busy
         );
         // Machines outside the model share one quota of their own.
         for _ in 0..quota {
-            assert!(matches!(live.route_outsider(4), Route::File { .. }));
+            assert!(matches!(live.route_outsider(), Route::File { .. }));
         }
-        assert_eq!(live.route_outsider(4), Route::Busy);
-        live.filed(4, &done(&report(1, 0), false), None);
-        assert!(matches!(live.route_outsider(4), Route::File { .. }));
-        // A new term starts every quota afresh.
-        assert!(matches!(
-            live.route(5, None, true, &report(quota + 4, 0), now),
-            Route::File { .. }
-        ));
+        assert_eq!(live.route_outsider(), Route::Busy);
+        live.filed(&done(&report(1, 0), false), None);
+        assert!(matches!(live.route_outsider(), Route::File { .. }));
+        // A new term starts every quota afresh: its leadership's memory is new
+        // (`leadership::tests`).
     }
 
     #[test]
     fn a_host_refused_for_size_or_rate_is_named_for_a_minute_with_a_count() {
         // Issue 23 part 4: status names the host while it keeps being refused, then forgets it.
+        // The warnings are the service's (`Service::warn_due`), the same limiter as here.
         let live = Liveness::new();
+        let warned = mesh_transport::ratelog::LogEvery::default();
         let t0 = Instant::now();
-        assert_eq!(live.refused_view(4, "ace", t0), None);
-        assert_eq!(
-            live.note_refused(4, "ace", "over bound", "too big", t0),
-            Some(0)
-        );
+        assert_eq!(live.refused_view("ace", t0), None);
+        live.note_refused("ace", "too big", t0);
+        assert_eq!(warned.due(("ace".to_string(), "over bound"), t0), Some(0));
         let t1 = t0 + Duration::from_secs(1);
+        live.note_refused("ace", "still too big", t1);
         assert_eq!(
-            live.note_refused(4, "ace", "over bound", "still too big", t1),
+            warned.due(("ace".to_string(), "over bound"), t1),
             None,
             "logged once an interval"
         );
-        let view = live.refused_view(4, "ace", t1).expect("named");
+        let view = live.refused_view("ace", t1).expect("named");
         assert!(view.starts_with("2 reports refused"), "{view}");
         assert!(view.ends_with("still too big"), "{view}");
-        assert_eq!(live.refused_now(4, t1), 1);
-        assert_eq!(
-            live.refused_view(5, "ace", t1),
-            None,
-            "another term's leader did not refuse it"
-        );
+        assert_eq!(live.refused_now(t1), 1);
+        // Another term's leader did not refuse it: its memory is new (`leadership::tests`).
         let later = t1 + Duration::from_millis(report_refusal_shown_ms);
-        assert_eq!(live.refused_view(4, "ace", later), None);
-        assert_eq!(live.refused_now(4, later), 0);
+        assert_eq!(live.refused_view("ace", later), None);
+        assert_eq!(live.refused_now(later), 0);
         // A refusal after the minute starts a new count.
-        live.note_refused(4, "ace", "over bound", "again", later);
-        let view = live.refused_view(4, "ace", later).expect("named");
+        live.note_refused("ace", "again", later);
+        let view = live.refused_view("ace", later).expect("named");
         assert!(view.starts_with("1 report refused"), "{view}");
     }
 }

@@ -124,10 +124,11 @@ pub struct Service {
     /// Set once when the replica can no longer keep its promises (a storage or floor-file
     /// failure, openraft stopped): meshd stops on it (decision 0183).
     pub(crate) fatal: tokio::sync::watch::Sender<Option<String>>,
-    /// What the leader heard from its hosts in its term, in memory only (decision 0216).
-    pub(crate) live: super::reports::Liveness,
-    /// The reports each host has being handled now (`reports_handled_per_host_max`).
-    pub(crate) handling: super::reports::Handling,
+    /// This replica's leadership of its term, while it leads: the memory kept for one term only
+    /// (liveness, reports being handled, G9 marks; decision 0327).
+    pub(crate) office: super::leadership::Office,
+    /// Which warnings about which host are due: one a host and kind per interval.
+    pub(crate) warned: mesh_transport::ratelog::LogEvery<(String, &'static str)>,
     /// The queue of reports to file in shared proposals (decision 0216).
     pub(crate) filer: super::reports::Filer,
     /// The floor after a restore without its floor file, until proven (G9, decision 0274).
@@ -366,8 +367,8 @@ pub async fn start_in(
         metrics: Metrics::new(),
         backup: std::sync::Mutex::new(None),
         fatal: tokio::sync::watch::Sender::new(None),
-        live: super::reports::Liveness::new(),
-        handling: super::reports::Handling::default(),
+        office: super::leadership::Office::default(),
+        warned: mesh_transport::ratelog::LogEvery::default(),
         filer,
         unproven: super::unproven::Unproven::new(unproven),
         events: super::events::Events::new(),
@@ -495,11 +496,15 @@ async fn announce_leadership(service: Weak<Service>) {
             }
         }
         if now != leading {
-            if let Some(s) = service.upgrade()
-                && let Some(epoch) = now
-            {
-                // Silence is counted from here for hosts it has not heard (decision 0301).
-                s.live.took_office(epoch);
+            if let Some(s) = service.upgrade() {
+                // The leadership of the term left is dropped; the new term's is made here, unless
+                // a report or a push of it came first (decision 0327).
+                if let Some(epoch) = leading {
+                    s.office.step_down(epoch);
+                }
+                if let Some(epoch) = now {
+                    let _ = s.leadership_in(epoch);
+                }
             }
             if let Some(epoch) = leading {
                 tracing::warn!(
@@ -1200,14 +1205,19 @@ impl Service {
             self.metrics.report("not_leader");
             return Ok(self.not_leader());
         }
-        let term = self.replica.metrics().borrow().current_term;
+        // The report is this term's leadership's alone: one taken in term T never touches T+1's.
+        let Some(leadership) = self.leadership_now() else {
+            self.metrics.report("not_leader");
+            return Ok(self.not_leader());
+        };
+        let term = leadership.term();
         // Before anything is decoded: one host's flood costs a few reports' work at a time.
-        let Some(_turn) = self.handling.enter(frame_machine) else {
-            return Ok(self.over_handling(term, frame_machine));
+        let Some(_turn) = leadership.handling.enter(frame_machine) else {
+            return Ok(self.over_handling(&leadership, frame_machine));
         };
         let report = match decode_bounded(body) {
             Ok(Ok(report)) => report,
-            Ok(Err(over)) => return Ok(self.over_bound(term, frame_machine, &over)),
+            Ok(Err(over)) => return Ok(self.over_bound(frame_machine, &over)),
             Err(e) => {
                 self.metrics.report("error");
                 return Err(ReportError::Undecodable(e));
@@ -1230,7 +1240,7 @@ impl Service {
             })
         };
         let (raise, mark) = match admission {
-            Admission::Refused(refusal) => return self.refuse(term, &report, refusal),
+            Admission::Refused(refusal) => return self.refuse(&report, refusal),
             Admission::Admitted { raise, mark } => (raise, mark),
         };
         if let Some(raise) = raise {
@@ -1238,10 +1248,10 @@ impl Service {
         }
         // After the raise: a push of an unproven floor reads the mark only once it committed.
         if let Some(mark) = mark {
-            self.note_mark(term, &report, mark);
+            self.note_mark(&leadership, &report, mark);
         }
         // Heard in memory, or filed in a shared proposal (decision 0216).
-        Ok(self.take_report(term, report, body.len()).await)
+        Ok(self.take_report(&leadership, report, body.len()).await)
     }
 
     /// The answer when the state cannot be read to decide on a report of `machine`: try again
@@ -1255,12 +1265,7 @@ impl Service {
 
     /// Carries out a refusal of the intake core: counted, logged at most once an interval per
     /// host, and the host told why (an impostor's request fails instead, G10).
-    fn refuse(
-        &self,
-        term: u64,
-        report: &Report,
-        refusal: Refusal,
-    ) -> Result<ReportReply, ReportError> {
+    fn refuse(&self, report: &Report, refusal: Refusal) -> Result<ReportReply, ReportError> {
         let machine = report.machine.as_str();
         match refusal {
             Refusal::Impostor(mismatch) => {
@@ -1270,13 +1275,11 @@ impl Service {
             }
             Refusal::OverBound(_) => {
                 let reason = refusal.to_string();
-                self.refused_for_size(term, machine, &reason);
+                self.refused_for_size(machine, &reason);
                 return Ok(ReportReply::Refused { reason });
             }
             Refusal::EpochUnproven { .. } => {
-                let due = self
-                    .live
-                    .warn_due(machine, "unproven", std::time::Instant::now());
+                let due = self.warn_due(machine, "unproven", std::time::Instant::now());
                 if let Some(held_back) = due {
                     tracing::warn!(machine, epoch = report.epoch, reason = %refusal, held_back, "report refused: epoch above the floor without a proof");
                 }
@@ -1317,7 +1320,7 @@ impl Service {
     /// Counts a report of `machine` refused for its size (its frame or its contents) as
     /// `over_bound`, names the host in `status` while it keeps sending them (a machine of the
     /// model: the memory stays bounded by it), and warns at most once an interval per host.
-    fn refused_for_size(&self, term: u64, machine: &str, reason: &str) {
+    fn refused_for_size(&self, machine: &str, reason: &str) {
         self.metrics.report("over_bound");
         let now = std::time::Instant::now();
         // Only machines of the model are remembered (bounded memory); others are only logged.
@@ -1328,22 +1331,20 @@ impl Service {
                 false
             }
         };
-        let due = match known {
-            true => self
-                .live
-                .note_refused(term, machine, "over bound", reason, now),
-            false => self.live.warn_due(machine, "over bound", now),
-        };
-        if let Some(held_back) = due {
+        // Named in `status` by this term's leadership; a replica that does not lead only logs.
+        if known && let Some(leadership) = self.leadership_now() {
+            leadership.live.note_refused(machine, reason, now);
+        }
+        if let Some(held_back) = self.warn_due(machine, "over bound", now) {
             tracing::warn!(machine, held_back, "{reason}");
         }
     }
 
     /// Refuses a report over its bounds for good (the host drops it): counted, logged at most
     /// once an interval per host, and its host named in `status` while it keeps sending them.
-    fn over_bound(&self, term: u64, machine: &str, over: &OverBound) -> ReportReply {
+    fn over_bound(&self, machine: &str, over: &OverBound) -> ReportReply {
         let reason = Refusal::OverBound(over.clone()).to_string();
-        self.refused_for_size(term, machine, &reason);
+        self.refused_for_size(machine, &reason);
         ReportReply::Refused { reason }
     }
 
@@ -1361,6 +1362,44 @@ impl Service {
             trusted.remove(&retired);
         }
         trusted
+    }
+
+    /// Whether a warning of `kind` about `machine` is due: at most one a host and kind per
+    /// interval (`Some(held back since the last)`).
+    pub(crate) fn warn_due(
+        &self,
+        machine: &str,
+        kind: &'static str,
+        now: std::time::Instant,
+    ) -> Option<u64> {
+        self.warned.due((machine.to_string(), kind), now)
+    }
+
+    /// This replica's leadership of `term`: the one held, or made now when this replica leads in
+    /// `term` as its Raft says and never held a later term; `None` for a term left or not led
+    /// (decision 0327).
+    pub(crate) fn leadership_in(&self, term: u64) -> Option<Arc<super::leadership::Leadership>> {
+        let leads = {
+            let m = self.replica.metrics();
+            let m = m.borrow();
+            m.state == ServerState::Leader
+                && m.current_leader == Some(self.id)
+                && m.current_term == term
+        };
+        self.office.of(term, leads)
+    }
+
+    /// The leadership of the term this replica leads in now, if it leads.
+    pub(crate) fn leadership_now(&self) -> Option<Arc<super::leadership::Leadership>> {
+        let (leads, term) = {
+            let m = self.replica.metrics();
+            let m = m.borrow();
+            (
+                m.state == ServerState::Leader && m.current_leader == Some(self.id),
+                m.current_term,
+            )
+        };
+        self.office.of(term, leads).filter(|_| leads)
     }
 
     pub(crate) fn not_leader(&self) -> ReportReply {
@@ -1475,8 +1514,7 @@ impl Handler for Serving {
         if !service.is_leader() {
             return;
         }
-        let term = service.replica.metrics().borrow().current_term;
-        service.refused_for_size(term, machine, reason);
+        service.refused_for_size(machine, reason);
     }
 
     fn one_way(&self, from: Principal, kind: MessageKind, _body: Vec<u8>) -> BoxFuture<'_, ()> {

@@ -11,95 +11,66 @@
 //! its marker once its store records a send of a term above the restore's: only a proven
 //! leadership records one.
 //!
-//! What this holds is the leader's memory of the marks; the decisions are pure elsewhere
+//! What this holds is whether the floor is unproven (the marker's term floor); the marks a leader
+//! heard are its leadership's, for its term only (`leadership::Leadership`, decision 0327). The
+//! decisions are pure elsewhere
 //! (decision 0321): which mark counts in report intake (`leadership::intake`), whether a push
 //! holds in the push engine (`engine::floor`).
 
-use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use super::engine::floor::{FloorProof, recorded_proof};
 use super::floor::clear_unproven;
+use super::leadership::Leadership;
 use super::leadership::intake::Mark;
 use super::service::Service;
 use crate::core::report::Report;
 use crate::store::state::DomainState;
 
-/// What a leader of an unproven store knows of its hosts' marks.
+/// Whether this replica's store is unproven after a restore.
 pub(crate) struct Unproven {
-    inner: Mutex<Inner>,
-}
-
-struct Inner {
     /// The restore's term floor while the floor is unproven; `None` once proven (or never
     /// restored without a floor).
-    restored: Option<u64>,
-    /// The term `marks` were heard in.
-    term: u64,
-    /// The highest epoch each machine of the model showed in `term` (bounded by the model).
-    marks: BTreeMap<String, u64>,
+    restored: Mutex<Option<u64>>,
 }
 
 impl Unproven {
     /// `restored`: the marker's term floor, read at start.
     pub(crate) fn new(restored: Option<u64>) -> Unproven {
         Unproven {
-            inner: Mutex::new(Inner {
-                restored,
-                term: 0,
-                marks: BTreeMap::new(),
-            }),
+            restored: Mutex::new(restored),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // A panic while holding it leaves at worst a mark not noted: the leader waits longer.
-        self.inner
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<u64>> {
+        // Only a plain value is kept under it.
+        self.restored
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The restore's term floor while the floor is unproven.
     pub(crate) fn restored(&self) -> Option<u64> {
-        self.lock().restored
-    }
-
-    fn heard(&self, term: u64, machine: &str, epoch: u64) {
-        let mut inner = self.lock();
-        if inner.restored.is_none() || term < inner.term {
-            return;
-        }
-        if term > inner.term {
-            inner.term = term;
-            inner.marks.clear();
-        }
-        let mark = inner.marks.entry(machine.to_string()).or_default();
-        *mark = (*mark).max(epoch);
-    }
-
-    pub(crate) fn marks(&self, term: u64) -> BTreeMap<String, u64> {
-        let inner = self.lock();
-        if inner.term == term {
-            inner.marks.clone()
-        } else {
-            BTreeMap::new()
-        }
+        *self.lock()
     }
 
     /// Forgets the restore; true when the floor was unproven until now.
     fn prove(&self) -> bool {
-        let mut inner = self.lock();
-        inner.marks.clear();
-        inner.restored.take().is_some()
+        self.lock().take().is_some()
     }
 }
 
 impl Service {
-    /// Notes the mark the intake core found in a report, as leader in `term`, while the floor
-    /// is unproven (decision 0274); one that does not count is only logged.
-    pub(crate) fn note_mark(&self, term: u64, report: &Report, mark: Mark) {
+    /// Notes the mark the intake core found in a report, as `leadership`, while the floor is
+    /// unproven (decision 0274); one that does not count is only logged.
+    pub(crate) fn note_mark(&self, leadership: &Leadership, report: &Report, mark: Mark) {
+        let term = leadership.term();
         match mark {
-            Mark::Counts { epoch } => self.unproven.heard(term, &report.machine, epoch),
+            Mark::Counts { epoch } => {
+                if self.unproven.restored().is_some() {
+                    leadership.heard_mark(&report.machine, epoch);
+                }
+            }
             Mark::DoesNotCount { epoch, why } => {
                 // The report itself is filed as any other (its epoch is not above the floor);
                 // only its claim does not count here.
@@ -124,6 +95,9 @@ impl Service {
 
     /// Forgets the restore and removes the marker, as the engine or the store proved the floor.
     pub(crate) fn floor_proven(&self, why: &FloorProof) {
+        if let Some(leadership) = self.office.held() {
+            leadership.forget_marks();
+        }
         if !self.unproven.prove() {
             return;
         }
@@ -142,26 +116,13 @@ impl Service {
 mod tests {
     use super::*;
 
-    fn marks(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
-        pairs.iter().map(|(m, e)| (m.to_string(), *e)).collect()
-    }
-
     #[test]
-    fn g9_marks_are_kept_for_one_term_and_only_while_unproven() {
+    fn g9_the_restore_is_unproven_until_proven_once() {
+        // The marks are the leadership's, for its term (`leadership::tests`).
         let u = Unproven::new(Some(1));
-        u.heard(2, "ace", 1);
-        u.heard(2, "ace", 0);
-        assert_eq!(u.marks(2), marks(&[("ace", 1)]));
-        // A new term asks again: another leader may have sent between.
-        u.heard(3, "bee", 2);
-        assert_eq!(u.marks(3), marks(&[("bee", 2)]));
-        assert_eq!(u.marks(2), marks(&[]));
-        u.heard(2, "cat", 1);
-        assert_eq!(u.marks(3), marks(&[("bee", 2)]));
+        assert_eq!(u.restored(), Some(1));
         assert!(u.prove());
         assert!(!u.prove());
-        u.heard(3, "ace", 1);
-        assert_eq!(u.marks(3), marks(&[]));
         assert_eq!(u.restored(), None);
     }
 }
