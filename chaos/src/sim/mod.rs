@@ -20,6 +20,7 @@ pub mod net;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -91,6 +92,16 @@ pub enum Step {
     },
     /// A fault the nemesis injected or ended.
     Fault { at_us: u64, what: String },
+    /// An apply the operator saw acknowledged, with the store revision its answer named.
+    Acked { at_us: u64, via: u64, revision: u64 },
+    /// A read of the model (`model show`) the operator saw answered: invoked at `invoked_us`,
+    /// answered at `at_us`, showing the store at `store_revision`.
+    Read {
+        invoked_us: u64,
+        at_us: u64,
+        via: u64,
+        store_revision: u64,
+    },
 }
 
 /// Why a run could not be made or did not finish.
@@ -228,11 +239,19 @@ struct World {
     trace: Trace,
     start: tokio::time::Instant,
     configs: BTreeMap<u64, ReplicaConfig>,
+    /// Each replica's config as written, to move its store after a kill.
+    config_files: BTreeMap<u64, ReplicaConfigFile>,
     replicas: BTreeMap<u64, Running>,
     hosts: BTreeMap<String, SimHost>,
     operator: Endpoint,
     /// Request ids drawn from the seed, not the OS.
     request_ids: u64,
+    /// Per replica, whether the replica started last is still the one alive: a killed one's
+    /// metrics stop being traced.
+    alive: BTreeMap<u64, Arc<AtomicBool>>,
+    /// Killed replicas: never shut down, off the network, their tasks left to run until the
+    /// run ends (a process that is gone; see [`World::kill_and_restart`]).
+    killed: Vec<Running>,
 }
 
 /// A QUIC generator seed for the endpoint at `addr` in run `seed`.
@@ -276,7 +295,17 @@ impl World {
         .map_err(|e| self.setup_error(format!("endpoint at {addr}: {e}")))
     }
 
-    fn write_config(&self, id: u64) -> Result<ReplicaConfig, SimError> {
+    /// Writes `file` as replica `file.id`'s config and loads it back, as meshd would.
+    fn save_config(&mut self, file: ReplicaConfigFile) -> Result<ReplicaConfig, SimError> {
+        let path = self.dir.path().join(format!("replica-{}.toml", file.id));
+        let text = file.to_toml().map_err(|e| self.setup_error(e))?;
+        std::fs::write(&path, text).map_err(|e| self.setup_error(e))?;
+        let config = ReplicaConfig::load(&path).map_err(|e| self.setup_error(e))?;
+        self.config_files.insert(file.id, file);
+        Ok(config)
+    }
+
+    fn write_config(&mut self, id: u64) -> Result<ReplicaConfig, SimError> {
         let sub = format!("replica-{id}");
         let (cert, key) = self.pki.write(&sub, &Principal::Replica(id));
         let signing = self.dir.path().join(format!("{sub}.key"));
@@ -311,10 +340,7 @@ impl World {
                 .collect(),
             join: false,
         };
-        let path = self.dir.path().join(format!("{sub}.toml"));
-        let text = file.to_toml().map_err(|e| self.setup_error(e))?;
-        std::fs::write(&path, text).map_err(|e| self.setup_error(e))?;
-        ReplicaConfig::load(&path).map_err(|e| self.setup_error(e))
+        self.save_config(file)
     }
 
     fn host_config(&self, i: usize, name: &str) -> Result<HostConfig, SimError> {
@@ -398,12 +424,15 @@ impl World {
         )
         .await
         .map_err(|e| self.setup_error(format!("replica {id} starts: {e}")))?;
+        let alive = Arc::new(AtomicBool::new(true));
         watch_raft(
             id,
             running.service().replica().metrics(),
             self.trace.clone(),
             self.start,
+            alive.clone(),
         );
+        self.alive.insert(id, alive);
         self.replicas.insert(id, running);
         Ok(())
     }
@@ -512,11 +541,16 @@ impl World {
                 },
             )
             .await;
-        if applied.is_err() {
-            return false;
+        match applied {
+            Ok(Body::Applied { revision, .. }) => self.trace.record(Step::Acked {
+                at_us: micros_since(self.start),
+                via,
+                revision,
+            }),
+            _ => return false,
         }
         let via = 1 + self.rng.below(sim_replicas_n);
-        match self
+        let pushed = match self
             .ask(
                 via,
                 Request::Push {
@@ -533,6 +567,23 @@ impl World {
                 .iter()
                 .all(|l| matches!(l.outcome, PushOutcome::Applied { .. })),
             _ => false,
+        };
+        let via = 1 + self.rng.below(sim_replicas_n);
+        self.read_model(via).await;
+        pushed
+    }
+
+    /// Reads the model in force through replica `via` (`model show`); an answer is traced as a
+    /// [`Step::Read`] for the read checker, a refusal or silence constrains nothing.
+    async fn read_model(&mut self, via: u64) {
+        let invoked_us = micros_since(self.start);
+        if let Ok(Body::Model(view)) = self.ask(via, Request::ModelShow { revision: None }).await {
+            self.trace.record(Step::Read {
+                invoked_us,
+                at_us: micros_since(self.start),
+                via,
+                store_revision: view.store_revision,
+            });
         }
     }
 
@@ -551,6 +602,52 @@ impl World {
         }
         tokio::time::sleep(Duration::from_millis(down_ms)).await;
         self.fault(format!("restart replica {id}"));
+        self.start_replica(id, generation).await
+    }
+
+    /// Kills replica `id` as SIGKILL would, as far as one process allows: off the network at
+    /// once (nothing it sends leaves, nothing reaches it), no handover, no drain, no clean close
+    /// of its store. Its store files as they are at that moment (every commit redb made, nothing
+    /// in flight: on this one thread no other task is mid-step) are copied, and after `down_ms`
+    /// the replica starts again from the copy, so redb opens files that were never closed. The
+    /// killed replica's own tasks cannot be stopped from outside the product without a seam
+    /// (`Running` gives no abort); they run on, silenced, until the run ends, and redb does not
+    /// open a file twice in one process, hence the copy (decision 0326).
+    async fn kill_and_restart(
+        &mut self,
+        id: u64,
+        down_ms: u64,
+        generation: u64,
+    ) -> Result<(), SimError> {
+        self.fault(format!("kill replica {id} for {down_ms} ms"));
+        self.net.unbind(replica_addr(id));
+        if let Some(alive) = self.alive.get(&id) {
+            alive.store(false, Ordering::Relaxed);
+        }
+        let from = match self.configs.get(&id) {
+            Some(config) => config.data_dir().to_path_buf(),
+            None => return Err(self.setup_error(format!("replica {id} has no config to kill"))),
+        };
+        let image = self
+            .dir
+            .path()
+            .join(format!("replica-{id}-killed-{generation}"));
+        copy_dir(&from, &image)
+            .map_err(|e| self.setup_error(format!("copying killed replica {id}'s files: {e}")))?;
+        if let Some(running) = self.replicas.remove(&id) {
+            self.killed.push(running);
+        }
+        tokio::time::sleep(Duration::from_millis(down_ms)).await;
+        self.fault(format!("restart replica {id} from its files as killed"));
+        let file = match self.config_files.get(&id) {
+            Some(file) => ReplicaConfigFile {
+                data_dir: image,
+                ..file.clone()
+            },
+            None => return Err(self.setup_error(format!("replica {id} has no config to move"))),
+        };
+        let config = self.save_config(file)?;
+        self.configs.insert(id, config);
         self.start_replica(id, generation).await
     }
 
@@ -573,10 +670,14 @@ fn watch_raft(
     mut metrics: watch::Receiver<mesh_raft::Metrics>,
     trace: Trace,
     start: tokio::time::Instant,
+    alive: Arc<AtomicBool>,
 ) {
     tokio::spawn(async move {
         let mut last = None;
         loop {
+            if !alive.load(Ordering::Relaxed) {
+                return;
+            }
             let now = {
                 let m = metrics.borrow_and_update();
                 (
@@ -624,6 +725,7 @@ fn request_name(request: &Request) -> String {
     match request {
         Request::Apply { why, .. } => format!("apply ({why})"),
         Request::Push { why, .. } => format!("push --all ({why})"),
+        Request::ModelShow { .. } => "model show".into(),
         _ => "other".into(),
     }
 }
@@ -646,7 +748,8 @@ fn body_summary(body: &Body) -> String {
                 .collect();
             format!("push epoch {}: {}", view.epoch, lines.join(", "))
         }
-        Body::Applied { .. } => "applied".into(),
+        Body::Applied { revision, .. } => format!("applied at revision {revision}"),
+        Body::Model(view) => format!("model at store revision {}", view.store_revision),
         _ => "answered".into(),
     }
 }
@@ -704,10 +807,13 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
         trace,
         start,
         configs: BTreeMap::new(),
+        config_files: BTreeMap::new(),
         replicas: BTreeMap::new(),
         hosts: BTreeMap::new(),
         operator,
         request_ids: 0,
+        alive: BTreeMap::new(),
+        killed: Vec::new(),
     };
     for (i, name) in sim_machines.iter().enumerate() {
         let host = world.start_host(i, name).await?;
@@ -769,6 +875,8 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
                     if world.apply_and_push(tag).await {
                         pushes_applied += 1;
                     }
+                    // A read through the cut-off replica while a newer leader may have written.
+                    world.read_model(id).await;
                 }
                 1 => {
                     let id = match world.leader() {
@@ -780,7 +888,11 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
                     let g = &mut generation[id as usize];
                     *g += 1;
                     let g = *g;
-                    world.crash_and_restart(id, down, g).await?;
+                    if world.rng.chance(500) {
+                        world.kill_and_restart(id, down, g).await?;
+                    } else {
+                        world.crash_and_restart(id, down, g).await?;
+                    }
                 }
                 _ => {
                     if world.apply_and_push(tag).await {
@@ -847,6 +959,21 @@ fn sim_dir() -> std::io::Result<tempfile::TempDir> {
     tempfile::tempdir()
 }
 
+/// Copies directory `from` (files and directories under it) to `to`.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
 /// Cuts replica `id` off from the other replicas, both ways (hosts and the operator still reach it).
 fn cut_replica(net: &Net, id: u64, cut: bool) {
     for other in 1..=sim_replicas_n {
@@ -872,8 +999,13 @@ pub fn hash(steps: &[Step]) -> String {
 /// - G2/G3 at the hosts: a host never reports a position below one it reported before (its
 ///   applied `(epoch, sequence)` only moves forward), so no host ever applies an envelope from
 ///   an epoch older than one it already applied.
+/// - Reads see acknowledged writes (the real-time half of linearizability, G1's reads): a read
+///   of the model invoked after an apply was acknowledged shows a store at or past that apply's
+///   revision, whichever replica it went through.
 pub fn check(steps: &[Step]) -> Vec<String> {
     let mut violations = Vec::new();
+    // Acknowledged applies in the order they were answered: (answered at, revision).
+    let mut acked: Vec<(u64, u64)> = Vec::new();
     let mut leaders: BTreeMap<u64, u64> = BTreeMap::new();
     let mut applied: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
     for step in steps {
@@ -916,6 +1048,30 @@ pub fn check(steps: &[Step]) -> Vec<String> {
                     continue;
                 }
                 applied.insert(machine, (*epoch, *sequence, *at_us));
+            }
+            Step::Acked {
+                at_us, revision, ..
+            } => acked.push((*at_us, *revision)),
+            Step::Read {
+                invoked_us,
+                at_us,
+                via,
+                store_revision,
+            } => {
+                let newest = acked
+                    .iter()
+                    .filter(|(answered, _)| answered < invoked_us)
+                    .max_by_key(|(_, revision)| *revision);
+                if let Some((answered, revision)) = newest
+                    && store_revision < revision
+                {
+                    violations.push(format!(
+                        "a stale read: model show through replica {via} (invoked at {} ms, answered at {} ms) showed store revision {store_revision}, but an apply at revision {revision} was acknowledged at {} ms, before the read began",
+                        invoked_us / 1_000,
+                        at_us / 1_000,
+                        answered / 1_000
+                    ));
+                }
             }
             _ => {}
         }
