@@ -246,6 +246,8 @@ struct World {
     operator: Endpoint,
     /// Request ids drawn from the seed, not the OS.
     request_ids: u64,
+    /// Second operators started (each reads through one replica for a while).
+    readers: u64,
     /// Per replica, whether the replica started last is still the one alive: a killed one's
     /// metrics stop being traced.
     alive: BTreeMap<u64, Arc<AtomicBool>>,
@@ -483,19 +485,54 @@ impl World {
     }
 
     async fn ask_call(&self, via: u64, call: &Call) -> Result<Answer, String> {
-        let body = mesh_codec::encode("request", call).map_err(|e| e.to_string())?;
-        let peer = Peer::expecting(replica_addr(via), Principal::Replica(via));
-        let bytes = self
-            .operator
-            .request(
-                peer,
-                MessageKind::Command,
-                body,
-                Duration::from_millis(sim_request_ms),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        mesh_codec::decode("answer", &bytes).map_err(|e| e.to_string())
+        ask_call(&self.operator, via, call).await
+    }
+
+    /// A second operator, concurrent with the first: reads the model through replica `via`
+    /// every 50–200 ms (seeded) for `for_ms`, each answer traced as a [`Step::Read`]. While
+    /// `via` is cut off and the first operator writes through a newer leader, a read it answers
+    /// from its own store without confirming it leads is stale.
+    fn spawn_reader(&mut self, via: u64, for_ms: u64) {
+        self.readers += 1;
+        let mut rng = Rng::new(self.seed, 0x5245_4144_0000 + self.readers);
+        let (operator, trace, start, seed) = (
+            self.operator.clone(),
+            self.trace.clone(),
+            self.start,
+            self.seed,
+        );
+        let first_id = self.readers << 32;
+        tokio::spawn(async move {
+            let end = tokio::time::Instant::now() + Duration::from_millis(for_ms);
+            let mut n = first_id;
+            while tokio::time::Instant::now() < end {
+                tokio::time::sleep(Duration::from_millis(rng.between(50, 200))).await;
+                n += 1;
+                let mut id = [0u8; 16];
+                id[..8].copy_from_slice(&seed.to_le_bytes());
+                // Ids of the second operator: the high bit set, apart from the first's.
+                id[8..].copy_from_slice(&(n | 1 << 63).to_le_bytes());
+                let call = Call {
+                    id: RequestId(id),
+                    request: Request::ModelShow { revision: None },
+                };
+                let invoked_us = micros_since(start);
+                let answered = ask_call(&operator, via, &call).await;
+                let at_us = micros_since(start);
+                if let Ok(Answer {
+                    body: Ok(Body::Model(view)),
+                    ..
+                }) = answered
+                {
+                    trace.record(Step::Read {
+                        invoked_us,
+                        at_us,
+                        via,
+                        store_revision: view.store_revision,
+                    });
+                }
+            }
+        });
     }
 
     fn fault(&self, what: String) {
@@ -531,6 +568,11 @@ impl World {
     /// returns whether every machine answered applied.
     async fn apply_and_push(&mut self, tag: u64) -> bool {
         let via = 1 + self.rng.below(sim_replicas_n);
+        self.apply_and_push_via(tag, via).await
+    }
+
+    /// [`World::apply_and_push`] with the apply sent through replica `via`.
+    async fn apply_and_push_via(&mut self, tag: u64, via: u64) -> bool {
         let applied = self
             .ask(
                 via,
@@ -662,6 +704,22 @@ impl World {
         }
         self.operator.abandon();
     }
+}
+
+/// Asks replica `via` one call as the operator at `operator`.
+async fn ask_call(operator: &Endpoint, via: u64, call: &Call) -> Result<Answer, String> {
+    let body = mesh_codec::encode("request", call).map_err(|e| e.to_string())?;
+    let peer = Peer::expecting(replica_addr(via), Principal::Replica(via));
+    let bytes = operator
+        .request(
+            peer,
+            MessageKind::Command,
+            body,
+            Duration::from_millis(sim_request_ms),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    mesh_codec::decode("answer", &bytes).map_err(|e| e.to_string())
 }
 
 /// Records replica `id`'s Raft state in the trace whenever it changes.
@@ -812,6 +870,7 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
         hosts: BTreeMap::new(),
         operator,
         request_ids: 0,
+        readers: 0,
         alive: BTreeMap::new(),
         killed: Vec::new(),
     };
@@ -858,10 +917,13 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
                         Some((leader, _)) if world.rng.chance(700) => leader,
                         _ => 1 + world.rng.below(sim_replicas_n),
                     };
-                    let ms = world.rng.between(300, 2_000);
+                    let ms = world.rng.between(300, 4_000);
                     world.fault(format!("isolate replica {id} for {ms} ms"));
                     faults += 1;
                     cut_replica(&world.net, id, true);
+                    // A second operator reads through the cut-off replica meanwhile: a stale
+                    // leader answering from its own store is what it can catch.
+                    world.spawn_reader(id, ms);
                     // Healed on its own timer while the operator goes on.
                     let (net, trace, start) = (world.net.clone(), world.trace.clone(), world.start);
                     tokio::spawn(async move {
@@ -872,11 +934,20 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
                             what: format!("heal replica {id}"),
                         });
                     });
-                    if world.apply_and_push(tag).await {
+                    // The first operator writes through a newer leader as soon as there is one.
+                    let cut_until = tokio::time::Instant::now() + Duration::from_millis(ms);
+                    let mut via = None;
+                    while via.is_none() && tokio::time::Instant::now() < cut_until {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        via = world.leader().map(|(l, _)| l).filter(|l| *l != id);
+                    }
+                    let via = match via {
+                        Some(leader) => leader,
+                        None => 1 + world.rng.below(sim_replicas_n),
+                    };
+                    if world.apply_and_push_via(tag, via).await {
                         pushes_applied += 1;
                     }
-                    // A read through the cut-off replica while a newer leader may have written.
-                    world.read_model(id).await;
                 }
                 1 => {
                     let id = match world.leader() {
