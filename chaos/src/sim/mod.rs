@@ -92,6 +92,14 @@ pub enum Step {
     },
     /// A fault the nemesis injected or ended.
     Fault { at_us: u64, what: String },
+    /// A hostile peer's act (issue 22 item 5) and what the replica made of it: `taken` when the
+    /// replica filed or answered it instead of refusing it.
+    Hostile {
+        at_us: u64,
+        what: String,
+        outcome: String,
+        taken: bool,
+    },
     /// An apply the operator saw acknowledged, with the store revision its answer named.
     Acked { at_us: u64, via: u64, revision: u64 },
     /// A read of the model (`model show`) the operator saw answered: invoked at `invoked_us`,
@@ -693,6 +701,73 @@ impl World {
         self.start_replica(id, generation).await
     }
 
+    /// Hostile peers (issue 22 item 5), each through the real transport to the real leader, each
+    /// traced as a [`Step::Hostile`]: host `ace`'s certificate sends a report for `bex`, once
+    /// under its own name in the frame and once under `bex`'s; and `ace` sends a report frame of
+    /// twice `report_frame_bytes_max`, over a host's frame limit but under the sender's own.
+    async fn hostile(&mut self, leader: u64) {
+        let Some(ace) = self.hosts.get(sim_machines[0]).map(|h| h.endpoint.clone()) else {
+            return;
+        };
+        let claimed = Report {
+            machine: sim_machines[1].to_string(),
+            epoch: 0,
+            sequence: 0,
+            report_sequence: 1 << 40,
+            applied: None,
+            modules: Vec::new(),
+            refused_older: 0,
+            last_refusal: None,
+            proof: None,
+        };
+        let Ok(body) = mesh_codec::encode(mesh::core::wire::report_what, &claimed) else {
+            return;
+        };
+        let peer = Peer::expecting(replica_addr(leader), Principal::Replica(leader));
+        let limit = Duration::from_millis(sim_request_ms);
+        for (what, frame_machine, body) in [
+            (
+                "ace's certificate sends bex's report, the frame naming bex",
+                sim_machines[1],
+                body.clone(),
+            ),
+            (
+                "ace's certificate sends bex's report, the frame naming ace",
+                sim_machines[0],
+                body,
+            ),
+            (
+                "ace sends a report frame of twice report_frame_bytes_max",
+                sim_machines[0],
+                vec![0u8; 2 * mesh_transport::report_frame_bytes_max],
+            ),
+        ] {
+            let kind = MessageKind::Report {
+                machine: frame_machine.to_string(),
+            };
+            let answered = ace.request(peer.clone(), kind, body, limit).await;
+            let (outcome, taken) = match answered {
+                Ok(bytes) => match mesh_codec::decode::<mesh::core::wire::ReportReply>(
+                    mesh::core::wire::report_reply_what,
+                    &bytes,
+                ) {
+                    Ok(reply @ mesh::core::wire::ReportReply::Filed { .. }) => {
+                        (format!("filed: {reply:?}"), true)
+                    }
+                    Ok(reply) => (format!("answered: {reply:?}"), false),
+                    Err(e) => (format!("an answer that is no report reply: {e}"), true),
+                },
+                Err(e) => (format!("refused: {e}"), false),
+            };
+            self.trace.record(Step::Hostile {
+                at_us: micros_since(self.start),
+                what: what.to_string(),
+                outcome,
+                taken,
+            });
+        }
+    }
+
     async fn shutdown(mut self) {
         for (_, running) in std::mem::take(&mut self.replicas) {
             let _ = tokio::time::timeout(Duration::from_millis(15_000), running.shutdown()).await;
@@ -897,6 +972,10 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Hostile peers against the leader: each act must be refused.
+    if let Some((leader, _)) = world.leader() {
+        world.hostile(leader).await;
+    }
     // (2) Faults from the seed while the operator applies and pushes.
     if spec.faults {
         let weather = Weather {
@@ -1070,6 +1149,7 @@ pub fn hash(steps: &[Step]) -> String {
 /// - G2/G3 at the hosts: a host never reports a position below one it reported before (its
 ///   applied `(epoch, sequence)` only moves forward), so no host ever applies an envelope from
 ///   an epoch older than one it already applied.
+/// - Hostile peers are refused (G10, the bounds): every [`Step::Hostile`] act was refused.
 /// - Reads see acknowledged writes (the real-time half of linearizability, G1's reads): a read
 ///   of the model invoked after an apply was acknowledged shows a store at or past that apply's
 ///   revision, whichever replica it went through.
@@ -1123,6 +1203,15 @@ pub fn check(steps: &[Step]) -> Vec<String> {
             Step::Acked {
                 at_us, revision, ..
             } => acked.push((*at_us, *revision)),
+            Step::Hostile {
+                at_us,
+                what,
+                outcome,
+                taken: true,
+            } => violations.push(format!(
+                "a hostile peer was not refused at {} ms: {what}: {outcome}",
+                at_us / 1_000
+            )),
             Step::Read {
                 invoked_us,
                 at_us,
