@@ -701,6 +701,37 @@ impl World {
         self.start_replica(id, generation).await
     }
 
+    /// Cuts replica `id` off from the other replicas for `ms` (healed on its own timer) while a
+    /// second operator reads the model through it ([`World::spawn_reader`]) and the first waits
+    /// for a newer leader and applies and pushes model `tag` through it; returns whether every
+    /// machine applied that push.
+    async fn isolate_and_write(&mut self, id: u64, ms: u64, tag: u64) -> bool {
+        self.fault(format!("isolate replica {id} for {ms} ms"));
+        cut_replica(&self.net, id, true);
+        // A stale leader answering from its own store is what the reader can catch.
+        self.spawn_reader(id, ms);
+        let (net, trace, start) = (self.net.clone(), self.trace.clone(), self.start);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            cut_replica(&net, id, false);
+            trace.record(Step::Fault {
+                at_us: micros_since(start),
+                what: format!("heal replica {id}"),
+            });
+        });
+        let cut_until = tokio::time::Instant::now() + Duration::from_millis(ms);
+        let mut via = None;
+        while via.is_none() && tokio::time::Instant::now() < cut_until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            via = self.leader().map(|(l, _)| l).filter(|l| *l != id);
+        }
+        let via = match via {
+            Some(leader) => leader,
+            None => 1 + self.rng.below(sim_replicas_n),
+        };
+        self.apply_and_push_via(tag, via).await
+    }
+
     /// Hostile peers (issue 22 item 5), each through the real transport to the real leader, each
     /// traced as a [`Step::Hostile`]: host `ace`'s certificate sends a report for `bex`, once
     /// under its own name in the frame and once under `bex`'s; and `ace` sends a report frame of
@@ -985,6 +1016,17 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
         };
         world.fault(format!("weather {weather:?}"));
         world.net.set_weather(weather);
+        // Every run with faults cuts the leader off for longer than an election first (the
+        // followers' first candidate comes about 1.8 s after the last heartbeat), so a newer
+        // leader writes while the old one may still answer.
+        if let Some((leader, _)) = world.leader() {
+            tag += 1;
+            let ms = world.rng.between(2_500, 4_000);
+            faults += 1;
+            if world.isolate_and_write(leader, ms, tag).await {
+                pushes_applied += 1;
+            }
+        }
         let faults_end = tokio::time::Instant::now() + Duration::from_millis(sim_faults_ms);
         let mut generation = [0u64; sim_replicas_n as usize + 1];
         while tokio::time::Instant::now() < faults_end {
@@ -997,34 +1039,8 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
                         _ => 1 + world.rng.below(sim_replicas_n),
                     };
                     let ms = world.rng.between(300, 4_000);
-                    world.fault(format!("isolate replica {id} for {ms} ms"));
                     faults += 1;
-                    cut_replica(&world.net, id, true);
-                    // A second operator reads through the cut-off replica meanwhile: a stale
-                    // leader answering from its own store is what it can catch.
-                    world.spawn_reader(id, ms);
-                    // Healed on its own timer while the operator goes on.
-                    let (net, trace, start) = (world.net.clone(), world.trace.clone(), world.start);
-                    tokio::spawn(async move {
-                        tokio::time::sleep(Duration::from_millis(ms)).await;
-                        cut_replica(&net, id, false);
-                        trace.record(Step::Fault {
-                            at_us: micros_since(start),
-                            what: format!("heal replica {id}"),
-                        });
-                    });
-                    // The first operator writes through a newer leader as soon as there is one.
-                    let cut_until = tokio::time::Instant::now() + Duration::from_millis(ms);
-                    let mut via = None;
-                    while via.is_none() && tokio::time::Instant::now() < cut_until {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        via = world.leader().map(|(l, _)| l).filter(|l| *l != id);
-                    }
-                    let via = match via {
-                        Some(leader) => leader,
-                        None => 1 + world.rng.below(sim_replicas_n),
-                    };
-                    if world.apply_and_push_via(tag, via).await {
+                    if world.isolate_and_write(id, ms, tag).await {
                         pushes_applied += 1;
                     }
                 }
