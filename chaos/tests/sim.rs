@@ -3,9 +3,10 @@
 
 use mesh_chaos::sim::{SimSpec, Step, check, simulate};
 
-/// Seeds with seeded faults (drops, duplicates, jitter, an isolated replica; seed 5 kills a
-/// replica, seed 9 crashes one cleanly), fixed so CI runs the same ones.
-const seeds: [u64; 2] = [5, 9];
+/// Seeds with seeded faults (drops, duplicates, jitter, the leader cut off, an envelope held on
+/// its way; seed 8 kills a replica and crashes one cleanly, seed 6 crashes one), fixed so CI runs
+/// the same ones.
+const seeds: [u64; 2] = [8, 6];
 
 #[test]
 fn replay_a_seed_twice_gives_the_same_trace_and_hash() {

@@ -732,6 +732,81 @@ impl World {
         self.apply_and_push_via(tag, via).await
     }
 
+    /// The held envelope (the real-process beds' G3 fault, `tests/bed_faults.rs`): the leader's
+    /// path to host `ace` is cut, a push through it writes `ace`'s envelope under its lease (held
+    /// on the wire, QUIC retransmitting it), the leader is cut off from its peers, a newer
+    /// leader applies and pushes model `tag + 1`, and the path to `ace` comes back while the old
+    /// leader is still cut off. With the write gate intact the old stream was reset at the
+    /// lease's end and nothing old reaches `ace`; with the gate and the host's mark both broken
+    /// `ace` applies the old epoch after the newer one. Returns whether every machine applied the
+    /// newer leader's push.
+    async fn hold_an_envelope(&mut self, tag: u64) -> bool {
+        let Some((old, _)) = self.leader() else {
+            return false;
+        };
+        let held = host_addr(0);
+        self.fault(format!("cut replica {old}'s path to ace"));
+        self.net.cut_both(replica_addr(old), held, true);
+        if let Ok(Body::Applied { revision, .. }) = self
+            .ask(
+                old,
+                Request::Apply {
+                    mesh: model(tag),
+                    why: format!("sim apply {tag}"),
+                    drain: false,
+                },
+            )
+            .await
+        {
+            self.trace.record(Step::Acked {
+                at_us: micros_since(self.start),
+                via: old,
+                revision,
+            });
+        }
+        // The push through the old leader, as a second operator: it waits for ace's answer.
+        let call = self.call(Request::Push {
+            target: PushTarget::All,
+            why: format!("sim held push {tag}"),
+            moves: vec![],
+            plan: None,
+        });
+        let (operator, trace, start) = (self.operator.clone(), self.trace.clone(), self.start);
+        tokio::spawn(async move {
+            let answered = ask_call(&operator, old, &call).await;
+            trace.record(Step::Answer {
+                at_us: micros_since(start),
+                request: format!("push --all (sim held push {tag})"),
+                via: old,
+                outcome: match &answered {
+                    Ok(Answer { body: Ok(body), .. }) => body_summary(body),
+                    Ok(Answer { body: Err(e), .. }) => format!("refused: {e}"),
+                    Err(e) => format!("no answer: {e}"),
+                },
+            });
+        });
+        let written = self.rng.between(200, 600);
+        tokio::time::sleep(Duration::from_millis(written)).await;
+        self.fault(format!("isolate replica {old} with ace's envelope held"));
+        cut_replica(&self.net, old, true);
+        let until = tokio::time::Instant::now() + Duration::from_millis(5_000);
+        let mut via = None;
+        while via.is_none() && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            via = self.leader().map(|(l, _)| l).filter(|l| *l != old);
+        }
+        let applied = match via {
+            Some(leader) => self.apply_and_push_via(tag + 1, leader).await,
+            None => false,
+        };
+        self.fault(format!("heal replica {old}'s path to ace"));
+        self.net.cut_both(replica_addr(old), held, false);
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        self.fault(format!("heal replica {old}"));
+        cut_replica(&self.net, old, false);
+        applied
+    }
+
     /// Hostile peers (issue 22 item 5), each through the real transport to the real leader, each
     /// traced as a [`Step::Hostile`]: host `ace`'s certificate sends a report for `bex`, once
     /// under its own name in the frame and once under `bex`'s; and `ace` sends a report frame of
@@ -1023,10 +1098,19 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
             tag += 1;
             let ms = world.rng.between(2_500, 4_000);
             faults += 1;
+            let healed = tokio::time::Instant::now() + Duration::from_millis(ms + 500);
             if world.isolate_and_write(leader, ms, tag).await {
                 pushes_applied += 1;
             }
+            tokio::time::sleep_until(healed).await;
         }
+        // Then an envelope held on its way while its leader is deposed.
+        tag += 1;
+        faults += 1;
+        if world.hold_an_envelope(tag).await {
+            pushes_applied += 1;
+        }
+        tag += 1;
         let faults_end = tokio::time::Instant::now() + Duration::from_millis(sim_faults_ms);
         let mut generation = [0u64; sim_replicas_n as usize + 1];
         while tokio::time::Instant::now() < faults_end {
