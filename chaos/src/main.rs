@@ -503,7 +503,7 @@ fn sim_main(args: &[String]) -> ExitCode {
         match mesh_chaos::sim::simulate(mesh_chaos::sim::SimSpec { seed: n, faults }) {
             Ok(outcome) => {
                 println!(
-                    "seed {} trace {} steps {} simulated {} ms wall {} ms faults {} pushes applied {} datagrams {} dropped {} duplicated {} cut {} violations {}",
+                    "seed {} trace {} steps {} simulated {} ms wall {} ms faults {} pushes applied {} datagrams {} dropped {} duplicated {} cut {} silenced {} violations {}",
                     outcome.seed,
                     outcome.trace_hash,
                     outcome.steps,
@@ -515,6 +515,7 @@ fn sim_main(args: &[String]) -> ExitCode {
                     outcome.net.dropped,
                     outcome.net.duplicated,
                     outcome.net.cut,
+                    outcome.net.silenced,
                     outcome.violations.len()
                 );
                 if write_trace {

@@ -20,6 +20,7 @@ pub mod net;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -91,6 +92,24 @@ pub enum Step {
     },
     /// A fault the nemesis injected or ended.
     Fault { at_us: u64, what: String },
+    /// A hostile peer's act (issue 22 item 5) and what the replica made of it: `taken` when the
+    /// replica filed or answered it instead of refusing it.
+    Hostile {
+        at_us: u64,
+        what: String,
+        outcome: String,
+        taken: bool,
+    },
+    /// An apply the operator saw acknowledged, with the store revision its answer named.
+    Acked { at_us: u64, via: u64, revision: u64 },
+    /// A read of the model (`model show`) the operator saw answered: invoked at `invoked_us`,
+    /// answered at `at_us`, showing the store at `store_revision`.
+    Read {
+        invoked_us: u64,
+        at_us: u64,
+        via: u64,
+        store_revision: u64,
+    },
 }
 
 /// Why a run could not be made or did not finish.
@@ -228,11 +247,21 @@ struct World {
     trace: Trace,
     start: tokio::time::Instant,
     configs: BTreeMap<u64, ReplicaConfig>,
+    /// Each replica's config as written, to move its store after a kill.
+    config_files: BTreeMap<u64, ReplicaConfigFile>,
     replicas: BTreeMap<u64, Running>,
     hosts: BTreeMap<String, SimHost>,
     operator: Endpoint,
     /// Request ids drawn from the seed, not the OS.
     request_ids: u64,
+    /// Second operators started (each reads through one replica for a while).
+    readers: u64,
+    /// Per replica, whether the replica started last is still the one alive: a killed one's
+    /// metrics stop being traced.
+    alive: BTreeMap<u64, Arc<AtomicBool>>,
+    /// Killed replicas: never shut down, off the network, their tasks left to run until the
+    /// run ends (a process that is gone; see [`World::kill_and_restart`]).
+    killed: Vec<Running>,
 }
 
 /// A QUIC generator seed for the endpoint at `addr` in run `seed`.
@@ -276,7 +305,17 @@ impl World {
         .map_err(|e| self.setup_error(format!("endpoint at {addr}: {e}")))
     }
 
-    fn write_config(&self, id: u64) -> Result<ReplicaConfig, SimError> {
+    /// Writes `file` as replica `file.id`'s config and loads it back, as meshd would.
+    fn save_config(&mut self, file: ReplicaConfigFile) -> Result<ReplicaConfig, SimError> {
+        let path = self.dir.path().join(format!("replica-{}.toml", file.id));
+        let text = file.to_toml().map_err(|e| self.setup_error(e))?;
+        std::fs::write(&path, text).map_err(|e| self.setup_error(e))?;
+        let config = ReplicaConfig::load(&path).map_err(|e| self.setup_error(e))?;
+        self.config_files.insert(file.id, file);
+        Ok(config)
+    }
+
+    fn write_config(&mut self, id: u64) -> Result<ReplicaConfig, SimError> {
         let sub = format!("replica-{id}");
         let (cert, key) = self.pki.write(&sub, &Principal::Replica(id));
         let signing = self.dir.path().join(format!("{sub}.key"));
@@ -311,10 +350,7 @@ impl World {
                 .collect(),
             join: false,
         };
-        let path = self.dir.path().join(format!("{sub}.toml"));
-        let text = file.to_toml().map_err(|e| self.setup_error(e))?;
-        std::fs::write(&path, text).map_err(|e| self.setup_error(e))?;
-        ReplicaConfig::load(&path).map_err(|e| self.setup_error(e))
+        self.save_config(file)
     }
 
     fn host_config(&self, i: usize, name: &str) -> Result<HostConfig, SimError> {
@@ -398,12 +434,15 @@ impl World {
         )
         .await
         .map_err(|e| self.setup_error(format!("replica {id} starts: {e}")))?;
+        let alive = Arc::new(AtomicBool::new(true));
         watch_raft(
             id,
             running.service().replica().metrics(),
             self.trace.clone(),
             self.start,
+            alive.clone(),
         );
+        self.alive.insert(id, alive);
         self.replicas.insert(id, running);
         Ok(())
     }
@@ -454,19 +493,54 @@ impl World {
     }
 
     async fn ask_call(&self, via: u64, call: &Call) -> Result<Answer, String> {
-        let body = mesh_codec::encode("request", call).map_err(|e| e.to_string())?;
-        let peer = Peer::expecting(replica_addr(via), Principal::Replica(via));
-        let bytes = self
-            .operator
-            .request(
-                peer,
-                MessageKind::Command,
-                body,
-                Duration::from_millis(sim_request_ms),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        mesh_codec::decode("answer", &bytes).map_err(|e| e.to_string())
+        ask_call(&self.operator, via, call).await
+    }
+
+    /// A second operator, concurrent with the first: reads the model through replica `via`
+    /// every 50–200 ms (seeded) for `for_ms`, each answer traced as a [`Step::Read`]. While
+    /// `via` is cut off and the first operator writes through a newer leader, a read it answers
+    /// from its own store without confirming it leads is stale.
+    fn spawn_reader(&mut self, via: u64, for_ms: u64) {
+        self.readers += 1;
+        let mut rng = Rng::new(self.seed, 0x5245_4144_0000 + self.readers);
+        let (operator, trace, start, seed) = (
+            self.operator.clone(),
+            self.trace.clone(),
+            self.start,
+            self.seed,
+        );
+        let first_id = self.readers << 32;
+        tokio::spawn(async move {
+            let end = tokio::time::Instant::now() + Duration::from_millis(for_ms);
+            let mut n = first_id;
+            while tokio::time::Instant::now() < end {
+                tokio::time::sleep(Duration::from_millis(rng.between(50, 200))).await;
+                n += 1;
+                let mut id = [0u8; 16];
+                id[..8].copy_from_slice(&seed.to_le_bytes());
+                // Ids of the second operator: the high bit set, apart from the first's.
+                id[8..].copy_from_slice(&(n | 1 << 63).to_le_bytes());
+                let call = Call {
+                    id: RequestId(id),
+                    request: Request::ModelShow { revision: None },
+                };
+                let invoked_us = micros_since(start);
+                let answered = ask_call(&operator, via, &call).await;
+                let at_us = micros_since(start);
+                if let Ok(Answer {
+                    body: Ok(Body::Model(view)),
+                    ..
+                }) = answered
+                {
+                    trace.record(Step::Read {
+                        invoked_us,
+                        at_us,
+                        via,
+                        store_revision: view.store_revision,
+                    });
+                }
+            }
+        });
     }
 
     fn fault(&self, what: String) {
@@ -502,6 +576,11 @@ impl World {
     /// returns whether every machine answered applied.
     async fn apply_and_push(&mut self, tag: u64) -> bool {
         let via = 1 + self.rng.below(sim_replicas_n);
+        self.apply_and_push_via(tag, via).await
+    }
+
+    /// [`World::apply_and_push`] with the apply sent through replica `via`.
+    async fn apply_and_push_via(&mut self, tag: u64, via: u64) -> bool {
         let applied = self
             .ask(
                 via,
@@ -512,11 +591,16 @@ impl World {
                 },
             )
             .await;
-        if applied.is_err() {
-            return false;
+        match applied {
+            Ok(Body::Applied { revision, .. }) => self.trace.record(Step::Acked {
+                at_us: micros_since(self.start),
+                via,
+                revision,
+            }),
+            _ => return false,
         }
         let via = 1 + self.rng.below(sim_replicas_n);
-        match self
+        let pushed = match self
             .ask(
                 via,
                 Request::Push {
@@ -533,6 +617,23 @@ impl World {
                 .iter()
                 .all(|l| matches!(l.outcome, PushOutcome::Applied { .. })),
             _ => false,
+        };
+        let via = 1 + self.rng.below(sim_replicas_n);
+        self.read_model(via).await;
+        pushed
+    }
+
+    /// Reads the model in force through replica `via` (`model show`); an answer is traced as a
+    /// [`Step::Read`] for the read checker, a refusal or silence constrains nothing.
+    async fn read_model(&mut self, via: u64) {
+        let invoked_us = micros_since(self.start);
+        if let Ok(Body::Model(view)) = self.ask(via, Request::ModelShow { revision: None }).await {
+            self.trace.record(Step::Read {
+                invoked_us,
+                at_us: micros_since(self.start),
+                via,
+                store_revision: view.store_revision,
+            });
         }
     }
 
@@ -554,6 +655,225 @@ impl World {
         self.start_replica(id, generation).await
     }
 
+    /// Kills replica `id` as SIGKILL would, as far as one process allows: off the network at
+    /// once (nothing it sends leaves, nothing reaches it), no handover, no drain, no clean close
+    /// of its store. Its store files as they are at that moment (every commit redb made, nothing
+    /// in flight: on this one thread no other task is mid-step) are copied, and after `down_ms`
+    /// the replica starts again from the copy, so redb opens files that were never closed. The
+    /// killed replica's own tasks cannot be stopped from outside the product without a seam
+    /// (`Running` gives no abort); they run on, silenced, until the run ends, and redb does not
+    /// open a file twice in one process, hence the copy (decision 0326).
+    async fn kill_and_restart(
+        &mut self,
+        id: u64,
+        down_ms: u64,
+        generation: u64,
+    ) -> Result<(), SimError> {
+        self.fault(format!("kill replica {id} for {down_ms} ms"));
+        self.net.unbind(replica_addr(id));
+        if let Some(alive) = self.alive.get(&id) {
+            alive.store(false, Ordering::Relaxed);
+        }
+        let from = match self.configs.get(&id) {
+            Some(config) => config.data_dir().to_path_buf(),
+            None => return Err(self.setup_error(format!("replica {id} has no config to kill"))),
+        };
+        let image = self
+            .dir
+            .path()
+            .join(format!("replica-{id}-killed-{generation}"));
+        copy_dir(&from, &image)
+            .map_err(|e| self.setup_error(format!("copying killed replica {id}'s files: {e}")))?;
+        if let Some(running) = self.replicas.remove(&id) {
+            self.killed.push(running);
+        }
+        tokio::time::sleep(Duration::from_millis(down_ms)).await;
+        self.fault(format!("restart replica {id} from its files as killed"));
+        let file = match self.config_files.get(&id) {
+            Some(file) => ReplicaConfigFile {
+                data_dir: image,
+                ..file.clone()
+            },
+            None => return Err(self.setup_error(format!("replica {id} has no config to move"))),
+        };
+        let config = self.save_config(file)?;
+        self.configs.insert(id, config);
+        self.start_replica(id, generation).await
+    }
+
+    /// Cuts replica `id` off from the other replicas for `ms` (healed on its own timer) while a
+    /// second operator reads the model through it ([`World::spawn_reader`]) and the first waits
+    /// for a newer leader and applies and pushes model `tag` through it; returns whether every
+    /// machine applied that push.
+    async fn isolate_and_write(&mut self, id: u64, ms: u64, tag: u64) -> bool {
+        self.fault(format!("isolate replica {id} for {ms} ms"));
+        cut_replica(&self.net, id, true);
+        // A stale leader answering from its own store is what the reader can catch.
+        self.spawn_reader(id, ms);
+        let (net, trace, start) = (self.net.clone(), self.trace.clone(), self.start);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            cut_replica(&net, id, false);
+            trace.record(Step::Fault {
+                at_us: micros_since(start),
+                what: format!("heal replica {id}"),
+            });
+        });
+        let cut_until = tokio::time::Instant::now() + Duration::from_millis(ms);
+        let mut via = None;
+        while via.is_none() && tokio::time::Instant::now() < cut_until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            via = self.leader().map(|(l, _)| l).filter(|l| *l != id);
+        }
+        let via = match via {
+            Some(leader) => leader,
+            None => 1 + self.rng.below(sim_replicas_n),
+        };
+        self.apply_and_push_via(tag, via).await
+    }
+
+    /// The held envelope (the real-process beds' G3 fault, `tests/bed_faults.rs`): the leader's
+    /// path to host `ace` is cut, a push through it writes `ace`'s envelope under its lease (held
+    /// on the wire, QUIC retransmitting it), the leader is cut off from its peers, a newer
+    /// leader applies and pushes model `tag + 1`, and the path to `ace` comes back while the old
+    /// leader is still cut off. With the write gate intact the old stream was reset at the
+    /// lease's end and nothing old reaches `ace`; with the gate and the host's mark both broken
+    /// `ace` applies the old epoch after the newer one. Returns whether every machine applied the
+    /// newer leader's push.
+    async fn hold_an_envelope(&mut self, tag: u64) -> bool {
+        let Some((old, _)) = self.leader() else {
+            return false;
+        };
+        let held = host_addr(0);
+        self.fault(format!("cut replica {old}'s path to ace"));
+        self.net.cut_both(replica_addr(old), held, true);
+        if let Ok(Body::Applied { revision, .. }) = self
+            .ask(
+                old,
+                Request::Apply {
+                    mesh: model(tag),
+                    why: format!("sim apply {tag}"),
+                    drain: false,
+                },
+            )
+            .await
+        {
+            self.trace.record(Step::Acked {
+                at_us: micros_since(self.start),
+                via: old,
+                revision,
+            });
+        }
+        // The push through the old leader, as a second operator: it waits for ace's answer.
+        let call = self.call(Request::Push {
+            target: PushTarget::All,
+            why: format!("sim held push {tag}"),
+            moves: vec![],
+            plan: None,
+        });
+        let (operator, trace, start) = (self.operator.clone(), self.trace.clone(), self.start);
+        tokio::spawn(async move {
+            let answered = ask_call(&operator, old, &call).await;
+            trace.record(Step::Answer {
+                at_us: micros_since(start),
+                request: format!("push --all (sim held push {tag})"),
+                via: old,
+                outcome: match &answered {
+                    Ok(Answer { body: Ok(body), .. }) => body_summary(body),
+                    Ok(Answer { body: Err(e), .. }) => format!("refused: {e}"),
+                    Err(e) => format!("no answer: {e}"),
+                },
+            });
+        });
+        let written = self.rng.between(200, 600);
+        tokio::time::sleep(Duration::from_millis(written)).await;
+        self.fault(format!("isolate replica {old} with ace's envelope held"));
+        cut_replica(&self.net, old, true);
+        let until = tokio::time::Instant::now() + Duration::from_millis(5_000);
+        let mut via = None;
+        while via.is_none() && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            via = self.leader().map(|(l, _)| l).filter(|l| *l != old);
+        }
+        let applied = match via {
+            Some(leader) => self.apply_and_push_via(tag + 1, leader).await,
+            None => false,
+        };
+        self.fault(format!("heal replica {old}'s path to ace"));
+        self.net.cut_both(replica_addr(old), held, false);
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        self.fault(format!("heal replica {old}"));
+        cut_replica(&self.net, old, false);
+        applied
+    }
+
+    /// Hostile peers (issue 22 item 5), each through the real transport to the real leader, each
+    /// traced as a [`Step::Hostile`]: host `ace`'s certificate sends a report for `bex`, once
+    /// under its own name in the frame and once under `bex`'s; and `ace` sends a report frame of
+    /// twice `report_frame_bytes_max`, over a host's frame limit but under the sender's own.
+    async fn hostile(&mut self, leader: u64) {
+        let Some(ace) = self.hosts.get(sim_machines[0]).map(|h| h.endpoint.clone()) else {
+            return;
+        };
+        let claimed = Report {
+            machine: sim_machines[1].to_string(),
+            epoch: 0,
+            sequence: 0,
+            report_sequence: 1 << 40,
+            applied: None,
+            modules: Vec::new(),
+            refused_older: 0,
+            last_refusal: None,
+            proof: None,
+        };
+        let Ok(body) = mesh_codec::encode(mesh::core::wire::report_what, &claimed) else {
+            return;
+        };
+        let peer = Peer::expecting(replica_addr(leader), Principal::Replica(leader));
+        let limit = Duration::from_millis(sim_request_ms);
+        for (what, frame_machine, body) in [
+            (
+                "ace's certificate sends bex's report, the frame naming bex",
+                sim_machines[1],
+                body.clone(),
+            ),
+            (
+                "ace's certificate sends bex's report, the frame naming ace",
+                sim_machines[0],
+                body,
+            ),
+            (
+                "ace sends a report frame of twice report_frame_bytes_max",
+                sim_machines[0],
+                vec![0u8; 2 * mesh_transport::report_frame_bytes_max],
+            ),
+        ] {
+            let kind = MessageKind::Report {
+                machine: frame_machine.to_string(),
+            };
+            let answered = ace.request(peer.clone(), kind, body, limit).await;
+            let (outcome, taken) = match answered {
+                Ok(bytes) => match mesh_codec::decode::<mesh::core::wire::ReportReply>(
+                    mesh::core::wire::report_reply_what,
+                    &bytes,
+                ) {
+                    Ok(reply @ mesh::core::wire::ReportReply::Filed { .. }) => {
+                        (format!("filed: {reply:?}"), true)
+                    }
+                    Ok(reply) => (format!("answered: {reply:?}"), false),
+                    Err(e) => (format!("an answer that is no report reply: {e}"), true),
+                },
+                Err(e) => (format!("refused: {e}"), false),
+            };
+            self.trace.record(Step::Hostile {
+                at_us: micros_since(self.start),
+                what: what.to_string(),
+                outcome,
+                taken,
+            });
+        }
+    }
+
     async fn shutdown(mut self) {
         for (_, running) in std::mem::take(&mut self.replicas) {
             let _ = tokio::time::timeout(Duration::from_millis(15_000), running.shutdown()).await;
@@ -567,16 +887,36 @@ impl World {
     }
 }
 
+/// Asks replica `via` one call as the operator at `operator`.
+async fn ask_call(operator: &Endpoint, via: u64, call: &Call) -> Result<Answer, String> {
+    let body = mesh_codec::encode("request", call).map_err(|e| e.to_string())?;
+    let peer = Peer::expecting(replica_addr(via), Principal::Replica(via));
+    let bytes = operator
+        .request(
+            peer,
+            MessageKind::Command,
+            body,
+            Duration::from_millis(sim_request_ms),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    mesh_codec::decode("answer", &bytes).map_err(|e| e.to_string())
+}
+
 /// Records replica `id`'s Raft state in the trace whenever it changes.
 fn watch_raft(
     id: u64,
     mut metrics: watch::Receiver<mesh_raft::Metrics>,
     trace: Trace,
     start: tokio::time::Instant,
+    alive: Arc<AtomicBool>,
 ) {
     tokio::spawn(async move {
         let mut last = None;
         loop {
+            if !alive.load(Ordering::Relaxed) {
+                return;
+            }
             let now = {
                 let m = metrics.borrow_and_update();
                 (
@@ -624,6 +964,7 @@ fn request_name(request: &Request) -> String {
     match request {
         Request::Apply { why, .. } => format!("apply ({why})"),
         Request::Push { why, .. } => format!("push --all ({why})"),
+        Request::ModelShow { .. } => "model show".into(),
         _ => "other".into(),
     }
 }
@@ -646,7 +987,8 @@ fn body_summary(body: &Body) -> String {
                 .collect();
             format!("push epoch {}: {}", view.epoch, lines.join(", "))
         }
-        Body::Applied { .. } => "applied".into(),
+        Body::Applied { revision, .. } => format!("applied at revision {revision}"),
+        Body::Model(view) => format!("model at store revision {}", view.store_revision),
         _ => "answered".into(),
     }
 }
@@ -704,10 +1046,14 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
         trace,
         start,
         configs: BTreeMap::new(),
+        config_files: BTreeMap::new(),
         replicas: BTreeMap::new(),
         hosts: BTreeMap::new(),
         operator,
         request_ids: 0,
+        readers: 0,
+        alive: BTreeMap::new(),
+        killed: Vec::new(),
     };
     for (i, name) in sim_machines.iter().enumerate() {
         let host = world.start_host(i, name).await?;
@@ -732,6 +1078,10 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Hostile peers against the leader: each act must be refused.
+    if let Some((leader, _)) = world.leader() {
+        world.hostile(leader).await;
+    }
     // (2) Faults from the seed while the operator applies and pushes.
     if spec.faults {
         let weather = Weather {
@@ -741,6 +1091,26 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
         };
         world.fault(format!("weather {weather:?}"));
         world.net.set_weather(weather);
+        // Every run with faults cuts the leader off for longer than an election first (the
+        // followers' first candidate comes about 1.8 s after the last heartbeat), so a newer
+        // leader writes while the old one may still answer.
+        if let Some((leader, _)) = world.leader() {
+            tag += 1;
+            let ms = world.rng.between(2_500, 4_000);
+            faults += 1;
+            let healed = tokio::time::Instant::now() + Duration::from_millis(ms + 500);
+            if world.isolate_and_write(leader, ms, tag).await {
+                pushes_applied += 1;
+            }
+            tokio::time::sleep_until(healed).await;
+        }
+        // Then an envelope held on its way while its leader is deposed.
+        tag += 1;
+        faults += 1;
+        if world.hold_an_envelope(tag).await {
+            pushes_applied += 1;
+        }
+        tag += 1;
         let faults_end = tokio::time::Instant::now() + Duration::from_millis(sim_faults_ms);
         let mut generation = [0u64; sim_replicas_n as usize + 1];
         while tokio::time::Instant::now() < faults_end {
@@ -752,21 +1122,9 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
                         Some((leader, _)) if world.rng.chance(700) => leader,
                         _ => 1 + world.rng.below(sim_replicas_n),
                     };
-                    let ms = world.rng.between(300, 2_000);
-                    world.fault(format!("isolate replica {id} for {ms} ms"));
+                    let ms = world.rng.between(300, 4_000);
                     faults += 1;
-                    cut_replica(&world.net, id, true);
-                    // Healed on its own timer while the operator goes on.
-                    let (net, trace, start) = (world.net.clone(), world.trace.clone(), world.start);
-                    tokio::spawn(async move {
-                        tokio::time::sleep(Duration::from_millis(ms)).await;
-                        cut_replica(&net, id, false);
-                        trace.record(Step::Fault {
-                            at_us: micros_since(start),
-                            what: format!("heal replica {id}"),
-                        });
-                    });
-                    if world.apply_and_push(tag).await {
+                    if world.isolate_and_write(id, ms, tag).await {
                         pushes_applied += 1;
                     }
                 }
@@ -780,7 +1138,11 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
                     let g = &mut generation[id as usize];
                     *g += 1;
                     let g = *g;
-                    world.crash_and_restart(id, down, g).await?;
+                    if world.rng.chance(500) {
+                        world.kill_and_restart(id, down, g).await?;
+                    } else {
+                        world.crash_and_restart(id, down, g).await?;
+                    }
                 }
                 _ => {
                     if world.apply_and_push(tag).await {
@@ -847,6 +1209,21 @@ fn sim_dir() -> std::io::Result<tempfile::TempDir> {
     tempfile::tempdir()
 }
 
+/// Copies directory `from` (files and directories under it) to `to`.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
 /// Cuts replica `id` off from the other replicas, both ways (hosts and the operator still reach it).
 fn cut_replica(net: &Net, id: u64, cut: bool) {
     for other in 1..=sim_replicas_n {
@@ -872,8 +1249,14 @@ pub fn hash(steps: &[Step]) -> String {
 /// - G2/G3 at the hosts: a host never reports a position below one it reported before (its
 ///   applied `(epoch, sequence)` only moves forward), so no host ever applies an envelope from
 ///   an epoch older than one it already applied.
+/// - Hostile peers are refused (G10, the bounds): every [`Step::Hostile`] act was refused.
+/// - Reads see acknowledged writes (the real-time half of linearizability, G1's reads): a read
+///   of the model invoked after an apply was acknowledged shows a store at or past that apply's
+///   revision, whichever replica it went through.
 pub fn check(steps: &[Step]) -> Vec<String> {
     let mut violations = Vec::new();
+    // Acknowledged applies in the order they were answered: (answered at, revision).
+    let mut acked: Vec<(u64, u64)> = Vec::new();
     let mut leaders: BTreeMap<u64, u64> = BTreeMap::new();
     let mut applied: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
     for step in steps {
@@ -916,6 +1299,39 @@ pub fn check(steps: &[Step]) -> Vec<String> {
                     continue;
                 }
                 applied.insert(machine, (*epoch, *sequence, *at_us));
+            }
+            Step::Acked {
+                at_us, revision, ..
+            } => acked.push((*at_us, *revision)),
+            Step::Hostile {
+                at_us,
+                what,
+                outcome,
+                taken: true,
+            } => violations.push(format!(
+                "a hostile peer was not refused at {} ms: {what}: {outcome}",
+                at_us / 1_000
+            )),
+            Step::Read {
+                invoked_us,
+                at_us,
+                via,
+                store_revision,
+            } => {
+                let newest = acked
+                    .iter()
+                    .filter(|(answered, _)| answered < invoked_us)
+                    .max_by_key(|(_, revision)| *revision);
+                if let Some((answered, revision)) = newest
+                    && store_revision < revision
+                {
+                    violations.push(format!(
+                        "a stale read: model show through replica {via} (invoked at {} ms, answered at {} ms) showed store revision {store_revision}, but an apply at revision {revision} was acknowledged at {} ms, before the read began",
+                        invoked_us / 1_000,
+                        at_us / 1_000,
+                        answered / 1_000
+                    ));
+                }
             }
             _ => {}
         }

@@ -1,8 +1,8 @@
 //! The simulator's network: a UDP socket for quinn ([`SimSocket`], quinn's `AsyncUdpSocket`) whose
 //! datagrams go through one [`Net`] instead of the OS. Every datagram's fate comes from the run's
 //! seed: delivered after a delay (1 ms plus jitter, so datagrams overtake each other), dropped,
-//! or delivered twice; a cut link drops everything; a socket that is down (its replica crashed)
-//! receives nothing. Deliveries are tokio timers, so the paused clock jumps from one to the next.
+//! or delivered twice; a cut link drops everything; a socket that is down (its replica crashed,
+//! or a newer socket took its address) neither receives nor sends. Deliveries are tokio timers, so the paused clock jumps from one to the next.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
@@ -38,6 +38,8 @@ pub struct NetCounts {
     pub dropped: u64,
     pub duplicated: u64,
     pub cut: u64,
+    /// Datagrams a socket tried to send after it was taken off the network (a killed replica's).
+    pub silenced: u64,
 }
 
 struct Inbox {
@@ -129,8 +131,19 @@ impl Net {
         lock(&self.state).counts
     }
 
-    fn send(&self, from: SocketAddr, to: SocketAddr, bytes: &[u8]) {
+    fn send(&self, socket: &SimSocket, to: SocketAddr, bytes: &[u8]) {
+        let from = socket.addr;
         let mut s = lock(&self.state);
+        // A socket taken off the network (or replaced at its address) is a process that is gone:
+        // nothing it writes leaves.
+        if !s
+            .inboxes
+            .get(&from)
+            .is_some_and(|bound| Arc::ptr_eq(bound, &socket.inbox))
+        {
+            s.counts.silenced += 1;
+            return;
+        }
         s.counts.sent += 1;
         if s.cut.contains(&(from, to)) {
             s.counts.cut += 1;
@@ -218,12 +231,10 @@ impl AsyncUdpSocket for SimSocket {
         match transmit.segment_size {
             Some(size) if size > 0 => {
                 for datagram in transmit.contents.chunks(size) {
-                    self.net.send(self.addr, transmit.destination, datagram);
+                    self.net.send(self, transmit.destination, datagram);
                 }
             }
-            _ => self
-                .net
-                .send(self.addr, transmit.destination, transmit.contents),
+            _ => self.net.send(self, transmit.destination, transmit.contents),
         }
         Ok(())
     }
