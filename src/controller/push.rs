@@ -232,6 +232,9 @@ impl Service {
         // (decision 0327); with none (the term was left), it marks nothing and its lease stops it.
         let leadership = self.leadership_in(lease.epoch);
         let restored = self.unproven.restored();
+        // No leadership of this term is not an error but a term left: no marks holds every
+        // machine under an unproven floor, and the lease round stops the push.
+        // allow(empty-on-error): a term left has no marks (above)
         let marks = leadership.as_ref().map(|l| l.marks()).unwrap_or_default();
         let unproven = restored.map(|restored| UnprovenFloor {
             restored,
