@@ -432,14 +432,7 @@ impl Cluster {
         };
         let agent = Arc::new(Agent::open(config, Arc::new(sink)).map_err(bed("agent opens"))?);
         agent.start().await.map_err(bed("agent starts"))?;
-        // The fatal channel says when the host's disk failed; a run notices it as a host that
-        // stops applying (convergence fails), so it is not watched here.
-        let _fatal = listener::serve(&endpoint, agent.clone());
-        let (stop, stop_rx) = watch::channel(false);
-        {
-            let agent = agent.clone();
-            tokio::spawn(async move { agent.reconcile(stop_rx).await });
-        }
+        let stop = serve_and_reconcile(&endpoint, &agent);
         Ok(HostRun {
             agent,
             endpoint,
@@ -754,19 +747,8 @@ impl Cluster {
 
     /// Sends `call` to replica `via` as the operator; `None` when no answer came in time.
     pub async fn ask(&self, via: u64, call: &Call) -> Result<Answer, String> {
-        let body = mesh_codec::encode("request", call).map_err(|e| e.to_string())?;
-        let peer = Peer::expecting(self.addrs[&via], Principal::Replica(via));
-        let bytes = self
-            .operator
-            .request(
-                peer,
-                MessageKind::Command,
-                body,
-                Duration::from_millis(request_timeout_ms),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        mesh_codec::decode("answer", &bytes).map_err(|e| e.to_string())
+        let timeout = Duration::from_millis(request_timeout_ms);
+        ask_over(&self.operator, self.addrs[&via], via, call, timeout).await
     }
 
     /// A new call of `request`.
@@ -801,4 +783,34 @@ async fn stop_at_once(replicas: impl IntoIterator<Item = Running>) {
     for stop in stops {
         let _ = stop.await;
     }
+}
+
+/// Sends `call` as the operator of `operator` to replica `via` at `addr` (checked against its
+/// certificate), waiting at most `timeout`; the bed's and the simulator's one way to ask.
+pub(crate) async fn ask_over(
+    operator: &Endpoint,
+    addr: SocketAddr,
+    via: u64,
+    call: &Call,
+    timeout: Duration,
+) -> Result<Answer, String> {
+    let body = mesh_codec::encode("request", call).map_err(|e| e.to_string())?;
+    let peer = Peer::expecting(addr, Principal::Replica(via));
+    let bytes = operator
+        .request(peer, MessageKind::Command, body, timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    mesh_codec::decode("answer", &bytes).map_err(|e| e.to_string())
+}
+
+/// A started host agent put to work as mesh-host does: its listener on `endpoint` and its
+/// reconcile loop, which stops when the returned sender says `true`. The listener's fatal
+/// channel (the host's disk failed) is not watched: a run notices such a host as one that stops
+/// applying (convergence fails).
+pub(crate) fn serve_and_reconcile(endpoint: &Endpoint, agent: &Arc<Agent>) -> watch::Sender<bool> {
+    let _fatal = listener::serve(endpoint, agent.clone());
+    let (stop, stop_rx) = watch::channel(false);
+    let agent = agent.clone();
+    tokio::spawn(async move { agent.reconcile(stop_rx).await });
+    stop
 }

@@ -29,13 +29,13 @@ use mesh::controller::config::{ReplicaConfig, ReplicaConfigFile, TlsFile, write_
 use mesh::controller::{RaftRuntime, Running};
 use mesh::core::model::Mesh;
 use mesh::core::report::Report;
-use mesh::host::{Agent, HostConfig, QuicSink, ReportSink, SinkFuture, listener};
+use mesh::host::{Agent, HostConfig, QuicSink, ReportSink, SinkFuture};
 use mesh_raft::{Clock, RaftSettings};
 use mesh_testkit::Pki;
 use mesh_transport::{Endpoint, Identity, MessageKind, Peer, Principal, TransportConfig};
 use tokio::sync::watch;
 
-use crate::bed::replica_key;
+use crate::bed::{ask_over, replica_key, serve_and_reconcile};
 use crate::rng::Rng;
 use net::{Net, NetCounts, Weather};
 
@@ -401,12 +401,7 @@ impl World {
         };
         let agent = Arc::new(Agent::open(config, Arc::new(sink)).map_err(|e| self.setup_error(e))?);
         agent.start().await.map_err(|e| self.setup_error(e))?;
-        let _fatal = listener::serve(&endpoint, agent.clone());
-        let (stop, stop_rx) = watch::channel(false);
-        {
-            let agent = agent.clone();
-            tokio::spawn(async move { agent.reconcile(stop_rx).await });
-        }
+        let stop = serve_and_reconcile(&endpoint, &agent);
         Ok(SimHost {
             agent,
             endpoint,
@@ -889,18 +884,8 @@ impl World {
 
 /// Asks replica `via` one call as the operator at `operator`.
 async fn ask_call(operator: &Endpoint, via: u64, call: &Call) -> Result<Answer, String> {
-    let body = mesh_codec::encode("request", call).map_err(|e| e.to_string())?;
-    let peer = Peer::expecting(replica_addr(via), Principal::Replica(via));
-    let bytes = operator
-        .request(
-            peer,
-            MessageKind::Command,
-            body,
-            Duration::from_millis(sim_request_ms),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    mesh_codec::decode("answer", &bytes).map_err(|e| e.to_string())
+    let timeout = Duration::from_millis(sim_request_ms);
+    ask_over(operator, replica_addr(via), via, call, timeout).await
 }
 
 /// Records replica `id`'s Raft state in the trace whenever it changes.
