@@ -15,11 +15,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use ed25519_dalek::VerifyingKey;
-use mesh_raft::{Member, MembershipError, Probed, check_quorum, probe_replica};
+use mesh_raft::{Member, MembershipError, Probed, probe_replica};
 use mesh_transport::Sink;
 use serde::{Deserialize, Serialize};
 
 use super::api::{ApiError, Body, ErrorClass, PushOutcome, PushTarget, RequestId};
+use super::leadership::membership::{self, AddAction, AddEvent, RemoveRefusal};
 use super::service::Service;
 use crate::store::command::{Applied, Command};
 use crate::store::revoked::RevokedTarget;
@@ -317,7 +318,8 @@ impl Service {
     }
 
     /// `Request::ReplicasAdd`: see the module's doc for the steps. Asking again after any step
-    /// goes on from where the cluster is (every step is idempotent).
+    /// goes on from where the cluster is (every step is idempotent). Every decision is
+    /// [`membership::Add`]'s (decision 0332); this carries its actions out.
     pub(crate) async fn replicas_add(
         &self,
         actor: &str,
@@ -331,187 +333,144 @@ impl Service {
             addr: addr.clone(),
             problem: format!("{e}; write it as ip:port, the address the other replicas dial"),
         })?;
-        if dial.ip().is_unspecified() || dial.port() == 0 {
-            return Err(MembersError::BadAddress {
-                addr,
-                problem:
-                    "a wildcard address or port 0 cannot be dialled; give the replica's own address"
-                        .into(),
-            }
-            .into());
-        }
-        if VerifyingKey::from_bytes(&key).is_err() {
-            return Err(MembersError::BadKey { id }.into());
-        }
-        if let Some(entry) = self
-            .state()?
-            .revoked
-            .get(&RevokedTarget::retiring(id).key())
-        {
-            return Err(MembersError::Retired {
-                id,
-                why: entry.why.clone(),
-            }
-            .into());
-        }
-        let members = self.replica.members();
-        if let Some(m) = members.get(&id)
-            && m.addr != addr
-        {
-            return Err(membership(MembershipError::OtherAddress {
-                id,
-                known: m.addr.clone(),
-                asked: addr,
-            }));
-        }
-        let mut done = Vec::new();
-        let voters = Self::voters(&members);
-        if voters.contains(&id) {
-            done.push(format!("replica {id} is already a voter at {addr}"));
-            return self.replicas_view(done).await;
-        }
-        // The new replica must be running, and the change must keep a quorum.
-        let mut asks: BTreeMap<u64, SocketAddr> = voters
-            .iter()
-            .filter_map(|v| self.member_addr(*v).map(|a| (*v, a)))
-            .collect();
-        asks.insert(id, dial);
-        let answered = self.answering(&asks).await;
-        if !answered.contains_key(&id) {
-            let timings = self.replica.config().timings();
-            let wait =
-                Duration::from_millis(self.replica.config().settings().election_timeout_min_ms / 2);
-            let reason = match probe_replica(&self.endpoint, &timings, id, dial, wait).await {
-                Ok(_) => "it answered only late".to_string(),
-                Err(e) => e.to_string(),
-            };
-            return Err(MembersError::NewReplicaSilent { id, addr, reason }.into());
-        }
-        let live: BTreeSet<u64> = answered.keys().copied().collect();
-        let mut after = voters.clone();
-        after.insert(id);
-        check_quorum(&voters, &after, &live).map_err(|e| MembersError::WouldLoseQuorum {
-            reason: e.to_string(),
-            members: members.keys().copied().collect(),
-            answering: live.iter().copied().collect(),
-        })?;
-        // 1. The key into the state: every machine is behind from here.
-        let known = self.state()?.signers.get(&id) == Some(&key);
-        if !known {
-            match self
-                .propose(
-                    term,
-                    None,
-                    actor,
-                    Command::SetSigner {
+        let state = self.state()?;
+        let cluster = membership::Cluster {
+            voters: Self::voters(&self.replica.members()),
+            member_addr: self.replica.members().get(&id).map(|m| m.addr.clone()),
+            retired_why: state
+                .revoked
+                .get(&RevokedTarget::retiring(id).key())
+                .map(|entry| entry.why.clone()),
+            key_in_state: state.signers.get(&id) == Some(&key),
+        };
+        let mut add = membership::Add::new(membership::AddAsk {
+            id,
+            addr: addr.clone(),
+            dialable: !dial.ip().is_unspecified() && dial.port() != 0,
+            key_valid: VerifyingKey::from_bytes(&key).is_ok(),
+        });
+        // The machines this call's push saw apply the key (its answer comes before their reports).
+        let mut applied_now = BTreeSet::new();
+        let mut event = AddEvent::Start(cluster);
+        loop {
+            event = match add.next(event) {
+                AddAction::Probe => {
+                    let members = self.replica.members();
+                    let voters = Self::voters(&members);
+                    let mut asks: BTreeMap<u64, SocketAddr> = voters
+                        .iter()
+                        .filter_map(|v| self.member_addr(*v).map(|a| (*v, a)))
+                        .collect();
+                    asks.insert(id, dial);
+                    AddEvent::Answered {
+                        members: members.keys().copied().collect(),
+                        voters,
+                        live: self.answering(&asks).await.keys().copied().collect(),
+                    }
+                }
+                AddAction::ExplainSilent => {
+                    let timings = self.replica.config().timings();
+                    let wait = Duration::from_millis(
+                        self.replica.config().settings().election_timeout_min_ms / 2,
+                    );
+                    let reason = match probe_replica(&self.endpoint, &timings, id, dial, wait).await
+                    {
+                        Ok(_) => "it answered only late".to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    AddEvent::Silent { reason }
+                }
+                AddAction::CommitKey => {
+                    let command = Command::SetSigner {
                         replica: id,
                         key: Some(key),
-                    },
-                )
-                .await?
-            {
-                Applied::Signer { known: true, .. } => {}
-                other => {
-                    return Err(ApiError::internal(format!(
-                        "the store answered a signing key with {other:?}"
-                    )));
-                }
-            }
-            done.push(format!("replica {id}'s signing key committed"));
-        }
-        // 2. A push of the machines behind carries it to every host.
-        let mut applied_now = BTreeSet::new();
-        let state = self.state()?;
-        let missing = key_missing_on(&state, id, &key, &applied_now);
-        if !missing.is_empty() {
-            let push_id = RequestId(random_id()?);
-            let why = format!("replica {id} joins: its signing key");
-            match self
-                .push(actor, push_id, PushTarget::Behind, why, vec![], None, lines)
-                .await
-            {
-                Ok(Body::Push(view)) => {
-                    for line in &view.lines {
-                        if matches!(line.outcome, PushOutcome::Applied { .. }) {
-                            applied_now.insert(line.machine.clone());
+                    };
+                    match self.propose(term, None, actor, command).await? {
+                        Applied::Signer { known: true, .. } => AddEvent::KeyCommitted,
+                        other => {
+                            return Err(ApiError::internal(format!(
+                                "the store answered a signing key with {other:?}"
+                            )));
                         }
                     }
-                    done.push(format!(
-                        "pushed the key: {} of {} machines applied it",
-                        applied_now.len(),
-                        view.lines.len()
-                    ));
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(replica = self.id, new = id, error = %e, "the push of the new replica's key did not finish");
-                    done.push(format!("the push of the key did not finish: {e}"));
+                AddAction::ReadMissing => AddEvent::Missing {
+                    machines: key_missing_on(self.state()?.as_ref(), id, &key, &applied_now),
+                },
+                AddAction::PushKey => {
+                    let push_id = RequestId(random_id()?);
+                    let why = format!("replica {id} joins: its signing key");
+                    match self
+                        .push(actor, push_id, PushTarget::Behind, why, vec![], None, lines)
+                        .await
+                    {
+                        Ok(Body::Push(view)) => {
+                            for line in &view.lines {
+                                if matches!(line.outcome, PushOutcome::Applied { .. }) {
+                                    applied_now.insert(line.machine.clone());
+                                }
+                            }
+                            AddEvent::Pushed {
+                                applied: applied_now.len(),
+                                lines: view.lines.len(),
+                            }
+                        }
+                        Ok(_) => AddEvent::PushUnfinished {
+                            error: "the push answered without its lines".into(),
+                        },
+                        Err(e) => {
+                            tracing::warn!(replica = self.id, new = id, error = %e, "the push of the new replica's key did not finish");
+                            AddEvent::PushUnfinished {
+                                error: e.to_string(),
+                            }
+                        }
+                    }
                 }
-            }
-        }
-        // 3. A learner, caught up. An add that fails here leaves nothing trusted (issue 27): the
-        // key this call committed leaves the state again (the next push carries that); one a
-        // leader change cuts off is retired by the next leader (`retire_outsiders`).
-        if let Err(e) = self
-            .replica
-            .add_learner_caught_up(id, &addr, Duration::from_millis(member_catch_up_ms))
-            .await
-        {
-            if !known {
-                let drop = Command::SetSigner {
-                    replica: id,
-                    key: None,
-                };
-                if let Err(undone) = self.propose(term, None, actor, drop).await {
-                    tracing::warn!(replica = self.id, new = id, error = %undone, "the failed add's key stays in the state; the next leader retires it");
+                AddAction::AddLearner => match self
+                    .replica
+                    .add_learner_caught_up(id, &addr, Duration::from_millis(member_catch_up_ms))
+                    .await
+                {
+                    Ok(()) => AddEvent::LearnerCaughtUp,
+                    Err(e) => AddEvent::LearnerFailed(e),
+                },
+                AddAction::DropKey => {
+                    let drop = Command::SetSigner {
+                        replica: id,
+                        key: None,
+                    };
+                    let dropped = match self.propose(term, None, actor, drop).await {
+                        Ok(_) => true,
+                        Err(undone) => {
+                            tracing::warn!(replica = self.id, new = id, error = %undone, "the failed add's key stays in the state; the next leader retires it");
+                            false
+                        }
+                    };
+                    AddEvent::KeyDropped { dropped }
                 }
-            }
-            return Err(membership(e));
+                AddAction::Promote => {
+                    self.replica
+                        .promote(id, Duration::from_millis(member_change_ms))
+                        .await
+                        .map_err(membership)?;
+                    tracing::info!(replica = self.id, new = id, %addr, "replica {id} is a voter (joint consensus committed)");
+                    AddEvent::Promoted
+                }
+                AddAction::Done { done } => return self.replicas_view(done).await,
+                AddAction::Refuse(e) => {
+                    if let MembersError::KeyNotOnHosts { machines, .. } = &e {
+                        tracing::warn!(replica = self.id, new = id, machines = ?machines, "the new replica stays a learner: machines have not confirmed its key");
+                    }
+                    return Err(e.into());
+                }
+                AddAction::Fail(e) => return Err(membership(e)),
+            };
         }
-        done.push(format!(
-            "replica {id} added as a learner at {addr} and caught up"
-        ));
-        // 4. A voter only once every host has the key.
-        let state = self.state()?;
-        let missing = key_missing_on(&state, id, &key, &applied_now);
-        if !missing.is_empty() {
-            tracing::warn!(replica = self.id, new = id, machines = ?missing, "the new replica stays a learner: machines have not confirmed its key");
-            return Err(MembersError::KeyNotOnHosts {
-                id,
-                machines: missing,
-            }
-            .into());
-        }
-        // The quorum again, now that the learner caught up (a voter may have died meanwhile).
-        let members = self.replica.members();
-        let voters = Self::voters(&members);
-        let mut asks: BTreeMap<u64, SocketAddr> = voters
-            .iter()
-            .filter_map(|v| self.member_addr(*v).map(|a| (*v, a)))
-            .collect();
-        asks.insert(id, dial);
-        let live: BTreeSet<u64> = self.answering(&asks).await.keys().copied().collect();
-        let mut after = voters.clone();
-        after.insert(id);
-        check_quorum(&voters, &after, &live).map_err(|e| MembersError::WouldLoseQuorum {
-            reason: e.to_string(),
-            members: members.keys().copied().collect(),
-            answering: live.iter().copied().collect(),
-        })?;
-        self.replica
-            .promote(id, Duration::from_millis(member_change_ms))
-            .await
-            .map_err(membership)?;
-        tracing::info!(replica = self.id, new = id, %addr, "replica {id} is a voter (joint consensus committed)");
-        done.push(format!(
-            "replica {id} is a voter (joint consensus {:?} -> {:?})",
-            voters, after
-        ));
-        self.replicas_view(done).await
     }
 
     /// `Request::ReplicasRemove`: refused, changing nothing, when it is this leader or when the
-    /// voters that answer now could not commit the change or elect a leader afterwards.
+    /// voters that answer now could not commit the change or elect a leader afterwards
+    /// ([`membership::remove_asked`], [`membership::remove_keeps_quorum`]).
     pub(crate) async fn replicas_remove(
         &self,
         actor: &str,
@@ -520,28 +479,18 @@ impl Service {
     ) -> Result<Body, ApiError> {
         let term = self.leading_term()?;
         let members = self.replica.members();
-        if !members.contains_key(&id) {
-            return Err(membership(MembershipError::NotMember {
-                id,
-                members: members.keys().copied().collect(),
-            }));
-        }
-        if id == self.id {
-            return Err(MembersError::RemovingTheLeader { id }.into());
-        }
+        let ids: BTreeSet<u64> = members.keys().copied().collect();
+        membership::remove_asked(id, self.id, &ids).map_err(|refusal| match refusal {
+            RemoveRefusal::Members(e) => e.into(),
+            RemoveRefusal::Membership(e) => membership(e),
+        })?;
         let voters = Self::voters(&members);
         let asks: BTreeMap<u64, SocketAddr> = voters
             .iter()
             .filter_map(|v| self.member_addr(*v).map(|a| (*v, a)))
             .collect();
         let live: BTreeSet<u64> = self.answering(&asks).await.keys().copied().collect();
-        let mut after = voters.clone();
-        after.remove(&id);
-        check_quorum(&voters, &after, &live).map_err(|e| MembersError::WouldLoseQuorum {
-            reason: e.to_string(),
-            members: members.keys().copied().collect(),
-            answering: live.iter().copied().collect(),
-        })?;
+        let after = membership::remove_keeps_quorum(id, &ids, &voters, &live)?;
         let mut done = Vec::new();
         self.replica
             .remove_member(id, Duration::from_millis(member_change_ms))

@@ -1,10 +1,12 @@
 //! The leader's decisions as sans-I/O cores (issue 22 item 1, decision 0321), in the manner of the
 //! push engine (`controller::engine`): what a leader knows goes in as plain data with the time it
 //! is, what to do comes out as typed values; the async shell in `Service` reads the state, calls
-//! the core and carries the answer out. [`intake`] decides on a host's report; the push engine
+//! the core and carries the answer out. [`intake`] decides on a host's report, [`membership`] on a
+//! replica joining or leaving; the push engine
 //! decides the push and the G9 floor hold (`engine::floor`).
 
 pub(crate) mod intake;
+pub(crate) mod membership;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -275,6 +277,7 @@ mod tests {
         // back into the shell's world.
         let sources = [
             ("leadership/intake.rs", include_str!("intake.rs")),
+            ("leadership/membership.rs", include_str!("membership.rs")),
             ("engine/floor.rs", include_str!("../engine/floor.rs")),
         ];
         // Nor a lock, nor the service: they decide on what they are handed.
