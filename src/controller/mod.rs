@@ -6,6 +6,7 @@ mod engine;
 pub mod events;
 pub mod fleet;
 pub mod floor;
+mod forwarding;
 mod genesis;
 pub mod http;
 mod leadership;

@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use super::api::{Answer, ApiError, Body, Call, Forwarded, Request, RequestId};
 use super::config::{ConfigError, ReplicaConfig};
 use super::floor::{FloorError, read_floor, write_floor};
+use super::forwarding;
 use super::leadership::intake::{Admission, Intake, Raise, RaiseWhy, Refusal, admit};
 use super::metrics::{Metrics, request_kind, unreadable_kind};
 use crate::core::report::{OverBound, Report, decode_bounded};
@@ -1056,55 +1057,67 @@ impl Service {
         find: Duration,
         lines: &Sink,
     ) -> Result<Option<Answer>, ApiError> {
-        let deadline = tokio::time::Instant::now() + find;
+        let started = tokio::time::Instant::now();
+        let pause = Duration::from_millis(self.replica.config().settings().heartbeat_ms);
+        let mut search = forwarding::Search::new(find, pause);
         let mut metrics = self.replica.metrics();
-        let mut why = "no leader is known (an election may be running)".to_string();
+        let mut step = search.seen(self.seen(&mut metrics), started.elapsed());
         loop {
-            let leader = {
-                let m = metrics.borrow_and_update();
-                if m.state == ServerState::Leader && m.current_leader == Some(self.id) {
-                    return Ok(None);
+            step = match step {
+                forwarding::Step::HandleHere => return Ok(None),
+                forwarding::Step::Probe { leader } => {
+                    let probed = self.probe_leader(leader, &mut metrics).await;
+                    search.probed(leader, probed, started.elapsed())
                 }
-                m.current_leader.filter(|l| *l != self.id)
+                // Once written, never again elsewhere: it may have run there.
+                forwarding::Step::Forward { leader, addr } => {
+                    return self.forward(leader, addr, forwarded, lines).await.map(Some);
+                }
+                forwarding::Step::Wait { at_most } => {
+                    // Until the metrics name another leader (or a heartbeat later, to ask again).
+                    let _ = tokio::time::timeout(at_most, metrics.changed()).await;
+                    search.seen(self.seen(&mut metrics), started.elapsed())
+                }
+                forwarding::Step::GiveUp { find, why } => {
+                    return Err(ApiError::NoLeader {
+                        replica: self.id,
+                        waited_ms: find.as_millis() as u64,
+                        reason: why.to_string(),
+                    });
+                }
             };
-            if let Some(leader) = leader {
-                match self.probe_leader(leader, &mut metrics).await {
-                    // Once written, never again elsewhere: it may have run there.
-                    Ok(addr) => {
-                        return self.forward(leader, addr, forwarded, lines).await.map(Some);
-                    }
-                    Err(e) => why = e,
-                }
-            }
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Err(ApiError::NoLeader {
-                    replica: self.id,
-                    waited_ms: find.as_millis() as u64,
-                    reason: why,
-                });
-            }
-            // Until the metrics name another leader (or a heartbeat later, to ask again).
-            let pause = Duration::from_millis(self.replica.config().settings().heartbeat_ms);
-            let _ = tokio::time::timeout((deadline - now).min(pause), metrics.changed()).await;
         }
     }
 
-    /// `leader`'s address when it answers a probe saying it leads; the probe is dropped as soon as
-    /// the metrics name another leader. Its timeout is half of `election_timeout_min`, so a dead
-    /// leader costs less than an election does.
+    /// What the metrics say of the leader now (and marks them seen).
+    fn seen(
+        &self,
+        metrics: &mut tokio::sync::watch::Receiver<mesh_raft::Metrics>,
+    ) -> forwarding::Seen {
+        let m = metrics.borrow_and_update();
+        if m.state == ServerState::Leader && m.current_leader == Some(self.id) {
+            return forwarding::Seen::LeadsHere;
+        }
+        match m.current_leader.filter(|l| *l != self.id) {
+            Some(leader) => forwarding::Seen::Leader(leader),
+            None => forwarding::Seen::NoLeader,
+        }
+    }
+
+    /// Probes `leader`; the probe is dropped as soon as the metrics name another leader. Its
+    /// timeout is half of `election_timeout_min`, so a dead leader costs less than an election
+    /// does.
     async fn probe_leader(
         &self,
         leader: u64,
         metrics: &mut tokio::sync::watch::Receiver<mesh_raft::Metrics>,
-    ) -> Result<std::net::SocketAddr, String> {
+    ) -> forwarding::Probed<std::net::SocketAddr> {
         // The membership's address first: a replica added later is in no `[peers]` (decision 0230).
-        let addr = self.member_addr(leader).ok_or_else(|| {
-            format!(
-                "leader {leader} is neither in the membership nor in [peers] of {}; fix the config",
-                self.config.file().display()
-            )
-        })?;
+        let Some(addr) = self.member_addr(leader) else {
+            return forwarding::Probed::NoAddress {
+                config: self.config.file().display().to_string(),
+            };
+        };
         let timeout =
             Duration::from_millis(self.replica.config().settings().election_timeout_min_ms / 2);
         let timings = self.replica.config().timings();
@@ -1121,11 +1134,11 @@ impl Service {
         };
         tokio::select! {
             probed = probe => match probed {
-                Ok(p) if p.leads() => Ok(addr),
-                Ok(p) => Err(format!("replica {leader} no longer leads (it is {:?} in term {})", p.role, p.term)),
-                Err(e) => Err(format!("the leader did not answer a probe within {} ms: {e}", timeout.as_millis())),
+                Ok(p) if p.leads() => forwarding::Probed::Leads(addr),
+                Ok(p) => forwarding::Probed::Follows { role: format!("{:?}", p.role), term: p.term },
+                Err(e) => forwarding::Probed::Silent { waited_ms: timeout.as_millis() as u64, error: e.to_string() },
             },
-            () = moved => Err(format!("replica {leader} stopped being the leader")),
+            () = moved => forwarding::Probed::Moved,
         }
     }
 
