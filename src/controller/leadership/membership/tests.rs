@@ -36,6 +36,15 @@ fn answered(voters: &[u64], live: &[u64]) -> AddEvent {
     }
 }
 
+/// The add begun on voters 1-3 with every one and the new replica 4 answering, its key committed.
+fn begun() -> Vec<AddEvent> {
+    vec![
+        AddEvent::Start(cluster(&[1, 2, 3])),
+        answered(&[1, 2, 3], &[1, 2, 3, 4]),
+        AddEvent::KeyCommitted,
+    ]
+}
+
 /// Feeds `events` in order and returns every action, stopping at an answer.
 fn drive(add: &mut Add, events: Vec<AddEvent>) -> Vec<AddAction> {
     let mut actions = Vec::new();
@@ -108,23 +117,24 @@ fn g2_g9_a_replica_becomes_a_voter_only_once_every_machine_confirmed_its_key() {
     let mut add = Add::new(ask(4));
     let actions = drive(
         &mut add,
-        vec![
-            AddEvent::Start(cluster(&[1, 2, 3])),
-            answered(&[1, 2, 3], &[1, 2, 3, 4]),
-            AddEvent::KeyCommitted,
-            AddEvent::Missing {
-                machines: vec!["ace".into()],
-            },
-            AddEvent::PushUnfinished {
-                error: "no answer".into(),
-            },
-            AddEvent::LearnerCaughtUp,
-            AddEvent::Missing {
-                machines: vec!["ace".into()],
-            },
-            answered(&[1, 2, 3], &[1, 2, 3, 4]),
-            AddEvent::Promoted,
-        ],
+        [
+            begun(),
+            vec![
+                AddEvent::Missing {
+                    machines: vec!["ace".into()],
+                },
+                AddEvent::PushUnfinished {
+                    error: "no answer".into(),
+                },
+                AddEvent::LearnerCaughtUp,
+                AddEvent::Missing {
+                    machines: vec!["ace".into()],
+                },
+                answered(&[1, 2, 3], &[1, 2, 3, 4]),
+                AddEvent::Promoted,
+            ],
+        ]
+        .concat(),
     );
     assert!(
         !actions.contains(&AddAction::Promote),
@@ -145,14 +155,15 @@ fn a_failed_catch_up_takes_back_only_a_key_this_add_committed() {
     let mut add = Add::new(ask(4));
     let actions = drive(
         &mut add,
-        vec![
-            AddEvent::Start(cluster(&[1, 2, 3])),
-            answered(&[1, 2, 3], &[1, 2, 3, 4]),
-            AddEvent::KeyCommitted,
-            AddEvent::Missing { machines: vec![] },
-            AddEvent::LearnerFailed(not_caught_up()),
-            AddEvent::KeyDropped { dropped: true },
-        ],
+        [
+            begun(),
+            vec![
+                AddEvent::Missing { machines: vec![] },
+                AddEvent::LearnerFailed(not_caught_up()),
+                AddEvent::KeyDropped { dropped: true },
+            ],
+        ]
+        .concat(),
     );
     assert_eq!(
         actions[3..],
@@ -212,15 +223,16 @@ fn an_add_that_would_lose_quorum_or_whose_replica_is_silent_changes_nothing() {
     let mut add = Add::new(ask(4));
     let actions = drive(
         &mut add,
-        vec![
-            AddEvent::Start(cluster(&[1, 2, 3])),
-            answered(&[1, 2, 3], &[1, 2, 3, 4]),
-            AddEvent::KeyCommitted,
-            AddEvent::Missing { machines: vec![] },
-            AddEvent::LearnerCaughtUp,
-            AddEvent::Missing { machines: vec![] },
-            answered(&[1, 2, 3], &[1, 4]),
-        ],
+        [
+            begun(),
+            vec![
+                AddEvent::Missing { machines: vec![] },
+                AddEvent::LearnerCaughtUp,
+                AddEvent::Missing { machines: vec![] },
+                answered(&[1, 2, 3], &[1, 4]),
+            ],
+        ]
+        .concat(),
     );
     assert!(!actions.contains(&AddAction::Promote), "{actions:?}");
     assert!(matches!(
