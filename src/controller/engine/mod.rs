@@ -76,6 +76,84 @@ pub(crate) enum NoLease {
     Lost(String),
 }
 
+/// Why a push stopped acting (decision 0334): one variant per stop rule, so the engine's tests
+/// and the driver match on the rule, not on text. `Display` is what the operator reads on each
+/// line the stop fails ("stopped: …") and in the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum StopReason {
+    /// The proposal in flight did not commit (leadership lost, no answer in time).
+    NotCommitted(String),
+    /// The kept envelope (a genesis) could not be sealed.
+    NotKept(String),
+    /// The replica no longer leads in the push's term (its metrics said so).
+    Deposed(String),
+    /// A lease round confirmed another term than the push's (G3: the push's term is over).
+    LeadershipMoved { from: u64, to: u64 },
+    /// A lease round found the term lost.
+    LeaseLost(String),
+    /// Lease rounds gave no lease to act under `rounds` times in a row (decision 0270).
+    LeaseUnconfirmed { last: RoundFailure, rounds: u32 },
+    /// The store refused a hold's proposal.
+    HoldRefused(String),
+    /// A host holds a newer envelope, proven by a header a trusted replica signed (G2): another
+    /// leader sent after this one.
+    NewerEnvelope {
+        machine: String,
+        refusal: String,
+        held: Position,
+    },
+    /// A send was stopped at the write (G3's gate).
+    Gated(String),
+}
+
+/// Why one lease round gave no lease to act under, though the term was not lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RoundFailure {
+    /// The round did not confirm the term in time.
+    Unconfirmed(String),
+    /// The round confirmed the term, but its lease closed `late_ms` before the answer came back.
+    ClosedBeforeAnswer { term: u64, late_ms: u128 },
+}
+
+impl std::fmt::Display for RoundFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RoundFailure::Unconfirmed(e) => write!(f, "lease could not be renewed: {e}"),
+            RoundFailure::ClosedBeforeAnswer { term, late_ms } => write!(
+                f,
+                "lease closed: the lease of term {term} the round confirmed closed {late_ms} ms before it answered"
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopReason::NotCommitted(e) | StopReason::NotKept(e) | StopReason::Deposed(e) => {
+                write!(f, "{e}")
+            }
+            StopReason::LeadershipMoved { from, to } => {
+                write!(f, "leadership moved from term {from} to term {to}")
+            }
+            StopReason::LeaseLost(e) => write!(f, "lease could not be renewed: {e}"),
+            StopReason::LeaseUnconfirmed { last, rounds } => {
+                write!(f, "{last} ({rounds} rounds in a row failed)")
+            }
+            StopReason::HoldRefused(e) => write!(f, "the store refused a hold: {e}"),
+            StopReason::NewerEnvelope {
+                machine,
+                refusal,
+                held,
+            } => write!(
+                f,
+                "{machine} already holds a newer envelope ({refusal}), proven by a header signed at {held}: another leader sent after this one"
+            ),
+            StopReason::Gated(e) => write!(f, "{e}"),
+        }
+    }
+}
+
 /// What one push is asked to do.
 pub(crate) struct PushJob {
     pub(crate) target: PushTarget,
@@ -183,7 +261,7 @@ pub(crate) enum Action {
     /// One machine's line is final (for a push that streams them).
     Line(PushLine),
     /// The push stopped acting; log it.
-    Stopped { epoch: u64, reason: String },
+    Stopped { epoch: u64, reason: StopReason },
     /// A host refused an envelope as older than one it holds, and nothing signed by a trusted
     /// replica proves that it does (a mark edited or corrupt on its disk): log it, count it in
     /// `/metrics` and show it in `status`. The machine's line failed; the push goes on once a
@@ -254,7 +332,7 @@ pub(crate) struct PushEngine {
     lines: Vec<Option<PushLine>>,
     /// Machines whose envelope the transport would refuse: not recorded, their line failed.
     undeliverable: Vec<PushLine>,
-    stopped: Option<String>,
+    stopped: Option<StopReason>,
     /// Held by an unproven floor (decision 0274): such a push never began.
     held_by_floor: bool,
     /// While the floor's raise is in flight: the machines to answer `held` once it came back, or
@@ -440,17 +518,17 @@ impl PushEngine {
             Event::Refused(reason) => self.on_refused(reason, &mut out),
             Event::Failed(error) => {
                 self.pending_reply = false;
-                self.stop(error, &mut out);
+                self.stop(StopReason::NotCommitted(error), &mut out);
             }
             Event::Kept(result) => {
                 self.pending_reply = false;
                 match result {
                     Ok(()) => self.step = Step::Sending,
-                    Err(e) => self.stop(e, &mut out),
+                    Err(e) => self.stop(StopReason::NotKept(e), &mut out),
                 }
             }
             Event::Answered { machine, answer } => self.on_answered(now, machine, answer, &mut out),
-            Event::Deposed(reason) => self.stop(reason, &mut out),
+            Event::Deposed(reason) => self.stop(StopReason::Deposed(reason), &mut out),
             Event::Tick => {}
         }
         if self.step != Step::Done {
@@ -463,10 +541,10 @@ impl PushEngine {
         self.renewing = false;
         match result {
             Ok(lease) if lease.epoch != self.lease.epoch => {
-                let reason = format!(
-                    "leadership moved from term {} to term {}",
-                    self.lease.epoch, lease.epoch
-                );
+                let reason = StopReason::LeadershipMoved {
+                    from: self.lease.epoch,
+                    to: lease.epoch,
+                };
                 self.stop(reason, out);
             }
             Ok(lease) => {
@@ -491,27 +569,29 @@ impl PushEngine {
                 } else {
                     // Confirmed, but closed before it came back (the replica is paused again
                     // and again, or the round's answer waited): no lease to act under.
-                    let reason = format!(
-                        "lease closed: the lease of term {} the round confirmed closed {} ms before it answered",
-                        lease.epoch,
-                        now.duration_since(lease.until).as_millis()
-                    );
+                    let reason = RoundFailure::ClosedBeforeAnswer {
+                        term: lease.epoch,
+                        late_ms: now.duration_since(lease.until).as_millis(),
+                    };
                     self.round_failed(reason, out);
                 }
             }
-            Err(NoLease::Lost(e)) => self.stop(format!("lease could not be renewed: {e}"), out),
+            Err(NoLease::Lost(e)) => self.stop(StopReason::LeaseLost(e), out),
             Err(NoLease::Unconfirmed(e)) => {
-                self.round_failed(format!("lease could not be renewed: {e}"), out);
+                self.round_failed(RoundFailure::Unconfirmed(e), out);
             }
         }
     }
 
     /// A round gave no lease to act under, though the term was not lost: `pump` asks again at
     /// once, up to [`lease_rounds_failed_max`] rounds in a row (decision 0270).
-    fn round_failed(&mut self, reason: String, out: &mut Vec<Action>) {
+    fn round_failed(&mut self, last: RoundFailure, out: &mut Vec<Action>) {
         self.failed_rounds += 1;
         if self.failed_rounds >= lease_rounds_failed_max {
-            let reason = format!("{reason} ({} rounds in a row failed)", self.failed_rounds);
+            let reason = StopReason::LeaseUnconfirmed {
+                last,
+                rounds: self.failed_rounds,
+            };
             self.stop(reason, out);
         }
     }
@@ -564,7 +644,7 @@ impl PushEngine {
         let what = match self.step {
             Step::Mints => "mints",
             Step::Records => "send records",
-            _ => return self.stop(format!("the store refused a hold: {reason}"), out),
+            _ => return self.stop(StopReason::HoldRefused(reason), out),
         };
         let what = what.to_string();
         self.fail(PushError::StoreRefused { what, reason }.into(), out);
@@ -614,9 +694,11 @@ impl PushEngine {
                 };
                 match proven.filter(|held| older && *held >= ours) {
                     Some(held) => {
-                        stop = Some(format!(
-                            "{machine} already holds a newer envelope ({refusal}), proven by a header signed at {held}: another leader sent after this one"
-                        ));
+                        stop = Some(StopReason::NewerEnvelope {
+                            machine: machine.clone(),
+                            refusal: refusal.clone(),
+                            held,
+                        });
                         PushOutcome::Refused { reason, refusal }
                     }
                     None if older => {
@@ -646,7 +728,7 @@ impl PushEngine {
             },
             HostAnswer::NotSent(error) => PushOutcome::Failed { reason, error },
             HostAnswer::Gated(error) => {
-                stop = Some(error.clone());
+                stop = Some(StopReason::Gated(error.clone()));
                 PushOutcome::Failed {
                     reason,
                     error: format!("stopped at the write: {error}"),
@@ -670,7 +752,7 @@ impl PushEngine {
 
     /// Stops acting: nothing more is proposed, kept or sent. Sends already handed out finish
     /// (their deadline and the gate bound them); the answer waits for them.
-    fn stop(&mut self, reason: String, out: &mut Vec<Action>) {
+    fn stop(&mut self, reason: StopReason, out: &mut Vec<Action>) {
         if self.stopped.is_some() {
             return;
         }
@@ -826,7 +908,7 @@ impl PushEngine {
 
     /// A stopped push answers once nothing is in flight: before its records were committed (or
     /// its genesis kept) every machine fails with the reason; after, every line stands.
-    fn finish_stopped(&mut self, reason: &str, out: &mut Vec<Action>) {
+    fn finish_stopped(&mut self, reason: &StopReason, out: &mut Vec<Action>) {
         if self.step == Step::Sending {
             // Named now, not when the sends in flight come back: nothing more leaves.
             while let Some(index) = self.queue.pop_front() {

@@ -385,11 +385,13 @@ fn g3_lease_refused_stops_the_push_naming_every_machine_not_sent() {
     let lost = NoLease::Lost("this replica is not the leader".into());
     let out = engine.handle(half, Event::Lease(Err(lost)));
     assert!(sends(&out).is_empty());
-    assert!(
-        out.iter().any(
-            |a| matches!(a, Action::Stopped { epoch: 4, reason } if reason.contains("renewed"))
-        )
-    );
+    assert!(out.iter().any(|a| matches!(
+        a,
+        Action::Stopped {
+            epoch: 4,
+            reason: StopReason::LeaseLost(_)
+        }
+    )));
     assert!(answer(&out).is_none(), "sends in flight still answer");
     let mut last = Vec::new();
     for m in &in_flight {
@@ -612,7 +614,7 @@ fn g3_a_send_stopped_at_the_write_during_a_renewal_leaves_again_under_the_renewe
     let out = engine.handle(end, gated("m000"));
     assert!(
         out.iter().any(
-            |a| matches!(a, Action::Stopped { reason, .. } if reason.contains("lease closed"))
+            |a| matches!(a, Action::Stopped { reason: StopReason::Gated(why), .. } if why.contains("lease closed"))
         ),
         "{out:?}"
     );
@@ -656,7 +658,8 @@ fn g2_a_host_holding_a_newer_envelope_stops_the_rest() {
     assert!(sends(&out).is_empty());
     assert!(
         out.iter().any(
-            |a| matches!(a, Action::Stopped { reason, .. } if reason.contains("newer envelope"))
+            |a| matches!(a, Action::Stopped { reason: StopReason::NewerEnvelope { machine, held, .. }, .. }
+                if machine == "m002" && held.epoch == 5)
         )
     );
 }
@@ -1070,17 +1073,20 @@ fn g3_a_push_whose_lease_closed_stops_on_a_higher_term_seen() {
     let t0 = Instant::now();
     let state = state_of(many(sends_in_flight_max + 2));
     let late = t0 + window * 2;
-    let endings: [(Event, &str); 3] = [
-        (Event::Lease(Ok(lease_at(5, late))), "from term 4 to term 5"),
+    let endings: [(Event, StopReason); 3] = [
+        (
+            Event::Lease(Ok(lease_at(5, late))),
+            StopReason::LeadershipMoved { from: 4, to: 5 },
+        ),
         (
             Event::Lease(Err(NoLease::Lost(
                 "the term moved from 4 to 5 during the quorum round".into(),
             ))),
-            "the term moved from 4 to 5",
+            StopReason::LeaseLost("the term moved from 4 to 5 during the quorum round".into()),
         ),
         (
             Event::Deposed("leadership lost: term 4 is now 5".into()),
-            "term 4 is now 5",
+            StopReason::Deposed("leadership lost: term 4 is now 5".into()),
         ),
     ];
     for (ending, why) in endings {
@@ -1093,7 +1099,7 @@ fn g3_a_push_whose_lease_closed_stops_on_a_higher_term_seen() {
         assert!(writes_nothing(&out), "{why}: {out:?}");
         assert!(
             out.iter()
-                .any(|a| matches!(a, Action::Stopped { epoch: 4, reason } if reason.contains(why))),
+                .any(|a| matches!(a, Action::Stopped { epoch: 4, reason } if *reason == why)),
             "{why}: {out:?}"
         );
         // A round still out answering in the push's term after that extends and sends nothing.
@@ -1107,7 +1113,7 @@ fn g3_a_push_whose_lease_closed_stops_on_a_higher_term_seen() {
         let view = answer(&last).expect("answers").as_ref().expect("ok");
         let stopped = lines(view)
             .into_values()
-            .filter(|o| matches!(o, PushOutcome::Failed { error, .. } if error.contains(why)))
+            .filter(|o| matches!(o, PushOutcome::Failed { error, .. } if error == &format!("stopped: {why}")))
             .count();
         assert_eq!(stopped, 2, "{why}: {view:?}");
     }
@@ -1149,8 +1155,11 @@ fn g3_a_push_whose_lease_closed_stops_after_n_failed_rounds() {
         "no round after the last: {out:?}"
     );
     assert!(
-        out.iter().any(|a| matches!(a, Action::Stopped { epoch: 4, reason }
-            if reason.contains("not confirmed by a quorum") && reason.contains("3 rounds in a row"))),
+        out.iter().any(
+            |a| matches!(a, Action::Stopped { epoch: 4, reason: StopReason::LeaseUnconfirmed {
+                last: RoundFailure::Unconfirmed(why), rounds: 3 } }
+            if why.contains("not confirmed by a quorum"))
+        ),
         "{out:?}"
     );
     assert_eq!(engine.wake_at(), None);
@@ -1184,9 +1193,16 @@ fn g3_a_push_whose_lease_closed_stops_after_n_failed_rounds() {
             assert!(out.contains(&Action::ConfirmLease), "{out:?}");
         } else {
             assert!(
-                out.iter()
-                    .any(|a| matches!(a, Action::Stopped { reason, .. }
-                    if reason.starts_with("lease closed") && reason.contains("3 rounds in a row"))),
+                out.iter().any(|a| matches!(
+                    a,
+                    Action::Stopped {
+                        reason: StopReason::LeaseUnconfirmed {
+                            last: RoundFailure::ClosedBeforeAnswer { term: 4, .. },
+                            rounds: 3
+                        },
+                        ..
+                    }
+                )),
                 "{out:?}"
             );
         }
@@ -1284,7 +1300,7 @@ fn g3_a_send_stopped_at_the_write_under_every_lease_stops_the_push_after_n_resen
     let out = engine.handle(lease.until, gated("m000"));
     assert!(
         out.iter().any(
-            |a| matches!(a, Action::Stopped { reason, .. } if reason.contains("lease closed"))
+            |a| matches!(a, Action::Stopped { reason: StopReason::Gated(why), .. } if why.contains("lease closed"))
         ),
         "{out:?}"
     );
