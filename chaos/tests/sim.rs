@@ -13,6 +13,9 @@ const seeds_max: u64 = 16;
 #[test]
 fn replay_a_seed_twice_gives_the_same_trace_and_hash() {
     let mut faults_seen: Vec<String> = Vec::new();
+    // Envelopes the hosts refused as older, over the replayed seeds: the router queue's late
+    // envelope (decision 0329) is what makes any.
+    let mut refused_older = 0;
     let both_crashes = |seen: &[String]| {
         ["crash", "kill"]
             .iter()
@@ -45,11 +48,24 @@ fn replay_a_seed_twice_gives_the_same_trace_and_hash() {
             first.pushes_applied
         );
         assert_eq!(first.violations, Vec::<String>::new(), "seed {seed}");
+        refused_older += first
+            .trace
+            .iter()
+            .filter_map(|step| match step {
+                Step::Report { refused_older, .. } => Some(*refused_older),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
         faults_seen.extend(first.trace.iter().filter_map(|step| match step {
             Step::Fault { what, .. } => what.split(' ').next().map(str::to_string),
             _ => None,
         }));
     }
+    assert!(
+        refused_older > 0,
+        "no replayed seed had a host refuse the router queue's late envelope as older (G2)"
+    );
     // Both kinds of crash replayed: a clean stop (`crash`) and a kill with no shutdown whose
     // replica starts again from files never closed (`kill`).
     for kind in ["crash", "kill"] {
