@@ -22,7 +22,7 @@ static allocator: CountingAlloc = CountingAlloc;
 /// Child processes at once at most (`--jobs`).
 const jobs_max: u64 = 8;
 
-const usage: &str = "usage: mesh-chaos --runs N [--mix partitions|stale-leaders|processes|stores|new-disks|everything|hostile] [--seed S] [--chaos-ms MS] [--minutes M] [--jobs J]\n       mesh-chaos fuzz --seconds N [--seed S]\n       mesh-chaos sim [--seed S] [--seeds N] [--calm] [--trace]";
+const usage: &str = "usage: mesh-chaos --runs N [--mix partitions|stale-leaders|processes|stores|new-disks|everything|hostile] [--seed S] [--chaos-ms MS] [--minutes M] [--jobs J]\n       mesh-chaos fuzz --seconds N [--seed S]\n       mesh-chaos sim [--seed S] [--seeds N] [--calm] [--trace] [--jobs J]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -467,27 +467,30 @@ fn fuzz_main(args: &[String]) -> ExitCode {
     }
 }
 
-/// `mesh-chaos sim [--seed S] [--seeds N] [--calm] [--trace]`: the deterministic simulator
-/// (`mesh_chaos::sim`), seeds `S..S+N`, one line per seed with its trace hash; `--calm` without
-/// faults; `--trace` writes each trace to `$TMPDIR/mesh-sim-seed-<n>.trace`. Exits 1 on any
-/// violation or stuck run.
+/// `mesh-chaos sim [--seed S] [--seeds N] [--calm] [--trace] [--jobs J]`: the deterministic
+/// simulator (`mesh_chaos::sim`), seeds `S..S+N`, one line per seed with its trace hash, in seed
+/// order; `--calm` without faults; `--trace` writes each trace to
+/// `$TMPDIR/mesh-sim-seed-<n>.trace`; `--jobs J` runs J seeds at once, each on an OS thread of its
+/// own with its own one-thread runtime (a seed's run is the same whichever thread runs it). Exits
+/// 1 on any violation or stuck run.
 fn sim_main(args: &[String]) -> ExitCode {
-    let sim_usage = "usage: mesh-chaos sim [--seed S] [--seeds N] [--calm] [--trace]";
+    let sim_usage = "usage: mesh-chaos sim [--seed S] [--seeds N] [--calm] [--trace] [--jobs J]";
     let (mut seed, mut seeds, mut faults, mut write_trace) = (1u64, 1u64, true, false);
+    let mut jobs = 1u64;
     let mut rest = args.iter();
     while let Some(flag) = rest.next() {
         match flag.as_str() {
             "--calm" => faults = false,
             "--trace" => write_trace = true,
-            "--seed" | "--seeds" => {
+            "--seed" | "--seeds" | "--jobs" => {
                 let Some(n) = rest.next().and_then(|v| v.parse::<u64>().ok()) else {
                     eprintln!("mesh-chaos: {flag} needs a number; {sim_usage}");
                     return ExitCode::from(2);
                 };
-                if flag == "--seed" {
-                    seed = n;
-                } else {
-                    seeds = n;
+                match flag.as_str() {
+                    "--seed" => seed = n,
+                    "--seeds" => seeds = n,
+                    _ => jobs = n.clamp(1, sim_jobs_max),
                 }
             }
             other => {
@@ -497,47 +500,42 @@ fn sim_main(args: &[String]) -> ExitCode {
         }
     }
     let began = Instant::now();
+    let end = seed.saturating_add(seeds);
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(seed));
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, String, bool)>();
+    let mut workers = Vec::new();
+    for _ in 0..jobs {
+        let (next, tx) = (next.clone(), tx.clone());
+        workers.push(std::thread::spawn(move || {
+            loop {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n >= end {
+                    return;
+                }
+                let (text, failed) = sim_seed(n, faults, write_trace);
+                if tx.send((n, text, failed)).is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    drop(tx);
+    // Printed in seed order whatever order the threads finish in.
+    let mut done: BTreeMap<u64, (String, bool)> = BTreeMap::new();
+    let mut printed = seed;
     let mut failed = 0u64;
-    for n in seed..seed.saturating_add(seeds) {
-        let one = Instant::now();
-        match mesh_chaos::sim::simulate(mesh_chaos::sim::SimSpec { seed: n, faults }) {
-            Ok(outcome) => {
-                println!(
-                    "seed {} trace {} steps {} simulated {} ms wall {} ms faults {} pushes applied {} datagrams {} dropped {} duplicated {} cut {} silenced {} violations {}",
-                    outcome.seed,
-                    outcome.trace_hash,
-                    outcome.steps,
-                    outcome.simulated_ms,
-                    one.elapsed().as_millis(),
-                    outcome.faults,
-                    outcome.pushes_applied,
-                    outcome.net.sent,
-                    outcome.net.dropped,
-                    outcome.net.duplicated,
-                    outcome.net.cut,
-                    outcome.net.silenced,
-                    outcome.violations.len()
-                );
-                if write_trace {
-                    let path = mesh_chaos::sim::trace_path(n);
-                    if let Err(e) =
-                        std::fs::write(&path, mesh_chaos::sim::trace_text(&outcome.trace))
-                    {
-                        eprintln!("mesh-chaos: cannot write {}: {e}", path.display());
-                    }
-                }
-                if !outcome.violations.is_empty() {
-                    failed += 1;
-                    for v in &outcome.violations {
-                        println!("  VIOLATION {v}");
-                    }
-                    println!("FAILED sim seed {n}; replay: mesh-chaos sim --seed {n}");
-                }
-            }
-            Err(e) => {
-                failed += 1;
-                println!("FAILED sim seed {n}: {e}");
-            }
+    for (n, text, bad) in rx {
+        done.insert(n, (text, bad));
+        while let Some((text, bad)) = done.remove(&printed) {
+            print!("{text}");
+            failed += u64::from(bad);
+            printed += 1;
+        }
+    }
+    for worker in workers {
+        if worker.join().is_err() {
+            failed += 1;
+            println!("FAILED sim: a worker thread panicked");
         }
     }
     eprintln!(
@@ -548,6 +546,59 @@ fn sim_main(args: &[String]) -> ExitCode {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// Most `--jobs` of `mesh-chaos sim`.
+const sim_jobs_max: u64 = 64;
+
+/// Runs seed `n` and says what it printed and whether it failed.
+fn sim_seed(n: u64, faults: bool, write_trace: bool) -> (String, bool) {
+    use std::fmt::Write;
+    let one = Instant::now();
+    let mut out = String::new();
+    match mesh_chaos::sim::simulate(mesh_chaos::sim::SimSpec { seed: n, faults }) {
+        Ok(outcome) => {
+            let _ = writeln!(
+                out,
+                "seed {} trace {} steps {} simulated {} ms wall {} ms faults {} pushes applied {} datagrams {} dropped {} duplicated {} cut {} held {} silenced {} violations {}",
+                outcome.seed,
+                outcome.trace_hash,
+                outcome.steps,
+                outcome.simulated_ms,
+                one.elapsed().as_millis(),
+                outcome.faults,
+                outcome.pushes_applied,
+                outcome.net.sent,
+                outcome.net.dropped,
+                outcome.net.duplicated,
+                outcome.net.cut,
+                outcome.net.held,
+                outcome.net.silenced,
+                outcome.violations.len()
+            );
+            if write_trace {
+                let path = mesh_chaos::sim::trace_path(n);
+                if let Err(e) = std::fs::write(&path, mesh_chaos::sim::trace_text(&outcome.trace)) {
+                    eprintln!("mesh-chaos: cannot write {}: {e}", path.display());
+                }
+            }
+            if outcome.violations.is_empty() {
+                return (out, false);
+            }
+            for v in &outcome.violations {
+                let _ = writeln!(out, "  VIOLATION {v}");
+            }
+            let _ = writeln!(
+                out,
+                "FAILED sim seed {n}; replay: mesh-chaos sim --seed {n}"
+            );
+            (out, true)
+        }
+        Err(e) => {
+            let _ = writeln!(out, "FAILED sim seed {n}: {e}");
+            (out, true)
+        }
     }
 }
 

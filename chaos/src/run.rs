@@ -530,23 +530,13 @@ async fn read_final(
         if *id == leader {
             continue;
         }
-        let theirs = r.service().app().state();
-        let their_sends = MeshApp::sends(r.service().replica().database(), None);
-        match (theirs, their_sends) {
-            (Ok(theirs), Ok(their_sends)) => {
-                let mut fields = state_differs(&state, &theirs);
-                if their_sends != sends {
-                    fields.push("the sends table");
-                }
-                if !fields.is_empty() {
-                    disagree.push(format!(
-                        "replica {id} differs from the leader {leader} at the same applied index in {}",
-                        fields.join(", ")
-                    ));
-                }
-            }
-            (Err(e), _) => disagree.push(format!("replica {id}'s state cannot be read: {e}")),
-            (_, Err(e)) => disagree.push(format!("replica {id}'s sends cannot be read: {e}")),
+        match replica_differs(&state, &sends, r.service()) {
+            Ok(fields) if fields.is_empty() => {}
+            Ok(fields) => disagree.push(format!(
+                "replica {id} differs from the leader {leader} at the same applied index in {}",
+                fields.join(", ")
+            )),
+            Err(e) => disagree.push(format!("replica {id}'s {e}")),
         }
     }
     let settings = state
@@ -585,6 +575,27 @@ async fn read_final(
 }
 
 /// The fields in which two replicas' domain states differ, by name.
+/// What of `theirs`' state and sends differs from the leader's `state` and `sends` (the
+/// comparison of "replicas agree at the end", shared with the simulator's); `Err` names what
+/// of theirs could not be read.
+pub(crate) fn replica_differs(
+    state: &mesh::store::state::DomainState,
+    sends: &[mesh::store::command::SendRecord],
+    theirs: &mesh::controller::Service,
+) -> Result<Vec<&'static str>, String> {
+    let their_state = theirs
+        .app()
+        .state()
+        .map_err(|e| format!("state cannot be read: {e}"))?;
+    let their_sends = MeshApp::sends(theirs.replica().database(), None)
+        .map_err(|e| format!("sends cannot be read: {e}"))?;
+    let mut fields = state_differs(state, &their_state);
+    if their_sends != sends {
+        fields.push("the sends table");
+    }
+    Ok(fields)
+}
+
 fn state_differs(
     a: &mesh::store::state::DomainState,
     b: &mesh::store::state::DomainState,

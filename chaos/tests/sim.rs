@@ -13,6 +13,9 @@ const seeds_max: u64 = 16;
 #[test]
 fn replay_a_seed_twice_gives_the_same_trace_and_hash() {
     let mut faults_seen: Vec<String> = Vec::new();
+    // Envelopes the hosts refused as older, over the replayed seeds: the router queue's late
+    // envelope (decision 0329) is what makes any.
+    let mut refused_older = 0;
     let both_crashes = |seen: &[String]| {
         ["crash", "kill"]
             .iter()
@@ -45,11 +48,24 @@ fn replay_a_seed_twice_gives_the_same_trace_and_hash() {
             first.pushes_applied
         );
         assert_eq!(first.violations, Vec::<String>::new(), "seed {seed}");
+        refused_older += first
+            .trace
+            .iter()
+            .filter_map(|step| match step {
+                Step::Report { refused_older, .. } => Some(*refused_older),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
         faults_seen.extend(first.trace.iter().filter_map(|step| match step {
             Step::Fault { what, .. } => what.split(' ').next().map(str::to_string),
             _ => None,
         }));
     }
+    assert!(
+        refused_older > 0,
+        "no replayed seed had a host refuse the router queue's late envelope as older (G2)"
+    );
     // Both kinds of crash replayed: a clean stop (`crash`) and a kill with no shutdown whose
     // replica starts again from files never closed (`kill`).
     for kind in ["crash", "kill"] {
@@ -94,6 +110,7 @@ fn report(at_ms: u64, machine: &str, epoch: u64, sequence: u64) -> Step {
         epoch,
         sequence,
         report_sequence: at_ms,
+        refused_older: 0,
         delivered: true,
     }
 }
@@ -227,4 +244,143 @@ fn g10_bounds_the_real_replica_refuses_each_hostile_act_in_a_run() {
         );
     }
     assert_eq!(run.violations, Vec::<String>::new());
+}
+
+fn refusals(at_ms: u64, before: u64, caused: u64, after: u64) -> Step {
+    Step::Refusals {
+        at_us: at_ms * 1_000,
+        machine: "ace".into(),
+        before,
+        caused,
+        after,
+    }
+}
+
+#[test]
+fn g5_refusals_a_refusal_not_counted_once_is_named() {
+    assert_eq!(
+        check(&[refusals(1, 0, 2, 2), refusals(2, 3, 0, 3)]),
+        Vec::<String>::new()
+    );
+    for bad in [
+        refusals(5, 1, 2, 1),
+        refusals(5, 1, 2, 5),
+        refusals(5, 4, 1, 3),
+    ] {
+        let violations = check(std::slice::from_ref(&bad));
+        assert_eq!(violations.len(), 1, "{bad:?}: {violations:?}");
+        assert!(
+            violations[0].contains("refusals not counted once: the leader refused"),
+            "{violations:?}"
+        );
+    }
+    let violations = check(&[refusals(5, 1, 2, 1)]);
+    assert!(
+        violations[0].contains(
+            "refused 2 of ace's reports sent again by 5 ms, but its refusal count went from 1 to 1"
+        ),
+        "{violations:?}"
+    );
+}
+
+fn last(replica: u64, applied: u64, leader_applied: u64, differs: &[&str]) -> Step {
+    Step::Final {
+        at_us: 9_000,
+        replica,
+        leader: 1,
+        applied: Some(applied),
+        leader_applied: Some(leader_applied),
+        differs: differs.iter().map(|d| d.to_string()).collect(),
+    }
+}
+
+#[test]
+fn replicas_agree_a_follower_that_differs_at_the_end_is_named() {
+    assert_eq!(
+        check(&[last(2, 40, 40, &[]), last(3, 40, 40, &[])]),
+        Vec::<String>::new()
+    );
+    let violations = check(&[
+        last(2, 40, 40, &[]),
+        last(3, 40, 40, &["remembered requests"]),
+    ]);
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert!(
+        violations[0].contains(
+            "replicas agree at the end: replica 3 differs from the leader 1 at the same applied index Some(40) in remembered requests"
+        ),
+        "{violations:?}"
+    );
+    let violations = check(&[last(2, 38, 40, &[])]);
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert!(
+        violations[0].contains("replica 2 applied Some(38) and the leader 1 Some(40)"),
+        "{violations:?}"
+    );
+}
+
+fn refused_report(at_ms: u64, machine: &str, epoch: u64, sequence: u64, refused: u64) -> Step {
+    Step::Report {
+        at_us: at_ms * 1_000,
+        machine: machine.into(),
+        epoch,
+        sequence,
+        report_sequence: at_ms,
+        refused_older: refused,
+        delivered: true,
+    }
+}
+
+fn path(at_ms: u64, cut: bool) -> Step {
+    let (at_us, replica, machine) = (at_ms * 1_000, 1, "bex".to_string());
+    if cut {
+        Step::PathCut {
+            at_us,
+            replica,
+            machine,
+        }
+    } else {
+        Step::PathHealed {
+            at_us,
+            replica,
+            machine,
+        }
+    }
+}
+
+#[test]
+fn g3_lease_an_older_envelope_after_a_cut_path_came_back_is_named() {
+    // Replica 1 leads term 2 and is cut from bex; replica 2 leads term 3 and pushes to bex;
+    // the path comes back.
+    let before_heal = [
+        raft(1, 1, 2, true),
+        refused_report(2, "bex", 2, 1, 0),
+        path(3, true),
+        raft(10, 2, 3, true),
+        refused_report(11, "bex", 3, 1, 0),
+        path(12, false),
+    ];
+    // Nothing of term 2 after the heal: fine; a refusal elsewhere too.
+    let mut good = before_heal.to_vec();
+    good.push(refused_report(13, "bex", 3, 1, 0));
+    good.push(refused_report(14, "ace", 3, 1, 1));
+    assert_eq!(check(&good), Vec::<String>::new());
+    // Without a newer leader before the heal the lease may still have held: no constraint.
+    let no_newer = [
+        raft(1, 1, 2, true),
+        path(3, true),
+        path(12, false),
+        refused_report(13, "bex", 2, 1, 1),
+    ];
+    assert_eq!(check(&no_newer), Vec::<String>::new());
+    let mut bad = before_heal.to_vec();
+    bad.push(refused_report(15, "bex", 3, 1, 1));
+    let violations = check(&bad);
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert!(
+        violations[0].contains(
+            "bex refused an envelope as older (0 refused before, 1 by 15 ms) after replica 1's path to it came back at 12 ms: replica 1 was cut off from it since before its term 2 ended (term 3's leader elected at 10 ms)"
+        ),
+        "{violations:?}"
+    );
 }

@@ -49,6 +49,15 @@ pub const sim_run_ms_max: u64 = 120_000;
 pub const sim_faults_ms: u64 = 6_000;
 /// How long a simulated operator request may take.
 pub const sim_request_ms: u64 = 4_000;
+/// Raft entries between two snapshots in a simulated run (a run commits dozens to hundreds).
+pub const sim_snapshot_every: u64 = 8;
+/// Raft entries kept after a snapshot in a simulated run.
+pub const sim_logs_kept: u64 = 2;
+/// Simulated time the replicas have at the end of a run to apply the same index: longer than
+/// the transport's idle timeout (10 s), because a replica crashed and restarted at the same
+/// address is not replicated to until the leader's QUIC connection to its former self times
+/// out (seed 255: 11.5 s after the restart; decision 0329).
+pub const sim_agree_ms: u64 = 15_000;
 /// Trace steps one run keeps at most; a run that would trace more counts as failed (its trace is
 /// incomplete, so neither its hash nor its checks can be trusted).
 pub const sim_trace_steps_max: usize = 200_000;
@@ -81,6 +90,9 @@ pub enum Step {
         epoch: u64,
         sequence: u64,
         report_sequence: u64,
+        /// Envelopes the host refused as older than its mark so far (G2's refusals, its own
+        /// count in the report).
+        refused_older: u64,
         delivered: bool,
     },
     /// The operator's answer to one request.
@@ -109,6 +121,41 @@ pub enum Step {
         at_us: u64,
         via: u64,
         store_revision: u64,
+    },
+    /// A host's report sent to the leader again on a new stream (what a host retrying after a
+    /// lost answer, or a peer holding the host's certificate, sends): `caused` of them the
+    /// leader answered as refused (`Filed { accepted: false }`: at or below the account), and
+    /// the machine's refusal count in the leader's `status` was `before` just before them and
+    /// `after` just after.
+    Refusals {
+        at_us: u64,
+        machine: String,
+        before: u64,
+        caused: u64,
+        after: u64,
+    },
+    /// The path between `replica` and `machine`'s host was cut both ways (every datagram dropped).
+    PathCut {
+        at_us: u64,
+        replica: u64,
+        machine: String,
+    },
+    /// The path cut by the matching [`Step::PathCut`] is back.
+    PathHealed {
+        at_us: u64,
+        replica: u64,
+        machine: String,
+    },
+    /// At the end of a run, once the replicas applied the same index (or the wait for it ended):
+    /// what of replica `replica`'s state and sends differs from the leader's (the chaos runs'
+    /// comparison, remembered request ids included), and the index each applied.
+    Final {
+        at_us: u64,
+        replica: u64,
+        leader: u64,
+        applied: Option<u64>,
+        leader_applied: Option<u64>,
+        differs: Vec<String>,
     },
 }
 
@@ -182,9 +229,16 @@ impl Clock for SimClock {
     }
 }
 
-/// Raft timings of a simulated run: as the chaos runs' (`bed::raft_settings`).
+/// Raft timings of a simulated run: as the chaos runs' (`bed::raft_settings`), with a snapshot
+/// every [`sim_snapshot_every`] entries and [`sim_logs_kept`] kept after it, so a replica that
+/// was down or cut off for a few writes catches up by installing the leader's snapshot
+/// (`MeshApp::install`) instead of from the log.
 fn raft_settings() -> RaftSettings {
-    crate::bed::raft_settings()
+    RaftSettings {
+        snapshot_logs_since_last: sim_snapshot_every,
+        logs_kept_after_snapshot: sim_logs_kept,
+        ..crate::bed::raft_settings()
+    }
 }
 
 fn transport() -> TransportConfig {
@@ -211,18 +265,30 @@ struct TracedSink {
     inner: QuicSink,
     trace: Trace,
     start: tokio::time::Instant,
+    /// The last report each host delivered, for a peer that sends it again.
+    delivered: Delivered,
 }
+
+/// The last report each host delivered.
+type Delivered = Arc<Mutex<BTreeMap<String, Report>>>;
 
 impl ReportSink for TracedSink {
     fn deliver<'a>(&'a self, report: &'a Report) -> SinkFuture<'a> {
         Box::pin(async move {
             let result = self.inner.deliver(report).await;
+            if result.is_ok() {
+                self.delivered
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(report.machine.clone(), report.clone());
+            }
             self.trace.record(Step::Report {
                 at_us: micros_since(self.start),
                 machine: report.machine.clone(),
                 epoch: report.epoch,
                 sequence: report.sequence,
                 report_sequence: report.report_sequence,
+                refused_older: report.refused_older,
                 delivered: result.is_ok(),
             });
             result
@@ -246,6 +312,7 @@ struct World {
     rng: Rng,
     trace: Trace,
     start: tokio::time::Instant,
+    delivered: Delivered,
     configs: BTreeMap<u64, ReplicaConfig>,
     /// Each replica's config as written, to move its store after a kill.
     config_files: BTreeMap<u64, ReplicaConfigFile>,
@@ -398,6 +465,7 @@ impl World {
             inner: QuicSink::new(endpoint.clone(), name, config.replicas().to_vec()),
             trace: self.trace.clone(),
             start: self.start,
+            delivered: self.delivered.clone(),
         };
         let agent = Arc::new(Agent::open(config, Arc::new(sink)).map_err(|e| self.setup_error(e))?);
         agent.start().await.map_err(|e| self.setup_error(e))?;
@@ -727,21 +795,43 @@ impl World {
         self.apply_and_push_via(tag, via).await
     }
 
-    /// The held envelope (the real-process beds' G3 fault, `tests/bed_faults.rs`): the leader's
-    /// path to host `ace` is cut, a push through it writes `ace`'s envelope under its lease (held
-    /// on the wire, QUIC retransmitting it), the leader is cut off from its peers, a newer
-    /// leader applies and pushes model `tag + 1`, and the path to `ace` comes back while the old
-    /// leader is still cut off. With the write gate intact the old stream was reset at the
-    /// lease's end and nothing old reaches `ace`; with the gate and the host's mark both broken
-    /// `ace` applies the old epoch after the newer one. Returns whether every machine applied the
-    /// newer leader's push.
+    /// Envelopes held on their way (the real-process beds' G3 fault, `tests/bed_faults.rs`, and
+    /// the case G2's fence exists for): the leader's route to host `ace` fails behind a router
+    /// queue ([`Net::hold`]) and its path to `bex` is cut (everything dropped), a push through
+    /// it writes both envelopes under its lease, the leader is cut off from its peers, a newer
+    /// leader applies and pushes model `tag + 1`, and both paths come back while the old leader
+    /// is still cut off.
+    /// - `ace`: the router's queue delivers what the old leader sent first, its envelope among
+    ///   it, after the newer leader's envelope, whatever the gate did since: `ace`'s mark must
+    ///   refuse it as older (G2). With the fence off `ace` applies the old epoch after the newer
+    ///   one.
+    /// - `bex`: nothing the old leader sent while the path was cut arrives. With the write gate
+    ///   intact the old stream was reset at the lease's end, so nothing of the old term reaches
+    ///   `bex` once the path is back (G3, checked on [`Step::PathCut`]/[`Step::PathHealed`]);
+    ///   with the gate broken QUIC retransmits the envelope after the heal and `bex` refuses it.
+    ///
+    /// Returns whether every machine applied the newer leader's push.
     async fn hold_an_envelope(&mut self, tag: u64) -> bool {
         let Some((old, _)) = self.leader() else {
             return false;
         };
         let held = host_addr(0);
-        self.fault(format!("cut replica {old}'s path to ace"));
-        self.net.cut_both(replica_addr(old), held, true);
+        // The route between them fails behind a router queue with room for a few datagrams:
+        // what the old leader sends first (the envelope among it) waits there, and reaches
+        // `ace` only once the route is back, after the newer leader's envelope.
+        let room = self.rng.between(4, 16) as usize;
+        self.fault(format!(
+            "hold replica {old}'s path to ace (a router queue of {room} datagrams), cut its path to bex"
+        ));
+        self.net.hold(replica_addr(old), held, room);
+        self.net.hold(held, replica_addr(old), room);
+        let cut = host_addr(1);
+        self.net.cut_both(replica_addr(old), cut, true);
+        self.trace.record(Step::PathCut {
+            at_us: micros_since(self.start),
+            replica: old,
+            machine: sim_machines[1].to_string(),
+        });
         if let Ok(Body::Applied { revision, .. }) = self
             .ask(
                 old,
@@ -794,8 +884,17 @@ impl World {
             Some(leader) => self.apply_and_push_via(tag + 1, leader).await,
             None => false,
         };
-        self.fault(format!("heal replica {old}'s path to ace"));
-        self.net.cut_both(replica_addr(old), held, false);
+        let queued = self.net.release(replica_addr(old), held);
+        self.net.release(held, replica_addr(old));
+        self.net.cut_both(replica_addr(old), cut, false);
+        self.trace.record(Step::PathHealed {
+            at_us: micros_since(self.start),
+            replica: old,
+            machine: sim_machines[1].to_string(),
+        });
+        self.fault(format!(
+            "heal replica {old}'s paths to ace ({queued} datagrams from its queue) and bex"
+        ));
         tokio::time::sleep(Duration::from_millis(1_000)).await;
         self.fault(format!("heal replica {old}"));
         cut_replica(&self.net, old, false);
@@ -865,6 +964,128 @@ impl World {
                 what: what.to_string(),
                 outcome,
                 taken,
+            });
+        }
+        self.report_again(&ace, leader).await;
+    }
+
+    /// `ace`'s last delivered report sent to the leader again, 1–3 times (seeded), each on a new
+    /// stream through `ace`'s own endpoint: what a host sends when an answer was lost and it
+    /// retries, or a peer holding its certificate replays. Each is at or below the account, so the
+    /// leader must refuse it and count it once (G5); the refusal count in `status` is read just
+    /// before and after and traced with the refusals answered ([`Step::Refusals`]).
+    async fn report_again(&mut self, ace: &Endpoint, leader: u64) {
+        let machine = sim_machines[0];
+        let last = self
+            .delivered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(machine)
+            .cloned();
+        let Some(last) = last else {
+            return;
+        };
+        let Ok(body) = mesh_codec::encode(mesh::core::wire::report_what, &last) else {
+            return;
+        };
+        let Some(before) = self.refused_reports(leader, machine).await else {
+            return;
+        };
+        let peer = Peer::expecting(replica_addr(leader), Principal::Replica(leader));
+        let limit = Duration::from_millis(sim_request_ms);
+        let mut caused = 0;
+        for _ in 0..self.rng.between(1, 3) {
+            let kind = MessageKind::Report {
+                machine: machine.to_string(),
+            };
+            let answered = ace.request(peer.clone(), kind, body.clone(), limit).await;
+            if let Ok(bytes) = answered
+                && let Ok(mesh::core::wire::ReportReply::Filed { accepted: false }) =
+                    mesh_codec::decode::<mesh::core::wire::ReportReply>(
+                        mesh::core::wire::report_reply_what,
+                        &bytes,
+                    )
+            {
+                caused += 1;
+            }
+        }
+        let Some(after) = self.refused_reports(leader, machine).await else {
+            return;
+        };
+        self.trace.record(Step::Refusals {
+            at_us: micros_since(self.start),
+            machine: machine.to_string(),
+            before,
+            caused,
+            after,
+        });
+    }
+
+    /// `machine`'s count of refused reports in `status` through replica `via`.
+    async fn refused_reports(&mut self, via: u64, machine: &str) -> Option<u64> {
+        match self.ask(via, Request::Status).await {
+            Ok(Body::Status(view)) => view
+                .machines
+                .iter()
+                .find(|m| m.name == machine)
+                .map(|m| m.refused_reports),
+            _ => None,
+        }
+    }
+
+    /// Waits (up to [`sim_agree_ms`]) until every replica applied the same index, then traces,
+    /// for each follower, what of its state and sends differs from the leader's
+    /// ([`Step::Final`]): a replica that installed a snapshot, restarted from its files or was
+    /// killed must hold what the others hold.
+    async fn agree_at_end(&mut self) {
+        let applied = |r: &Running| {
+            r.service()
+                .replica()
+                .metrics()
+                .borrow()
+                .last_applied
+                .map(|l| l.index)
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(sim_agree_ms);
+        let leader = loop {
+            let indexes: Vec<Option<u64>> = self.replicas.values().map(applied).collect();
+            let leader = self.leader().map(|(l, _)| l);
+            if let Some(leader) = leader
+                && indexes.windows(2).all(|w| w[0] == w[1])
+            {
+                break Some(leader);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break leader;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let Some(leader) = leader.and_then(|l| self.replicas.get(&l).map(|r| (l, r))) else {
+            return;
+        };
+        let (leader, running) = leader;
+        let service = running.service();
+        let state = service.app().state();
+        let sends = mesh::store::app::MeshApp::sends(service.replica().database(), None);
+        let (Ok(state), Ok(sends)) = (state, sends) else {
+            return;
+        };
+        let leader_applied = applied(running);
+        for (id, r) in &self.replicas {
+            if *id == leader {
+                continue;
+            }
+            let differs = match crate::run::replica_differs(&state, &sends, r.service()) {
+                Ok(fields) => fields.into_iter().map(str::to_string).collect(),
+                Err(e) => vec![e],
+            };
+            self.trace.record(Step::Final {
+                at_us: micros_since(self.start),
+                replica: *id,
+                leader,
+                applied: applied(r),
+                leader_applied,
+                differs,
             });
         }
     }
@@ -1030,6 +1251,7 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
         rng: Rng::new(seed, 0x4f50),
         trace,
         start,
+        delivered: Delivered::default(),
         configs: BTreeMap::new(),
         config_files: BTreeMap::new(),
         replicas: BTreeMap::new(),
@@ -1156,6 +1378,7 @@ async fn run(spec: SimSpec) -> Result<SimOutcome, SimError> {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    world.agree_at_end().await;
     let simulated_ms = micros_since(world.start) / 1_000;
     let net = world.net.counts();
     let trace = world.trace.clone();
@@ -1238,12 +1461,30 @@ pub fn hash(steps: &[Step]) -> String {
 /// - Reads see acknowledged writes (the real-time half of linearizability, G1's reads): a read
 ///   of the model invoked after an apply was acknowledged shows a store at or past that apply's
 ///   revision, whichever replica it went through.
+/// - G3 at the host: a host whose path from a leader was cut (every datagram dropped) until
+///   after a newer term's leader was elected refuses nothing as older after the path is back:
+///   nothing of the old term reached it during the cut, and nothing may leave the old leader
+///   after its lease, so an older envelope there was written or retransmitted after the lease.
+/// - Replicas agree at the end (the chaos runs' checker): once they applied the same index,
+///   every follower holds the leader's state and sends ([`Step::Final`]).
+/// - Each refusal counted once (G5): a host's reports sent again and refused by the leader
+///   move the machine's refusal count in `status` by exactly as many ([`Step::Refusals`]).
 pub fn check(steps: &[Step]) -> Vec<String> {
     let mut violations = Vec::new();
     // Acknowledged applies in the order they were answered: (answered at, revision).
     let mut acked: Vec<(u64, u64)> = Vec::new();
     let mut leaders: BTreeMap<u64, u64> = BTreeMap::new();
+    // Per replica, the last term it led in, and when each term's leader was first seen.
+    let mut led: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut elected: BTreeMap<u64, u64> = BTreeMap::new();
     let mut applied: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
+    // Per machine, the most envelopes its host said it refused as older in any report so far.
+    let mut refused: BTreeMap<&str, u64> = BTreeMap::new();
+    // Cut paths: (replica, machine) -> the term the replica led when it was cut.
+    let mut cut: BTreeMap<(u64, &str), u64> = BTreeMap::new();
+    // Hosts a deposed leader may send nothing to any more (G3): machine -> (replica, its term,
+    // the heal, the newer term and when it was elected, the host's refusals before the heal).
+    let mut fenced: BTreeMap<&str, (u64, u64, u64, u64, u64, u64)> = BTreeMap::new();
     for step in steps {
         match step {
             Step::Raft {
@@ -1252,22 +1493,68 @@ pub fn check(steps: &[Step]) -> Vec<String> {
                 leader_here: true,
                 term,
                 ..
-            } => match leaders.get(term) {
-                Some(first) if first != replica => violations.push(format!(
-                    "two leaders in term {term}: replica {first}, and replica {replica} at {} ms",
-                    at_us / 1_000
-                )),
-                _ => {
-                    leaders.insert(*term, *replica);
+            } => {
+                led.insert(*replica, *term);
+                elected.entry(*term).or_insert(*at_us);
+                match leaders.get(term) {
+                    Some(first) if first != replica => violations.push(format!(
+                        "two leaders in term {term}: replica {first}, and replica {replica} at {} ms",
+                        at_us / 1_000
+                    )),
+                    _ => {
+                        leaders.insert(*term, *replica);
+                    }
                 }
-            },
+            }
+            Step::PathCut {
+                replica, machine, ..
+            } => {
+                if let Some(term) = led.get(replica) {
+                    cut.insert((*replica, machine.as_str()), *term);
+                }
+            }
+            Step::PathHealed {
+                at_us,
+                replica,
+                machine,
+            } => {
+                let Some(term) = cut.remove(&(*replica, machine.as_str())) else {
+                    continue;
+                };
+                // A leader of a newer term was elected while the path was cut: the cut
+                // replica's lease of `term` had ended by then (a follower's election timeout
+                // is longer than any lease), so no byte of an envelope of `term` may leave it
+                // any more, and the host can receive none after the heal.
+                if let Some((newer, since)) = elected.range(term + 1..).next() {
+                    let before = refused.get(machine.as_str()).copied().unwrap_or(0);
+                    fenced.insert(
+                        machine.as_str(),
+                        (*replica, term, *at_us, *newer, *since, before),
+                    );
+                }
+            }
             Step::Report {
                 at_us,
                 machine,
                 epoch,
                 sequence,
+                refused_older,
                 ..
             } => {
+                let most = refused.entry(machine.as_str()).or_insert(0);
+                *most = (*most).max(*refused_older);
+                if let Some(&(replica, term, healed, newer, since, before)) =
+                    fenced.get(machine.as_str())
+                    && *refused_older > before
+                {
+                    violations.push(format!(
+                        "{machine} refused an envelope as older ({before} refused before, {refused_older} by {} ms) after replica {replica}'s path to it came back at {} ms: replica {replica} was cut off from it since before its term {term} ended (term {newer}'s leader elected at {} ms), so those bytes left it after its lease",
+                        at_us / 1_000,
+                        healed / 1_000,
+                        since / 1_000
+                    ));
+                    fenced.remove(machine.as_str());
+                }
                 if let Some((e, s, at)) = applied.get(machine.as_str())
                     && (*epoch, *sequence) < (*e, *s)
                 {
@@ -1318,6 +1605,35 @@ pub fn check(steps: &[Step]) -> Vec<String> {
                     ));
                 }
             }
+            Step::Final {
+                replica,
+                leader,
+                applied,
+                leader_applied,
+                differs,
+                ..
+            } => {
+                if applied != leader_applied {
+                    violations.push(format!(
+                        "replicas agree at the end: replica {replica} applied {applied:?} and the leader {leader} {leader_applied:?} after {sim_agree_ms} ms of calm"
+                    ));
+                } else if !differs.is_empty() {
+                    violations.push(format!(
+                        "replicas agree at the end: replica {replica} differs from the leader {leader} at the same applied index {applied:?} in {}",
+                        differs.join(", ")
+                    ));
+                }
+            }
+            Step::Refusals {
+                at_us,
+                machine,
+                before,
+                caused,
+                after,
+            } if after.checked_sub(*before) != Some(*caused) => violations.push(format!(
+                "refusals not counted once: the leader refused {caused} of {machine}'s reports sent again by {} ms, but its refusal count went from {before} to {after}",
+                at_us / 1_000
+            )),
             _ => {}
         }
     }

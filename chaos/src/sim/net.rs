@@ -1,7 +1,8 @@
 //! The simulator's network: a UDP socket for quinn ([`SimSocket`], quinn's `AsyncUdpSocket`) whose
 //! datagrams go through one [`Net`] instead of the OS. Every datagram's fate comes from the run's
 //! seed: delivered after a delay (1 ms plus jitter, so datagrams overtake each other), dropped,
-//! or delivered twice; a cut link drops everything; a socket that is down (its replica crashed,
+//! or delivered twice; a cut link drops everything; a held link (down behind a router queue)
+//! keeps its first datagrams and delivers them when it comes back; a socket that is down (its replica crashed,
 //! or a newer socket took its address) neither receives nor sends. Deliveries are tokio timers, so the paused clock jumps from one to the next.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -40,6 +41,8 @@ pub struct NetCounts {
     pub cut: u64,
     /// Datagrams a socket tried to send after it was taken off the network (a killed replica's).
     pub silenced: u64,
+    /// Datagrams a held link queued ([`Net::hold`]), delivered when it came back.
+    pub held: u64,
 }
 
 struct Inbox {
@@ -54,7 +57,17 @@ struct State {
     inboxes: BTreeMap<SocketAddr, Arc<Mutex<Inbox>>>,
     /// Directed links that drop everything: (from, to).
     cut: BTreeSet<(SocketAddr, SocketAddr)>,
+    /// Directed links that are down behind a router queue: the first datagrams sent on one wait
+    /// in its queue (up to its room), the rest are dropped, and the queue drains when the link
+    /// comes back ([`Net::hold`], [`Net::release`]).
+    held: BTreeMap<(SocketAddr, SocketAddr), Held>,
     counts: NetCounts,
+}
+
+/// A link down behind a router queue.
+struct Held {
+    room: usize,
+    queue: Vec<Vec<u8>>,
 }
 
 /// The network every simulated socket sends through.
@@ -82,6 +95,7 @@ impl Net {
                 weather: Weather::default(),
                 inboxes: BTreeMap::new(),
                 cut: BTreeSet::new(),
+                held: BTreeMap::new(),
                 counts: NetCounts::default(),
             })),
         }
@@ -122,9 +136,49 @@ impl Net {
         }
     }
 
-    /// Heals every cut link.
+    /// Takes the link from `from` to `to` down behind a router queue with room for `room`
+    /// datagrams: the first `room` datagrams sent on it wait in the queue, later ones are
+    /// dropped (counted as cut), until [`Net::release`]. What a route that fails under a router
+    /// does: the router's buffer keeps what it had queued for the dead next hop and sends it on,
+    /// in order, once the route is back, whatever the sender did meanwhile.
+    pub fn hold(&self, from: SocketAddr, to: SocketAddr, room: usize) {
+        lock(&self.state).held.insert(
+            (from, to),
+            Held {
+                room,
+                queue: Vec::new(),
+            },
+        );
+    }
+
+    /// Brings a held link back: its queue drains first (each datagram 1 ms apart, in the order
+    /// sent), then the link carries datagrams as any other. Returns how many were queued.
+    pub fn release(&self, from: SocketAddr, to: SocketAddr) -> usize {
+        let Some(held) = lock(&self.state).held.remove(&(from, to)) else {
+            return 0;
+        };
+        let n = held.queue.len();
+        for (i, bytes) in held.queue.into_iter().enumerate() {
+            let net = self.clone();
+            let delay = Duration::from_millis(1 + i as u64);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                net.deliver(from, to, bytes);
+            });
+        }
+        n
+    }
+
+    /// Heals every cut link and releases every held one.
     pub fn heal(&self) {
-        lock(&self.state).cut.clear();
+        let held: Vec<(SocketAddr, SocketAddr)> = {
+            let mut s = lock(&self.state);
+            s.cut.clear();
+            s.held.keys().copied().collect()
+        };
+        for (from, to) in held {
+            self.release(from, to);
+        }
     }
 
     pub fn counts(&self) -> NetCounts {
@@ -147,6 +201,15 @@ impl Net {
         s.counts.sent += 1;
         if s.cut.contains(&(from, to)) {
             s.counts.cut += 1;
+            return;
+        }
+        if let Some(held) = s.held.get_mut(&(from, to)) {
+            if held.queue.len() < held.room {
+                held.queue.push(bytes.to_vec());
+                s.counts.held += 1;
+            } else {
+                s.counts.cut += 1;
+            }
             return;
         }
         let weather = s.weather;
