@@ -3,13 +3,17 @@
 # Three real `meshd` on loopback (`meshctl init`, one machine per client as in side-by-side.sh,
 # default replica.toml), `meshctl bench --load L --duration SECONDS`, then the leader changes
 # during the bench: the "leader of term" lines the three replicas logged after the bench began,
-# and the leader and term `meshctl status` named before and after.
+# and the leader and epochs (terms) `meshctl status` named before and after.
 #
 # Usage: benches/steady-load.sh [LOAD [SECONDS]]    LOAD s, m, l or xl (default l), SECONDS 1-600
 #                                                    (default 600)
 #   MESH_BIN_DIR=dir   meshd and meshctl from dir (default: target/release of this tree, built
 #                      with `cargo build --release --bin meshd --bin meshctl` if missing)
 #   KEEP=1             keep the temp dir (replica logs, bench output)
+# Disk: every settings write keeps its layer before and after in the history (issue 26 item 2), so
+# at load l the three stores grew by ~67 MB/s together (2026-12-06: 20 GB in 300 s, when the disk
+# filled and all three replicas stopped). It refuses to start without 70 MB per second of run free
+# under TMPDIR (42 GB for 600 s at load l).
 # Stops what it started by PID (trap on EXIT); writes only under one temp dir.
 
 set -euo pipefail
@@ -25,6 +29,12 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 bins=${MESH_BIN_DIR:-$here/target/release}
 if [ ! -x "$bins/meshd" ] || [ ! -x "$bins/meshctl" ]; then
     (cd "$here" && cargo build --release --bin meshd --bin meshctl)
+fi
+need_mb=$((secs * 70))
+free_mb=$(df -Pm "${TMPDIR:-/tmp}" | awk 'NR == 2 { print $4 }')
+if [ "$free_mb" -lt "$need_mb" ]; then
+    echo "steady-load: $free_mb MB free under ${TMPDIR:-/tmp}, $need_mb MB needed for $secs s; run shorter or free space" >&2
+    exit 1
 fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/steady-load.XXXXXX")
 pids=()
@@ -55,7 +65,7 @@ leader_lines() { # the "leader of term" lines of the three replica logs
 }
 
 status() { "$bins/meshctl" --context "$tmp/m/context.toml" status --json 2>/dev/null | tr -d '\n ' |
-    grep -oE '"(leader|term)":[0-9]+' | tr '\n' ' '; }
+    grep -oE '"(leader|epoch)":[0-9]+' | tr '\n' ' '; }
 
 for i in $(seq -w 1 "$machines"); do
     printf '[machines.bench-%s]\naddress = "127.0.0.1"\n\n' "$i"
