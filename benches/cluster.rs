@@ -165,6 +165,10 @@ struct Bed {
     /// With hosts on a runtime of their own, each replica's service runs on one of these, as in a
     /// meshd process of its own; last, so they stop after the replicas.
     replica_runtimes: Vec<BenchRuntime>,
+    /// Where the hosts keep their state when not under `dir`: the push bench's hosts write on
+    /// `/dev/shm` (decision 0335), as each real host writes on a disk of its own; the replicas'
+    /// stores stay on the disk.
+    host_disk: Option<tempfile::TempDir>,
 }
 
 impl Bed {
@@ -199,6 +203,13 @@ impl Bed {
             hosts: Vec::new(),
             operators: Vec::new(),
             replica_runtimes: Vec::new(),
+            host_disk: match hosts_on {
+                Some(_) if std::path::Path::new(host_disk_root).is_dir() => Some(
+                    tempfile::tempdir_in(host_disk_root)
+                        .with_context(|| format!("a temp dir in {host_disk_root}"))?,
+                ),
+                _ => None,
+            },
         };
         let mut endpoints = BTreeMap::new();
         for id in 1..=replicas {
@@ -322,6 +333,7 @@ impl Bed {
     /// Writes `name`'s certificate and host.toml and loads it.
     fn host_config(&self, name: &str) -> Result<HostConfig> {
         let dir = self.dir.path();
+        let disk = self.host_disk.as_ref().map_or(dir, |d| d.path());
         let sub = format!("host-{name}");
         let (cert, key) = self.write_cert(&sub, &Principal::Host(name.into()))?;
         let trusted: Vec<String> = (1..=3u64)
@@ -336,8 +348,8 @@ impl Bed {
         // Default reconcile interval (10 s): the host reports on every apply and then every tick.
         let text = format!(
             "name = \"{name}\"\nroot = \"{}\"\nmounts_root = \"{}\"\nlisten = \"127.0.0.1:0\"\nreplicas = [{}]\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n[trusted_keys]\n{}\n",
-            dir.join(&sub).join("root").display(),
-            dir.join(&sub).join("mounts").display(),
+            disk.join(&sub).join("root").display(),
+            disk.join(&sub).join("mounts").display(),
             list.join(", "),
             dir.join("pki/ca.pem").display(),
             cert.display(),
@@ -1047,6 +1059,11 @@ fn push_host_counts() -> Result<Vec<usize>> {
 /// fsync, which real hosts do on disks of their own at once; on two threads 1,000 hosts took
 /// turns at the one disk (4.1–7.8 s a push instead of 1–2 s, decision 0271).
 const push_host_threads: usize = 16;
+
+/// Where the push bench's hosts keep their state, when the machine has it (decision 0335): a
+/// thousand hosts sharing the bench machine's one disk queue their fsyncs behind each other and
+/// behind the replicas' log writes, which real hosts, each on a disk of its own, do not.
+const host_disk_root: &str = "/dev/shm";
 
 /// Worker threads of each replica's runtime in the push bench: meshd's own count on this
 /// machine (tokio's default is one per core).
