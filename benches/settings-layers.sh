@@ -53,6 +53,16 @@ free_base() { # a base port B with B+1..B+3 free (meshctl init's loopback layout
     return 1
 }
 
+# cpu_ms PID...: CPU time (user + system) the processes used so far, in milliseconds (fields 14
+# and 15 of /proc/PID/stat, counted after the ")" that ends the command name), as side-by-side.sh.
+cpu_ms() {
+    local t=0 p
+    for p in "$@"; do
+        [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+    done
+    echo $((t * 1000 / $(getconf CLK_TCK)))
+}
+
 wait_until() { # wait_until SECONDS WHAT COMMAND...
     local secs=$1 what=$2
     shift 2
@@ -90,9 +100,16 @@ for m in "${counts[@]}"; do
     "$meshctl" "${ctx[@]}" apply -f "$dir/mesh.toml" --why "settings-layers: $m machines" >"$dir/apply.log" 2>&1
     echo "== $m layers: meshctl bench --load $load, $(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg), binaries $bins"
     rc=0
+    before=$(cpu_ms "${pids[@]}")
     "$meshctl" "${ctx[@]}" bench --load "$load" >"$dir/bench.out" 2>"$dir/bench.err" || rc=$?
+    servers_ms=$(($(cpu_ms "${pids[@]}") - before))
     cat "$dir/bench.out"
     grep -v '^meshctl bench: running' "$dir/bench.err" || true
     echo "   meshctl bench exit $rc"
+    # CPU per write: the 3 meshd's user + system while the bench ran, over the writes it counted.
+    ok=$(grep -oE '\(([0-9]+) ok' "$dir/bench.out" | grep -oE '[0-9]+' | head -1 || true)
+    if [ -n "$ok" ] && [ "$ok" -gt 0 ]; then
+        echo "   servers' CPU: ${servers_ms} ms for $ok writes, $((servers_ms * 1000 / ok)) µs per write"
+    fi
     stop_pids
 done
