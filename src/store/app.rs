@@ -314,6 +314,7 @@ impl App for MeshApp {
             };
             answers.push(mesh_codec::encode("outcome", &outcome)?);
         }
+        rows.finish(state)?;
         Ok(answers)
     }
 
@@ -362,6 +363,24 @@ struct Rows<'t> {
     uploads: Option<redb::Table<'t, &'static [u8], &'static [u8]>>,
     upload_chunks: Option<redb::Table<'t, (&'static [u8], u32), &'static [u8]>>,
     controller_epoch: Option<redb::Table<'t, &'static str, &'static [u8]>>,
+    /// The revision and the next history id moved: their rows are written by [`Rows::finish`].
+    revision: bool,
+}
+
+impl Rows<'_> {
+    /// Writes the rows kept for the end of the batch, from the state the batch left.
+    fn finish(mut self, state: &DomainState) -> Result<(), AppError> {
+        if self.revision {
+            let t = self.model()?;
+            t.insert(
+                model_key_revision,
+                mesh_codec::encode("revision", &state.revision)?.as_slice(),
+            )?;
+            let next = mesh_codec::encode("history id", &state.next_history_id)?;
+            t.insert(model_key_next_history, next.as_slice())?;
+        }
+        Ok(())
+    }
 }
 
 /// `slot`'s table, opened in `txn` if it is not open yet.
@@ -381,7 +400,7 @@ macro_rules! rows_tables {
     ($($field:ident: $key:ty => $def:ident),* $(,)?) => {
         impl<'t> Rows<'t> {
             fn new(txn: &'t WriteTransaction) -> Self {
-                Rows { txn, $($field: None),* }
+                Rows { txn, $($field: None,)* revision: false }
             }
             $(
                 fn $field(&mut self) -> Result<&mut redb::Table<'t, $key, &'static [u8]>, AppError> {
@@ -430,15 +449,8 @@ fn write_changes(
                     mesh_codec::encode("model", &mesh)?.as_slice(),
                 )?;
             }
-            Changed::Revision => {
-                let t = rows.model()?;
-                t.insert(
-                    model_key_revision,
-                    mesh_codec::encode("revision", &state.revision)?.as_slice(),
-                )?;
-                let next = mesh_codec::encode("history id", &state.next_history_id)?;
-                t.insert(model_key_next_history, next.as_slice())?;
-            }
+            // Counters: written once, as the batch leaves them ([`Rows::finish`]).
+            Changed::Revision => rows.revision = true,
             Changed::SettingsLayer(scope) => {
                 // The row says the layer exists (it may have no keys); its keys are rows of
                 // `settings_values`, written by `SettingsLayerKeys` (schema 0012).
@@ -945,7 +957,9 @@ fn write_all(txn: &WriteTransaction, snap: &DomainSnapshot) -> Result<(), AppErr
         );
     }
     // The tables are closed again before the rows below are written through them.
-    write_changes(&mut Rows::new(txn), state, &changed, at)?;
+    let mut rows = Rows::new(txn);
+    write_changes(&mut rows, state, &changed, at)?;
+    rows.finish(state)?;
     let mut sends = txn.open_table(tables::SENDS)?;
     for s in &snap.sends {
         sends.insert(

@@ -600,6 +600,8 @@ impl DomainState {
         changed: &mut Vec<Changed>,
     ) {
         self.next_history_id += 1;
+        // The layer's row says only that it exists: written when that changes (decision 0330).
+        let presence = delta.created || delta.cleared;
         changed.push(Changed::SettingsLayerKeys {
             scope: scope.clone(),
             keys: delta.keys.keys().cloned().collect(),
@@ -613,7 +615,9 @@ impl DomainState {
             epoch: p.epoch,
             time_ms: p.time_ms,
         }));
-        changed.push(Changed::SettingsLayer(scope.clone()));
+        if presence {
+            changed.push(Changed::SettingsLayer(scope.clone()));
+        }
     }
 
     /// A scope must name machines, modules and placements of the model: a layer for something that
