@@ -1686,6 +1686,11 @@ mod batches {
         let loaded = MeshApp::load(&db).expect("load");
         let loaded = loaded.state().expect("state");
         assert_eq!(
+            loaded.requests.len(),
+            live.requests.len(),
+            "a restart remembers as many"
+        );
+        assert_eq!(
             loaded.requests, live.requests,
             "a restart remembers the same"
         );
