@@ -8,6 +8,9 @@
 #   MESH_BIN_DIR=dir   meshd/meshctl from dir (default: target/release, built if missing)
 #   LOAD=l             the bench load (s, m, l, xl)
 #   KEEP=1             keep the temp dir (logs, data)
+#   PROFILE=1          20 s into each bench, sample the 3 meshd for 20 s with `perf record -e
+#                      cpu-clock` (DWARF call graphs) and print the functions with the most CPU,
+#                      self and inclusive; the data stays in the temp dir (with KEEP=1)
 # Everything it starts it stops by PID; everything it writes is under one temp dir.
 
 set -euo pipefail
@@ -101,8 +104,24 @@ for m in "${counts[@]}"; do
     echo "== $m layers: meshctl bench --load $load, $(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg), binaries $bins"
     rc=0
     before=$(cpu_ms "${pids[@]}")
+    perf_pid=""
+    if [ "${PROFILE:-0}" = 1 ]; then
+        # cpu-clock is a software event (no hardware counters here); DWARF call graphs, as
+        # release builds keep no frame pointers. Started by PID, stopped when it has slept.
+        (sleep 20 && exec perf record -q -e cpu-clock -F 99 --call-graph dwarf,16384 \
+            -o "$dir/perf.data" -p "$(IFS=,; echo "${pids[*]}")" -- sleep 20) \
+            >"$dir/perf.log" 2>&1 &
+        perf_pid=$!
+    fi
     "$meshctl" "${ctx[@]}" bench --load "$load" >"$dir/bench.out" 2>"$dir/bench.err" || rc=$?
     servers_ms=$(($(cpu_ms "${pids[@]}") - before))
+    if [ -n "$perf_pid" ]; then
+        wait "$perf_pid" 2>/dev/null || true
+        perf report -i "$dir/perf.data" --no-children --stdio --sort symbol --percent-limit 0.7 \
+            -g none 2>/dev/null | grep '%' >"$dir/self.txt" || true
+        perf report -i "$dir/perf.data" --children --stdio --sort symbol --percent-limit 1.5 \
+            -g none 2>/dev/null | grep '%' | sed -E 's/ +- +- *$//' >"$dir/children.txt" || true
+    fi
     cat "$dir/bench.out"
     grep -v '^meshctl bench: running' "$dir/bench.err" || true
     echo "   meshctl bench exit $rc"
@@ -110,6 +129,12 @@ for m in "${counts[@]}"; do
     ok=$(grep -oE '\(([0-9]+) ok' "$dir/bench.out" | grep -oE '[0-9]+' | head -1 || true)
     if [ -n "$ok" ] && [ "$ok" -gt 0 ]; then
         echo "   servers' CPU: ${servers_ms} ms for $ok writes, $((servers_ms * 1000 / ok)) µs per write"
+    fi
+    if [ -s "$dir/children.txt" ]; then
+        echo "-- the 3 meshd, perf cpu-clock samples: inclusive (children, self), over 1.5 %"
+        head -60 "$dir/children.txt"
+        echo "-- self, over 0.7 %"
+        head -40 "$dir/self.txt"
     fi
     stop_pids
 done
