@@ -341,28 +341,31 @@ impl App for MeshApp {
     }
 }
 
+/// One table of [`Rows`], open or not yet.
+type Slot<'t, K> = Option<redb::Table<'t, K, &'static [u8]>>;
+
 /// The domain tables of one write transaction, each opened the first time a row of it is
 /// written and kept open until the batch is written (decision 0330): opening a table looks it up
 /// in the transaction's table tree and closing it writes its root back, which once per change
 /// cost 1.8 % of the replicas' CPU at load `l`.
 struct Rows<'t> {
     txn: &'t WriteTransaction,
-    model: Option<redb::Table<'t, &'static str, &'static [u8]>>,
-    settings_layers: Option<redb::Table<'t, &'static str, &'static [u8]>>,
-    settings_values: Option<redb::Table<'t, (&'static str, &'static str), &'static [u8]>>,
-    settings_history: Option<redb::Table<'t, u64, &'static [u8]>>,
-    model_history: Option<redb::Table<'t, u64, &'static [u8]>>,
-    provisions: Option<redb::Table<'t, &'static str, &'static [u8]>>,
-    sends: Option<redb::Table<'t, (&'static str, u64), &'static [u8]>>,
-    accounts: Option<redb::Table<'t, &'static str, &'static [u8]>>,
-    holds: Option<redb::Table<'t, &'static str, &'static [u8]>>,
-    requests: Option<redb::Table<'t, &'static [u8], &'static [u8]>>,
-    revoked: Option<redb::Table<'t, &'static str, &'static [u8]>>,
-    signers: Option<redb::Table<'t, u64, &'static [u8]>>,
-    model_revisions: Option<redb::Table<'t, u64, &'static [u8]>>,
-    uploads: Option<redb::Table<'t, &'static [u8], &'static [u8]>>,
-    upload_chunks: Option<redb::Table<'t, (&'static [u8], u32), &'static [u8]>>,
-    controller_epoch: Option<redb::Table<'t, &'static str, &'static [u8]>>,
+    model: Slot<'t, &'static str>,
+    settings_layers: Slot<'t, &'static str>,
+    settings_values: Slot<'t, (&'static str, &'static str)>,
+    settings_history: Slot<'t, u64>,
+    model_history: Slot<'t, u64>,
+    provisions: Slot<'t, &'static str>,
+    sends: Slot<'t, (&'static str, u64)>,
+    accounts: Slot<'t, &'static str>,
+    holds: Slot<'t, &'static str>,
+    requests: Slot<'t, &'static [u8]>,
+    revoked: Slot<'t, &'static str>,
+    signers: Slot<'t, u64>,
+    model_revisions: Slot<'t, u64>,
+    uploads: Slot<'t, &'static [u8]>,
+    upload_chunks: Slot<'t, (&'static [u8], u32)>,
+    controller_epoch: Slot<'t, &'static str>,
     /// The revision and the next history id moved: their rows are written by [`Rows::finish`].
     revision: bool,
 }
