@@ -118,9 +118,12 @@ for m in "${counts[@]}"; do
     if [ -n "$perf_pid" ]; then
         wait "$perf_pid" 2>/dev/null || true
         perf report -i "$dir/perf.data" --no-children --stdio --sort symbol --percent-limit 0.7 \
-            -g none 2>/dev/null | grep '%' >"$dir/self.txt" || true
+            -g none 2>/dev/null | grep '%' | sed -E 's/ +(- +)*$//' >"$dir/self.txt" || true
+        # Inclusive: ours and the crates and syscalls under them, not the runtime's frames.
         perf report -i "$dir/perf.data" --children --stdio --sort symbol --percent-limit 1.5 \
-            -g none 2>/dev/null | grep '%' | sed -E 's/ +- +- *$//' >"$dir/children.txt" || true
+            -g none 2>/dev/null | grep '%' | sed -E 's/ +(- +)*$//' |
+            grep -E 'mesh|openraft|redb|quinn|rustls|bincode|fsync|sendmsg|recvmsg|pwrite' \
+            >"$dir/children.txt" || true
     fi
     cat "$dir/bench.out"
     grep -v '^meshctl bench: running' "$dir/bench.err" || true
@@ -132,7 +135,7 @@ for m in "${counts[@]}"; do
     fi
     if [ -s "$dir/children.txt" ]; then
         echo "-- the 3 meshd, perf cpu-clock samples: inclusive (children, self), over 1.5 %"
-        head -60 "$dir/children.txt"
+        head -40 "$dir/children.txt"
         echo "-- self, over 0.7 %"
         head -40 "$dir/self.txt"
     fi
