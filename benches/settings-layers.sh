@@ -8,6 +8,9 @@
 #   MESH_BIN_DIR=dir   meshd/meshctl from dir (default: target/release, built if missing)
 #   LOAD=l             the bench load (s, m, l, xl)
 #   KEEP=1             keep the temp dir (logs, data)
+#   PROFILE=1          20 s into each bench, sample the 3 meshd for 20 s with `perf record -e
+#                      cpu-clock` (DWARF call graphs) and print the functions with the most CPU,
+#                      self and inclusive; the data stays in the temp dir (with KEEP=1)
 # Everything it starts it stops by PID; everything it writes is under one temp dir.
 
 set -euo pipefail
@@ -53,6 +56,16 @@ free_base() { # a base port B with B+1..B+3 free (meshctl init's loopback layout
     return 1
 }
 
+# cpu_ms PID...: CPU time (user + system) the processes used so far, in milliseconds (fields 14
+# and 15 of /proc/PID/stat, counted after the ")" that ends the command name), as side-by-side.sh.
+cpu_ms() {
+    local t=0 p
+    for p in "$@"; do
+        [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+    done
+    echo $((t * 1000 / $(getconf CLK_TCK)))
+}
+
 wait_until() { # wait_until SECONDS WHAT COMMAND...
     local secs=$1 what=$2
     shift 2
@@ -90,9 +103,41 @@ for m in "${counts[@]}"; do
     "$meshctl" "${ctx[@]}" apply -f "$dir/mesh.toml" --why "settings-layers: $m machines" >"$dir/apply.log" 2>&1
     echo "== $m layers: meshctl bench --load $load, $(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg), binaries $bins"
     rc=0
+    before=$(cpu_ms "${pids[@]}")
+    perf_pid=""
+    if [ "${PROFILE:-0}" = 1 ]; then
+        # cpu-clock is a software event (no hardware counters here); DWARF call graphs, as
+        # release builds keep no frame pointers. Started by PID, stopped when it has slept.
+        (sleep 20 && exec perf record -q -e cpu-clock -F 99 --call-graph dwarf,16384 \
+            -o "$dir/perf.data" -p "$(IFS=,; echo "${pids[*]}")" -- sleep 20) \
+            >"$dir/perf.log" 2>&1 &
+        perf_pid=$!
+    fi
     "$meshctl" "${ctx[@]}" bench --load "$load" >"$dir/bench.out" 2>"$dir/bench.err" || rc=$?
+    servers_ms=$(($(cpu_ms "${pids[@]}") - before))
+    if [ -n "$perf_pid" ]; then
+        wait "$perf_pid" 2>/dev/null || true
+        perf report -i "$dir/perf.data" --no-children --stdio --sort symbol --percent-limit 0.7 \
+            -g none 2>/dev/null | grep '%' | sed -E 's/ +(- +)*$//' >"$dir/self.txt" || true
+        # Inclusive: ours and the crates and syscalls under them, not the runtime's frames.
+        perf report -i "$dir/perf.data" --children --stdio --sort symbol --percent-limit 1.5 \
+            -g none 2>/dev/null | grep '%' | sed -E 's/ +(- +)*$//' |
+            grep -E 'mesh|openraft|redb|quinn|rustls|bincode|fsync|sendmsg|recvmsg|pwrite' \
+            >"$dir/children.txt" || true
+    fi
     cat "$dir/bench.out"
     grep -v '^meshctl bench: running' "$dir/bench.err" || true
     echo "   meshctl bench exit $rc"
+    # CPU per write: the 3 meshd's user + system while the bench ran, over the writes it counted.
+    ok=$(grep -oE '\(([0-9]+) ok' "$dir/bench.out" | grep -oE '[0-9]+' | head -1 || true)
+    if [ -n "$ok" ] && [ "$ok" -gt 0 ]; then
+        echo "   servers' CPU: ${servers_ms} ms for $ok writes, $((servers_ms * 1000 / ok)) µs per write"
+    fi
+    if [ -s "$dir/children.txt" ]; then
+        echo "-- the 3 meshd, perf cpu-clock samples: inclusive (children, self), over 1.5 %"
+        head -40 "$dir/children.txt"
+        echo "-- self, over 0.7 %"
+        head -40 "$dir/self.txt"
+    fi
     stop_pids
 done

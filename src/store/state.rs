@@ -56,6 +56,11 @@ pub const model_revisions_kept_max: usize = 50;
 /// (`model_bytes_max`, 8 MiB). The newest model is always kept, whatever its size.
 pub const model_revisions_bytes_max: u64 = 64 * 1024 * 1024;
 
+/// Forgotten requests leave the store in sweeps of this many rows, one range removal each
+/// (decision 0330); until then their rows stay, and [`DomainState::forget_beyond_the_limit`]
+/// skips them at load. Memory keeps exactly [`requests_remembered_max`] all the same.
+pub const requests_swept_together: u64 = 1_024;
+
 /// A row the redb layer must write after an apply, in the same transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Changed {
@@ -84,6 +89,11 @@ pub enum Changed {
     Request {
         id: RequestId,
         order: u64,
+    },
+    /// The rows of every request remembered before order `below` removed, all forgotten already
+    /// (decision 0330): a forgotten request's row stays until such a sweep, and a load skips it.
+    RequestsForgotten {
+        below: u64,
     },
     /// A deny-list row added or removed, by its key.
     Revoked(String),
@@ -186,6 +196,18 @@ impl DomainState {
         self.requests.get(id).map(|r| &r.applied)
     }
 
+    /// Forgets the oldest requests beyond [`requests_remembered_max`]: a store holds the rows
+    /// of up to [`requests_swept_together`] more, forgotten and not yet swept (decision 0330),
+    /// and a state read from it remembers what the state that wrote it did.
+    pub fn forget_beyond_the_limit(&mut self) {
+        while self.requests.len() > requests_remembered_max {
+            let Some((_, oldest)) = self.request_order.pop_first() else {
+                break;
+            };
+            self.requests.remove(&oldest);
+        }
+    }
+
     /// Keeps `applied` as request `id`'s outcome, forgetting the oldest beyond the limit.
     fn remember_request(&mut self, id: RequestId, applied: &Applied, changed: &mut Vec<Changed>) {
         let order = self
@@ -206,7 +228,10 @@ impl DomainState {
                 break;
             };
             self.requests.remove(&oldest);
-            changed.push(Changed::Request { id: oldest, order });
+            // The forgotten rows leave the store together, not one per write (decision 0330).
+            if (order + 1) % requests_swept_together == 0 {
+                changed.push(Changed::RequestsForgotten { below: order + 1 });
+            }
         }
     }
 
@@ -575,6 +600,8 @@ impl DomainState {
         changed: &mut Vec<Changed>,
     ) {
         self.next_history_id += 1;
+        // The layer's row says only that it exists: written when that changes (decision 0330).
+        let presence = delta.created || delta.cleared;
         changed.push(Changed::SettingsLayerKeys {
             scope: scope.clone(),
             keys: delta.keys.keys().cloned().collect(),
@@ -588,7 +615,9 @@ impl DomainState {
             epoch: p.epoch,
             time_ms: p.time_ms,
         }));
-        changed.push(Changed::SettingsLayer(scope.clone()));
+        if presence {
+            changed.push(Changed::SettingsLayer(scope.clone()));
+        }
     }
 
     /// A scope must name machines, modules and placements of the model: a layer for something that
