@@ -1560,6 +1560,26 @@ fn rss_of(pid: u32) -> (u64, u64) {
     status_fields(&path).unwrap_or_else(|e| panic!("memory bench: {path}: {e}"))
 }
 
+/// When `MESH_BENCH_MEMORY_PROBE` names a program, runs it with meshd's pid and the step's name
+/// (`composed`, `sent`, `reported`) right after that step's idle reading, and waits for it: a
+/// way to look inside the process at each step (jemalloc's statistics through a debugger,
+/// `/proc/<pid>/smaps`, a heap profiler's snapshot) that costs the shipped binary nothing.
+/// The figures the bench prints are read before it runs.
+fn probe(pid: u32, step: &str) {
+    let Some(program) = std::env::var_os("MESH_BENCH_MEMORY_PROBE") else {
+        return;
+    };
+    match std::process::Command::new(&program)
+        .arg(pid.to_string())
+        .arg(step)
+        .status()
+    {
+        Ok(status) if status.success() => {}
+        Ok(status) => eprintln!("memory: probe {program:?} at {step}: {status}"),
+        Err(e) => eprintln!("memory: probe {program:?} at {step} did not run: {e}"),
+    }
+}
+
 fn status_fields(path: &str) -> Result<(u64, u64), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
     let field = |name: &str| {
@@ -1728,6 +1748,7 @@ async fn memory() -> Result<()> {
     let (composed, _) = rss_of(pid);
     tokio::time::sleep(Duration::from_secs(settle_s)).await;
     let (composed_idle, _) = rss_of(pid);
+    probe(pid, "composed");
     let t1 = Instant::now();
     // One `push --all`; a machine it could not reach is pushed again by name, so each machine
     // is sent to once more at most per round (`--behind` would send to all 10,000 again: none
@@ -1778,6 +1799,7 @@ async fn memory() -> Result<()> {
     let (pushed, _) = rss_of(pid);
     tokio::time::sleep(Duration::from_secs(settle_s)).await;
     let (pushed_idle, _) = rss_of(pid);
+    probe(pid, "sent");
     // Every host reports what it applied, as a host does after an apply, through its endpoint's
     // own send path: over the connection the leader opened to it (decision 0316), which stays
     // open as every real host's does.
@@ -1794,6 +1816,7 @@ async fn memory() -> Result<()> {
     let (reported, _) = rss_of(pid);
     tokio::time::sleep(Duration::from_secs(settle_s)).await;
     let (reported_idle, peak) = rss_of(pid);
+    probe(pid, "reported");
     let mib = |kib: u64| kib / 1024;
     println!(
         "memory: meshd RSS (MiB; idle = {settle_s} s later, nothing sent meanwhile): started {}; model applied {}; status composed {}, idle {}; sent once to {sent} hosts {}, idle {}; with every host's report connection {}, idle {}; peak (VmHWM) {}; load {}",
