@@ -56,15 +56,8 @@ free_base() { # a base port B with B+1..B+3 free (meshctl init's loopback layout
     return 1
 }
 
-# cpu_ms PID...: CPU time (user + system) the processes used so far, in milliseconds (fields 14
-# and 15 of /proc/PID/stat, counted after the ")" that ends the command name), as side-by-side.sh.
-cpu_ms() {
-    local t=0 p
-    for p in "$@"; do
-        [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
-    done
-    echo $((t * 1000 / $(getconf CLK_TCK)))
-}
+# shellcheck source=benches/cpu.sh
+. "$here/benches/cpu.sh"
 
 wait_until() { # wait_until SECONDS WHAT COMMAND...
     local secs=$1 what=$2

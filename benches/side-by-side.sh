@@ -92,15 +92,8 @@ free_base() {
     return 1
 }
 
-# cpu_ms PID...: CPU time (user + system) the processes used so far, in milliseconds. Fields 14 and
-# 15 of /proc/PID/stat, counted after the ")" that ends the command name (which may hold spaces).
-cpu_ms() {
-    local t=0 p
-    for p in "$@"; do
-        [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
-    done
-    echo $((t * 1000 / $(getconf CLK_TCK)))
-}
+# shellcheck source=benches/cpu.sh
+. "$here/benches/cpu.sh"
 
 # timed_client OUT CMD...: runs the benchmark client, its output to OUT, its own CPU time
 # (user + system, /usr/bin/time) to OUT.cpu in milliseconds; returns the client's exit code.

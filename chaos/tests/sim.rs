@@ -104,15 +104,7 @@ fn raft(at_ms: u64, replica: u64, term: u64, leading: bool) -> Step {
 }
 
 fn report(at_ms: u64, machine: &str, epoch: u64, sequence: u64) -> Step {
-    Step::Report {
-        at_us: at_ms * 1_000,
-        machine: machine.into(),
-        epoch,
-        sequence,
-        report_sequence: at_ms,
-        refused_older: 0,
-        delivered: true,
-    }
+    refused_report(at_ms, machine, epoch, sequence, 0)
 }
 
 #[test]

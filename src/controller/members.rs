@@ -334,9 +334,10 @@ impl Service {
             problem: format!("{e}; write it as ip:port, the address the other replicas dial"),
         })?;
         let state = self.state()?;
+        let members = self.replica.members();
         let cluster = membership::Cluster {
-            voters: Self::voters(&self.replica.members()),
-            member_addr: self.replica.members().get(&id).map(|m| m.addr.clone()),
+            voters: Self::voters(&members),
+            member_addr: members.get(&id).map(|m| m.addr.clone()),
             retired_why: state
                 .revoked
                 .get(&RevokedTarget::retiring(id).key())
