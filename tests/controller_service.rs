@@ -80,6 +80,70 @@ async fn g13_push_through_a_follower_is_forwarded_and_says_so() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stopped_while_a_request_searches_for_a_leader_stops_cleanly_and_frees_its_store()
+{
+    // A follower cut off from the other replicas searches for a leader for up to
+    // `forward_find_ms`, longer than the stop's drain: the stop must not fail "busy" (meshd
+    // would exit non-zero on SIGTERM and the store would stay open in its process). It stops Raft
+    // under the search, which gives up, and the store opens again.
+    let mut bed = Bed::start(&[], &[]).await;
+    let leader = bed.wait_leader().await;
+    let follower = bed.follower(leader);
+    bed.isolate(follower);
+    let running = bed.replicas.remove(&follower).expect("the follower runs");
+    let idle_holders = Arc::strong_count(running.service());
+    let service = running.service().clone();
+    let request = Request::SettingsSet {
+        scope: Scope::Mesh,
+        layer: BTreeMap::from([("k".to_string(), "v".to_string())]),
+        remove: BTreeSet::new(),
+        replace: false,
+        why: "asked of a replica that is stopping".into(),
+    };
+    let stop = async {
+        // The request's handler holds the service while it searches.
+        wait_until("the request in flight on the follower", || {
+            std::future::ready(Arc::strong_count(&service) > idle_holders + 1)
+        })
+        .await;
+        drop(service);
+        running.shutdown().await
+    };
+    let ask = async {
+        let call = mesh::controller::api::Call::new(request.clone()).expect("a request id");
+        let body = mesh_codec::encode("request", &call).expect("encode");
+        let peer =
+            mesh_transport::Peer::expecting(bed.addrs[&follower], Principal::Replica(follower));
+        bed.operator
+            .request(
+                peer,
+                MessageKind::Command,
+                body,
+                std::time::Duration::from_secs(30),
+            )
+            .await
+    };
+    let (answer, stopped) = tokio::join!(ask, stop);
+    assert!(
+        stopped.is_ok(),
+        "the stop failed instead of stopping Raft under the search: {stopped:?}"
+    );
+    // The operator hears no answer from a replica that stopped (its endpoint closed first), or
+    // an error; never a write done.
+    if let Ok(bytes) = answer {
+        let answer: mesh::controller::api::Answer =
+            mesh_codec::decode("answer", &bytes).expect("decode answer");
+        assert!(
+            answer.body.is_err(),
+            "the write had no leader to go to: {:?}",
+            answer.body
+        );
+    }
+    bed.restart_replica(follower).await;
+    bed.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_without_a_reason_or_to_an_unknown_machine_is_invalid_and_sends_nothing() {
     // G7: every push needs a why; a bare push has no wire form (PushTarget has no bare variant), so
     // the replica sees only named, --behind or --all pushes.

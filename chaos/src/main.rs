@@ -30,6 +30,14 @@ fn main() -> ExitCode {
         return fuzz_main(&args[1..]);
     }
     if args.first().map(String::as_str) == Some("sim") {
+        // `MESH_SIM_LOG=info` (a tracing filter): the product's own log lines of a replayed seed,
+        // on stderr, to see what a failing seed's replicas did.
+        if let Ok(filter) = std::env::var("MESH_SIM_LOG") {
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_writer(std::io::stderr)
+                .init();
+        }
         return sim_main(&args[1..]);
     }
     runs_main(&args)

@@ -298,7 +298,7 @@ impl<A: App> Replica<A> {
             if !takers.is_empty() || now >= deadline {
                 return Ok((takers, last));
             }
-            let _ = tokio::time::timeout((deadline - now).min(pause), metrics.changed()).await;
+            crate::wait::changed_within(&mut metrics, (deadline - now).min(pause)).await;
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod router;
 pub mod runtime;
 mod state_machine;
 mod store;
+mod wait;
 
 use std::io::Cursor;
 
@@ -44,6 +45,7 @@ pub use replica::{
 };
 pub use state_machine::{App, AppError, EntryAt, SnapshotBuilder, SnapshotFile, StateMachine};
 pub use store::{StoreError, off_the_thread};
+pub use wait::changed_within;
 
 /// A replica's id in the cluster.
 pub type NodeId = u64;

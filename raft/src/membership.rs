@@ -240,7 +240,7 @@ impl<A: App> Replica<A> {
                     waited_ms,
                 });
             }
-            let _ = tokio::time::timeout(deadline - now, metrics.changed()).await;
+            crate::wait::changed_within(&mut metrics, deadline - now).await;
         }
     }
 

@@ -413,6 +413,22 @@ impl<A: App> Replica<A> {
         blocking(move || Ok(build_file(&db, app.as_ref())?.encode()?)).await
     }
 
+    /// Stops openraft and the batcher without giving the replica up: every proposal and read
+    /// still waiting fails at once (openraft answers them "stopped"), so whoever holds the
+    /// service for one lets it go. [`Replica::shutdown`] after it still closes the store (a second
+    /// stop of openraft is a no-op).
+    pub async fn stop_raft(&self) -> Result<(), ShutdownError> {
+        let timeout = self.config.shutdown_timeout();
+        self.batcher.abort();
+        match tokio::time::timeout(timeout, self.raft.shutdown()).await {
+            Err(_) => Err(ShutdownError::Timeout {
+                timeout_ms: timeout.as_millis() as u64,
+            }),
+            Ok(Err(e)) => Err(ShutdownError::Raft(e.to_string())),
+            Ok(Ok(())) => Ok(()),
+        }
+    }
+
     /// Stops openraft and the batcher and waits until the store file is released.
     pub async fn shutdown(self) -> Result<(), ShutdownError> {
         let timeout = self.config.shutdown_timeout();

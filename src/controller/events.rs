@@ -699,7 +699,7 @@ impl Service {
             if !page.events.is_empty() || page.gap.is_some() || now >= deadline || !still {
                 return Ok(Body::Events(page));
             }
-            let _ = tokio::time::timeout(deadline - now, moved.changed()).await;
+            mesh_raft::changed_within(&mut moved, deadline - now).await;
         }
     }
 }

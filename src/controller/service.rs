@@ -579,9 +579,10 @@ impl Running {
         self.floor_task.abort();
         self.leadership_task.abort();
         self.denied_task.abort();
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(shutdown_drain_ms);
+        let mut deadline = tokio::time::Instant::now() + Duration::from_millis(shutdown_drain_ms);
         let mut service = self.service;
         let raft_runtime = self.raft_runtime;
+        let mut raft_stopped = false;
         loop {
             match Arc::try_unwrap(service) {
                 Ok(s) => {
@@ -594,9 +595,25 @@ impl Running {
                 Err(shared) => service = shared,
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(ServiceError::Busy {
-                    ms: shutdown_drain_ms,
-                });
+                if raft_stopped {
+                    return Err(ServiceError::Busy {
+                        ms: 2 * shutdown_drain_ms,
+                    });
+                }
+                // A request still waiting holds the service, most likely on a write or read
+                // that cannot finish (a leader cut off from its peers waits for a quorum that
+                // does not come). Stopping Raft fails every such wait at once, so the store
+                // can close instead of the stop failing (and meshd exiting non-zero).
+                tracing::info!(
+                    replica = service.id,
+                    ms = shutdown_drain_ms,
+                    "requests still in flight after the drain: stopping Raft under them"
+                );
+                if let Err(e) = service.replica.stop_raft().await {
+                    tracing::warn!(replica = service.id, error = %e, "stopping Raft under the requests left");
+                }
+                raft_stopped = true;
+                deadline = tokio::time::Instant::now() + Duration::from_millis(shutdown_drain_ms);
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -1074,8 +1091,17 @@ impl Service {
                     return self.forward(leader, addr, forwarded, lines).await.map(Some);
                 }
                 forwarding::Step::Wait { at_most } => {
+                    // Raft stopped under the request (the replica is shutting down): no leader
+                    // will be named here any more.
+                    if metrics.has_changed().is_err() {
+                        return Err(ApiError::NoLeader {
+                            replica: self.id,
+                            waited_ms: started.elapsed().as_millis() as u64,
+                            reason: "this replica is stopping (its Raft has stopped); ask another replica".to_string(),
+                        });
+                    }
                     // Until the metrics name another leader (or a heartbeat later, to ask again).
-                    let _ = tokio::time::timeout(at_most, metrics.changed()).await;
+                    mesh_raft::changed_within(&mut metrics, at_most).await;
                     search.seen(self.seen(&mut metrics), started.elapsed())
                 }
                 forwarding::Step::GiveUp { find, why } => {
