@@ -604,9 +604,20 @@ impl Endpoint {
             .connection(peer.addr, peer.expect.as_ref(), deadline)
             .await?;
         check_expected(peer, &principal)?;
+        let heard = frames_heard(&conn);
         let result = self
             .exchange(&conn, peer.addr, message, deadline, what, gate)
             .await;
+        if let Err(Attempt::Frame(FrameError::Timeout { .. })) = &result
+            && frames_heard(&conn) == heard
+        {
+            // Not one frame from the peer while the request waited, not even the acknowledgement
+            // a live QUIC peer sends within its ack delay: the connection is dead (the peer
+            // restarted at its address and has no keys for it, say) and would stay in use until
+            // its idle timeout, every request on it timing out. The next message dials afresh.
+            tracing::debug!(peer = %peer.addr, "no frame from the peer during a request; the next message dials afresh");
+            self.forget_connection(peer.addr).await;
+        }
         let result = match result {
             Err(Attempt::Stale(reason)) if reused => {
                 tracing::debug!(peer = %peer.addr, %reason, "connection was stale; dialling again");
@@ -1093,6 +1104,12 @@ impl Attempt {
 /// TLS alerts travel as QUIC CRYPTO_ERROR codes 0x100..=0x1ff.
 fn is_crypto_code(code: quinn::TransportErrorCode) -> bool {
     (0x100..=0x1ff).contains(&u64::from(code))
+}
+
+/// How many frames the peer has sent on `conn` that this side decrypted and handled.
+fn frames_heard(conn: &Connection) -> u64 {
+    let f = conn.stats().frame_rx;
+    f.acks + f.stream + f.ping + f.max_data + f.max_stream_data + f.reset_stream + f.stop_sending
 }
 
 fn connection_error(addr: SocketAddr, e: ConnectionError) -> TransportError {

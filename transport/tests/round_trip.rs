@@ -202,6 +202,42 @@ async fn request_redials_at_once_after_the_peer_crashes_and_restarts() {
 }
 
 #[tokio::test]
+async fn a_connection_silent_through_a_whole_request_is_dropped_and_the_next_request_dials_afresh()
+{
+    // A peer restarted with a new key (its certificate renewed with a new key pair) cannot reset
+    // the old connection: its reset token is another. Before, every request went into the dead
+    // connection and timed out until the 10 s idle timeout closed it (the simulator's seed 1986:
+    // a restarted replica's heartbeats all timed out and it campaigned, never catching up). A
+    // request during which not one frame came back drops the connection; the next one dials.
+    let pki = Pki::new();
+    let (old, _) = serving_with(pki.identity(&replica(1)), config());
+    let relay = Relay::start(old.local_addr()).await;
+    let alice = client(&pki, &operator("alice"));
+    alice
+        .request(relay.addr, MessageKind::Command, b"1".to_vec(), timeout)
+        .await
+        .expect("before the restart");
+    let (new, _) = serving_with(pki.identity(&replica(1)), config());
+    relay.switch_to(new.local_addr());
+    old.close().await;
+    let quick = std::time::Duration::from_millis(300);
+    let lost = alice
+        .request(relay.addr, MessageKind::Command, b"2".to_vec(), quick)
+        .await;
+    assert!(
+        matches!(lost, Err(mesh_transport::TransportError::Timeout { .. })),
+        "the dead connection answers nothing: {lost:?}"
+    );
+    // Well inside the idle timeout.
+    let answer = alice
+        .request(relay.addr, MessageKind::Command, b"3".to_vec(), quick * 10)
+        .await
+        .expect("the next request dials the restarted peer");
+    assert_eq!(answer, b"echo:3");
+    assert_eq!(alice.counts().dials, 2);
+}
+
+#[tokio::test]
 async fn a_request_the_crashed_peer_took_is_not_sent_again_to_its_restarted_process() {
     // Issue 10, "nothing runs twice": the old process has the whole request (its handler is
     // running it) when it crashes; the restarted process answers the connection with a stateless
