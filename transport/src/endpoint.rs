@@ -616,6 +616,9 @@ impl Endpoint {
             // restarted at its address and has no keys for it, say) and would stay in use until
             // its idle timeout, every request on it timing out. The next message dials afresh.
             tracing::debug!(peer = %peer.addr, "no frame from the peer during a request; the next message dials afresh");
+            // Closed, not only forgotten: a peer that is there after all frees its slot (it
+            // counts connections per peer) instead of holding it until the idle timeout.
+            conn.close(quinn::VarInt::from_u32(0), b"silent through a request");
             self.forget_connection(peer.addr).await;
         }
         let result = match result {
