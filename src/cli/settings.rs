@@ -271,6 +271,13 @@ pub fn render_show(via: Via, v: &SettingsView) -> String {
                 c.why
             ));
         }
+        if let Some(oldest) = v.history.first().map(|c| c.id).filter(|id| *id > 1) {
+            out.push_str(&format!(
+                "  (#1–#{} not shown: a scope's view shows its own changes, and the store keeps only the newest {} settings changes of all scopes)\n",
+                oldest - 1,
+                crate::store::state::settings_history_kept_max
+            ));
+        }
     }
     out.push_str(&via.note());
     out

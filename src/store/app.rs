@@ -489,6 +489,7 @@ fn write_changes(
                     entry.id,
                     mesh_codec::encode("settings entry", entry)?.as_slice(),
                 )?;
+                cut_settings_history(t, entry.id)?;
             }
             Changed::ModelHistory(entry) => {
                 let t = rows.model_history()?;
@@ -829,6 +830,30 @@ fn read_history(txn: &ReadTransaction) -> Result<Vec<SettingsEntry>, AppError> {
         out.push(mesh_codec::decode("settings entry", v.value())?);
     }
     Ok(out)
+}
+
+/// Removes the settings history rows that fell out of the newest
+/// [`settings_history_kept_max`](super::state::settings_history_kept_max) once entry `newest` is
+/// written: at most [`settings_history_cut_together`](super::state::settings_history_cut_together)
+/// of them, oldest first, in one range removal (decision 0341). Every replica applies the same
+/// entries, so every replica keeps the same rows.
+fn cut_settings_history(
+    table: &mut redb::Table<'_, u64, &'static [u8]>,
+    newest: u64,
+) -> Result<(), AppError> {
+    use super::state::{settings_history_cut_together, settings_history_kept_max};
+    let Some(keep_from) = newest.checked_sub(settings_history_kept_max - 1) else {
+        return Ok(());
+    };
+    let Some(oldest) = table.first()?.map(|(k, _)| k.value()) else {
+        return Ok(());
+    };
+    if oldest >= keep_from {
+        return Ok(());
+    }
+    let end = keep_from.min(oldest.saturating_add(settings_history_cut_together));
+    table.retain_in(oldest..end, |_, _| false)?;
+    Ok(())
 }
 
 fn rebuild_error(e: super::settings_history::RebuildError) -> AppError {
@@ -1635,6 +1660,69 @@ mod batches {
                 .state()
                 .expect("state"),
             *alone.state().expect("state")
+        );
+    }
+
+    #[test]
+    fn the_settings_history_keeps_its_newest_changes_and_reads_back_whole_after_a_cut() {
+        // Decision 0341: the history keeps the newest `settings_history_kept_max` changes; older
+        // rows leave as newer ones are written, so the disk does not grow with every write, and
+        // what is kept still rebuilds (each kept change with its whole layers) and reloads.
+        use crate::store::state::{settings_history_cut_together, settings_history_kept_max};
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let db = mesh_migrations::open(&tmp.path().join("store")).expect("store");
+        let app = MeshApp::default();
+        let total = settings_history_kept_max + settings_history_cut_together + 7;
+        let mut most_rows = 0;
+        for (index, chunk) in (0..total).collect::<Vec<u64>>().chunks(1_000).enumerate() {
+            let commands: Vec<Vec<u8>> = chunk
+                .iter()
+                .map(|&i| {
+                    proposal(
+                        i,
+                        Command::SetSettings {
+                            scope: crate::core::settings::Scope::Mesh,
+                            set: [(format!("k{}", i % 3), format!("v{i}"))]
+                                .into_iter()
+                                .collect(),
+                            remove: Default::default(),
+                            replace: false,
+                            why: format!("write {i}"),
+                        },
+                    )
+                })
+                .collect();
+            let batch: Vec<(EntryAt, Option<&[u8]>)> = commands
+                .iter()
+                .enumerate()
+                .map(|(p, c)| (at(index as u64 + 1, p as u32), Some(c.as_slice())))
+                .collect();
+            let txn = db.begin_write().expect("txn");
+            app.apply_all(&txn, &batch).expect("applied");
+            txn.commit().expect("commit");
+            let txn = db.begin_read().expect("read");
+            let rows = txn.open_table(tables::SETTINGS_HISTORY).expect("history");
+            most_rows = most_rows.max(rows.len().expect("len"));
+        }
+        assert_eq!(
+            most_rows, settings_history_kept_max,
+            "the store never kept more than the newest changes"
+        );
+        let history = MeshApp::settings_history(&db).expect("the kept history rebuilds");
+        assert_eq!(history.len() as u64, settings_history_kept_max);
+        let newest = history.last().expect("newest");
+        assert_eq!(newest.id, total, "the newest change is kept");
+        assert_eq!(newest.why, format!("write {}", total - 1));
+        assert_eq!(
+            history.first().expect("oldest").id,
+            total - settings_history_kept_max + 1,
+            "the oldest kept is the one just inside the bound"
+        );
+        let loaded = MeshApp::load(&db).expect("load");
+        assert_eq!(
+            loaded.state().expect("state").next_history_id,
+            total,
+            "ids go on after a restart, never reused"
         );
     }
 

@@ -56,6 +56,14 @@ pub const model_revisions_kept_max: usize = 50;
 /// (`model_bytes_max`, 8 MiB). The newest model is always kept, whatever its size.
 pub const model_revisions_bytes_max: u64 = 64 * 1024 * 1024;
 
+/// How many settings changes the history keeps: the newest 10,000. An older change leaves the
+/// store as a newer one is written (decision 0341): the history stays readable in full by `plan`,
+/// `history` and `settings show --history`, and the disk does not grow with every write for ever.
+pub const settings_history_kept_max: u64 = 10_000;
+/// Settings history rows beyond [`settings_history_kept_max`] leave in sweeps of at most this
+/// many per write, so a store that kept more (written before the bound) sheds them gradually.
+pub const settings_history_cut_together: u64 = 1_024;
+
 /// Forgotten requests leave the store in sweeps of this many rows, one range removal each
 /// (decision 0330); until then their rows stay, and [`DomainState::forget_beyond_the_limit`]
 /// skips them at load. Memory keeps exactly [`requests_remembered_max`] all the same.
