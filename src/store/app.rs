@@ -1663,6 +1663,18 @@ mod batches {
         );
     }
 
+    /// Applies `commands` as the batch of log entry `index`, committed.
+    fn apply_batch(db: &redb::Database, app: &MeshApp, index: u64, commands: &[Vec<u8>]) {
+        let batch: Vec<(EntryAt, Option<&[u8]>)> = commands
+            .iter()
+            .enumerate()
+            .map(|(p, c)| (at(index, p as u32), Some(c.as_slice())))
+            .collect();
+        let txn = db.begin_write().expect("txn");
+        app.apply_all(&txn, &batch).expect("applied");
+        txn.commit().expect("commit");
+    }
+
     #[test]
     fn the_settings_history_keeps_its_newest_changes_and_reads_back_whole_after_a_cut() {
         // Decision 0341: the history keeps the newest `settings_history_kept_max` changes; older
@@ -1692,14 +1704,7 @@ mod batches {
                     )
                 })
                 .collect();
-            let batch: Vec<(EntryAt, Option<&[u8]>)> = commands
-                .iter()
-                .enumerate()
-                .map(|(p, c)| (at(index as u64 + 1, p as u32), Some(c.as_slice())))
-                .collect();
-            let txn = db.begin_write().expect("txn");
-            app.apply_all(&txn, &batch).expect("applied");
-            txn.commit().expect("commit");
+            apply_batch(&db, &app, index as u64 + 1, &commands);
             let txn = db.begin_read().expect("read");
             let rows = txn.open_table(tables::SETTINGS_HISTORY).expect("history");
             most_rows = most_rows.max(rows.len().expect("len"));
@@ -1756,14 +1761,7 @@ mod batches {
                     )
                 })
                 .collect();
-            let batch: Vec<(EntryAt, Option<&[u8]>)> = commands
-                .iter()
-                .enumerate()
-                .map(|(p, c)| (at(index as u64 + 1, p as u32), Some(c.as_slice())))
-                .collect();
-            let txn = db.begin_write().expect("txn");
-            app.apply_all(&txn, &batch).expect("applied");
-            txn.commit().expect("commit");
+            apply_batch(&db, &app, index as u64 + 1, &commands);
             let txn = db.begin_read().expect("read");
             let rows = txn.open_table(tables::REQUESTS).expect("requests");
             most_rows = most_rows.max(rows.len().expect("len"));
