@@ -1,7 +1,9 @@
-//! Raft never waits behind the fleet (issue 24 item 1, decision 0320): a replica's Raft core and
-//! the connections it dials to its peers run on a thread of their own, so a leader whose service
-//! runtime is busy — fanning a push out to thousands of hosts, composing, serving reports — keeps
-//! its heartbeats going, its followers quiet and its term. Three replicas, each with a service
+//! Raft never waits behind the fleet (issue 24 item 1, decisions 0320, 0338): a replica's Raft
+//! core, the connections it dials to its peers and the ones its peers open to it run on a thread
+//! of its own, so a leader whose service runtime is busy — fanning a push out to thousands of
+//! hosts, composing, serving reports — keeps its heartbeats going, its followers quiet and its
+//! term, and followers whose service runtimes are busy with the fleet's handshakes still answer
+//! it. Three replicas, each with a service
 //! runtime of its own as separate meshd processes have, endpoints bound on their Raft threads as
 //! meshd binds them.
 
@@ -113,6 +115,51 @@ fn g3_a_leader_whose_service_threads_are_busy_keeps_its_heartbeats_and_its_term(
                 bed.term(*id),
                 term,
                 "replica {id} moved to another term while the leader's service threads were busy: Raft waited behind them"
+            );
+        }
+        let state = bed.service(leader).replica().metrics().borrow().state;
+        assert_eq!(state, ServerState::Leader, "replica {leader} still leads");
+        for (_, running) in std::mem::take(&mut bed.replicas) {
+            running.shutdown().await.expect("shutdown");
+        }
+    });
+    drop(services);
+}
+
+#[test]
+fn g3_followers_whose_service_threads_are_busy_still_answer_the_leader() {
+    let services: BTreeMap<u64, tokio::runtime::Runtime> = (1..=3)
+        .map(|id| (id, runtime(&format!("service-{id}"))))
+        .collect();
+    let handles: BTreeMap<u64, tokio::runtime::Handle> = services
+        .iter()
+        .map(|(id, r)| (*id, r.handle().clone()))
+        .collect();
+    let control = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    control.block_on(async {
+        let mut bed = start_apart(&handles).await;
+        let leader = bed.wait_leader().await;
+        let term = bed.term(leader);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(bed.term(leader), term, "the bed settled in one term");
+        // Both followers' service runtimes do nothing else for a while, as 10,000 hosts'
+        // handshakes and reports would keep them: the leader's heartbeats and lease rounds are
+        // answered only if its connections to them are served elsewhere.
+        let followers: Vec<u64> = bed.replicas.keys().copied().filter(|id| *id != leader).collect();
+        for id in &followers {
+            handles[id].spawn(async {
+                std::thread::sleep(Duration::from_millis(busy_ms));
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(busy_ms + 500)).await;
+        for id in bed.replicas.keys() {
+            assert_eq!(
+                bed.term(*id),
+                term,
+                "replica {id} moved to another term while the followers' service threads were busy: the leader's connections waited behind them"
             );
         }
         let state = bed.service(leader).replica().metrics().borrow().state;

@@ -187,6 +187,14 @@ impl RaftRuntime {
         }
     }
 
+    /// The Raft thread's runtime, when it has a thread of its own.
+    fn handle(&self) -> Option<tokio::runtime::Handle> {
+        match &self.0 {
+            Place::Own(Some(runtime)) => Some(runtime.handle().clone()),
+            Place::Own(None) | Place::Current => None,
+        }
+    }
+
     /// Runs `future` to its end on this runtime.
     async fn run<F>(&self, id: u64, future: F) -> Result<F::Output, ServiceError>
     where
@@ -381,7 +389,24 @@ pub async fn start_in(
         Some(addr) => Some(super::http::HttpServer::start(addr, Arc::downgrade(&service)).await?),
         None => None,
     };
-    endpoint.serve(Arc::new(Serving(Arc::downgrade(&service))));
+    // Named before serving, so the accept loop runs on the Raft thread too (decision 0338).
+    if let Some(raft_thread) = raft_runtime.handle() {
+        let peers = service
+            .config
+            .peers()
+            .iter()
+            .filter(|(id, _)| **id != service.id);
+        endpoint.prefer(raft_thread, peers.map(|(_, addr)| *addr));
+    }
+    endpoint.serve(Arc::new(Serving {
+        service: Arc::downgrade(&service),
+        runtime: tokio::runtime::Handle::current(),
+    }));
+    // The connections the other replicas open to this one run on the Raft thread (decision
+    // 0338): a follower answers its leader however busy the fleet keeps this runtime.
+    if let Some(raft_thread) = raft_runtime.handle() {
+        tokio::spawn(keep_preferred(Arc::downgrade(&service), raft_thread));
+    }
     let floor_task = tokio::spawn(keep_floor(Arc::downgrade(&service), dir, term_floor));
     let leadership_task = tokio::spawn(announce_leadership(Arc::downgrade(&service)));
     let denied_task = tokio::spawn(super::certs::keep_denied(Arc::downgrade(&service)));
@@ -393,6 +418,35 @@ pub async fn start_in(
         denied_task,
         http,
     })
+}
+
+/// Keeps the endpoint running the connections of every other member of the membership (by the
+/// address each is known at, which is the one it dials from) on `raft_thread`, as members come
+/// and go (decision 0338). Ends with the service or openraft's metrics.
+async fn keep_preferred(service: Weak<Service>, raft_thread: tokio::runtime::Handle) {
+    let Some(mut metrics) = service.upgrade().map(|s| s.replica.metrics()) else {
+        return;
+    };
+    let mut named: Option<std::collections::BTreeSet<std::net::SocketAddr>> = None;
+    loop {
+        let Some(s) = service.upgrade() else { return };
+        let peers: std::collections::BTreeSet<std::net::SocketAddr> =
+            mesh_raft::members_of(&metrics.borrow_and_update())
+                .into_values()
+                .filter(|m| m.id != s.id)
+                // allow(empty-on-error): a member known by a name, not an address, is served on the service runtime as before
+                .filter_map(|m| m.addr.parse().ok())
+                .collect();
+        if named.as_ref() != Some(&peers) {
+            s.endpoint
+                .prefer(raft_thread.clone(), peers.iter().copied());
+            named = Some(peers);
+        }
+        drop(s);
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Says loudly when the store's floor is below the one kept beside it (G9).
@@ -1460,7 +1514,13 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 /// The transport handler; holds the service weakly so shutdown can take it back.
-struct Serving(Weak<Service>);
+struct Serving {
+    service: Weak<Service>,
+    /// The runtime the service serves on. A request that arrives on another (a fellow
+    /// replica's connection runs on the Raft thread, decision 0338) and is more than a Raft
+    /// message is handled here, so a forwarded push never runs on the Raft thread.
+    runtime: tokio::runtime::Handle,
+}
 
 impl Handler for Serving {
     fn request(
@@ -1481,7 +1541,7 @@ impl Handler for Serving {
         lines: Sink,
     ) -> BoxFuture<'_, Result<Vec<u8>, String>> {
         Box::pin(async move {
-            let Some(service) = self.0.upgrade() else {
+            let Some(service) = self.service.upgrade() else {
                 return Err("the replica is stopping".to_string());
             };
             match (kind, from) {
@@ -1507,7 +1567,12 @@ impl Handler for Serving {
                     "replica does not serve operator:{name}'s command without its certificate's role"
                 )),
                 (MessageKind::Forward, Principal::Replica(id)) => {
-                    encode_answer(&service.forwarded(id, &body, &lines).await)
+                    let forwarded =
+                        async move { encode_answer(&service.forwarded(id, &body, &lines).await) };
+                    self.runtime
+                        .spawn(forwarded)
+                        .await
+                        .map_err(|e| format!("the forwarded request's task ended: {e}"))?
                 }
                 (MessageKind::Report { machine }, Principal::Host(_)) => {
                     let reply = service
@@ -1537,7 +1602,7 @@ impl Handler for Serving {
         };
         let name = name.clone();
         Box::pin(async move {
-            let Some(service) = self.0.upgrade() else {
+            let Some(service) = self.service.upgrade() else {
                 return Err("the replica is stopping".to_string());
             };
             encode_answer(&service.command(&name, role, &body, &lines).await)
@@ -1547,7 +1612,7 @@ impl Handler for Serving {
     /// A host's frame over `report_frame_bytes_max`: counted and named as a report over its
     /// bounds (decision 0299), as the report handler would have, had the frame been readable.
     fn frame_refused(&self, from: &Principal, reason: &str) {
-        let (Principal::Host(machine), Some(service)) = (from, self.0.upgrade()) else {
+        let (Principal::Host(machine), Some(service)) = (from, self.service.upgrade()) else {
             return;
         };
         if !service.is_leader() {

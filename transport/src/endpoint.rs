@@ -174,6 +174,8 @@ struct Inner {
     serving: Mutex<Option<Weak<ServeContext>>>,
     live: Arc<Live>,
     open: Arc<OpenConns>,
+    /// Where connections from given peers run (decision 0338), shared with serving.
+    preferred: Arc<Mutex<Option<crate::serve::Preferred>>>,
 }
 
 impl Drop for Inner {
@@ -288,6 +290,7 @@ impl Endpoint {
                 serving: Mutex::new(None),
                 open: Arc::new(OpenConns::new(live.clone())),
                 live,
+                preferred: Arc::new(Mutex::new(None)),
             }),
         })
     }
@@ -342,11 +345,54 @@ impl Endpoint {
             principal: self.inner.principal.clone(),
             warned: Arc::default(),
             warned_handshakes: Arc::default(),
+            preferred: self.inner.preferred.clone(),
+            serving: tokio::runtime::Handle::current(),
         };
         let context = Arc::new(context);
         *serving = Some(Arc::downgrade(&context));
-        tokio::spawn(crate::serve::accept_loop(self.inner.quinn.clone(), context));
+        // Where preferred connections run, when named before: a peer's new connection is then
+        // not queued behind the serving runtime's work even before its handshake (decision 0338).
+        let accept_on = self
+            .inner
+            .preferred
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .as_ref()
+            .map(|p| p.runtime.clone());
+        let accept = crate::serve::accept_loop(self.inner.quinn.clone(), context);
+        match accept_on {
+            Some(runtime) => {
+                runtime.spawn(accept);
+            }
+            None => {
+                tokio::spawn(accept);
+            }
+        }
         true
+    }
+
+    /// Runs every connection accepted from one of `peers` on `runtime` (its handshake, its QUIC
+    /// driver and the requests on it) instead of on the runtime [`Endpoint::serve`] was called
+    /// on; replaces the set given before. A replica names its fellow replicas' addresses and its
+    /// Raft thread, so it answers its leader however busy the fleet keeps its serving runtime
+    /// (decision 0338). Named before serving, the accept loop runs on `runtime` too, so a peer's
+    /// new connection is not queued behind the serving runtime either; every other connection
+    /// is still handed to the serving runtime. Who a peer is still comes from its certificate
+    /// alone.
+    pub fn prefer(
+        &self,
+        runtime: tokio::runtime::Handle,
+        peers: impl IntoIterator<Item = SocketAddr>,
+    ) {
+        let preferred = crate::serve::Preferred {
+            runtime,
+            peers: peers.into_iter().collect(),
+        };
+        *self
+            .inner
+            .preferred
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(preferred);
     }
 
     /// Loads a new certificate, key and CA set (decision 0170): handshakes from now on use them,

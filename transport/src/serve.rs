@@ -2,11 +2,12 @@
 //! against the writers table before the handler sees it, and keeps a connection serving its
 //! other streams whatever one stream sends.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use quinn::{Connection, RecvStream, SendStream, VarInt};
@@ -177,6 +178,36 @@ pub(crate) struct ServeContext {
     pub(crate) warned: Arc<crate::ratelog::LogEvery<(Principal, &'static str)>>,
     /// Refused handshakes logged at most once per interval per source IP (no principal yet).
     pub(crate) warned_handshakes: Arc<crate::ratelog::LogEvery<std::net::IpAddr>>,
+    /// Where connections from the addresses it names are handshaken, driven and served
+    /// (decision 0338); shared with the endpoint, so it may be set before or after serving.
+    pub(crate) preferred: Arc<Mutex<Option<Preferred>>>,
+    /// The runtime serving began on: every connection not preferred runs here, wherever the
+    /// accept loop itself runs.
+    pub(crate) serving: tokio::runtime::Handle,
+}
+
+/// Connections accepted from `peers` (a replica's fellow replicas, by the address each dials
+/// from) run on `runtime` instead of the runtime serving began on: their handshake, their QUIC
+/// driver and their requests. A follower answers its leader there even when the serving runtime
+/// is busy with the fleet's handshakes and reports (decision 0338). Only where a connection is
+/// run: who the peer is still comes from its certificate, and an address that is not a peer's
+/// is served as before.
+#[derive(Clone)]
+pub(crate) struct Preferred {
+    pub(crate) runtime: tokio::runtime::Handle,
+    pub(crate) peers: HashSet<SocketAddr>,
+}
+
+impl ServeContext {
+    /// The runtime a connection from `addr` runs on, if not the serving one.
+    fn preferred_for(&self, addr: SocketAddr) -> Option<tokio::runtime::Handle> {
+        let preferred = self
+            .preferred
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let p = preferred.as_ref()?;
+        p.peers.contains(&addr).then(|| p.runtime.clone())
+    }
 }
 
 /// The certificate a connected peer presented, as refusals name it.
@@ -229,12 +260,17 @@ pub(crate) async fn accept_loop(endpoint: quinn::Endpoint, context: Arc<ServeCon
                 continue;
             }
         };
-        tokio::spawn(handshake(
-            incoming,
-            addr,
-            slot,
-            ServeContext::clone(&context),
-        ));
+        let task = handshake(incoming, addr, slot, ServeContext::clone(&context));
+        // quinn drives a connection on the runtime that accepts it (its driver is spawned
+        // where the handshake is awaited), and the requests it carries are served there too.
+        match context.preferred_for(addr) {
+            Some(runtime) => {
+                runtime.spawn(task);
+            }
+            None => {
+                context.serving.spawn(task);
+            }
+        }
     }
 }
 
