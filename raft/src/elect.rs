@@ -21,7 +21,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use openraft::error::{Fatal, RaftError};
-use openraft::raft::VoteRequest;
+use openraft::raft::{VoteRequest, VoteResponse};
 use openraft::{AsyncRuntime, ServerState};
 use tokio::time::Instant;
 
@@ -66,8 +66,16 @@ pub(crate) async fn run(
     // spinning.
     let pause = heartbeat / 5;
     let mut timeout: Option<(BTreeSet<NodeId>, Duration)> = None;
+    // When the vote last named a replica (a leader heard, a candidate voted for, this replica's
+    // own candidacy), as last read; `None` while leading and before the first such read.
+    let mut named: Option<Instant> = None;
     loop {
         let Ok(seen) = read(&raft).await else { return };
+        if seen.leads {
+            named = None;
+        } else if seen.vote.leader_id().voted_for.is_some() {
+            named = seen.heard;
+        }
         if seen.leads || !seen.voters.contains(&id) || !on.load(Ordering::Acquire) {
             tokio::time::sleep(heartbeat).await;
             continue;
@@ -81,7 +89,10 @@ pub(crate) async fn run(
                 drawn
             }
         };
-        let due = seen.heard.unwrap_or(began) + drawn;
+        // A vote naming no one only moved the term (a term taken from a refused candidate,
+        // [`answer_vote`]; a step-down): no leader was heard then, so it does not put the
+        // campaign off (decision 0336). Without a named vote since leading or starting, it counts.
+        let due = named.or(seen.heard).unwrap_or(began) + drawn;
         if Instant::now() < due {
             tokio::time::sleep_until(due).await;
             continue;
@@ -167,4 +178,107 @@ pub async fn campaign_unless_heard(
     }
     raft.trigger().elect().await?;
     Ok(Some(term + 2))
+}
+
+/// Answers a peer's vote request on this replica; both receive paths (QUIC, `crate::network`, and
+/// the router) call it. The vote goes through `fence` when given ([`fenced_vote`]). Then, when
+/// openraft refused the candidate because this replica's log is longer, and the candidate's term
+/// is above this replica's, this replica takes that term with a vote that names no one
+/// ([`take_term`], decision 0336).
+///
+/// Why: openraft 0.9.25's `Engine::handle_vote_req` refuses a shorter log *before* it compares
+/// votes, so the refuser keeps its lower term (Raft's rule, a higher term seen is taken, is not
+/// applied there). With openraft's own timer the refused candidate waited `smaller_log_timeout`;
+/// with ours ([`run`]) each campaign goes from this replica's own term `T` to `T + 2`, so the
+/// longer log campaigned in the very term the shorter one had already voted itself in, and was
+/// refused in turn, forever (bed_faults' cut-off leader, 2026-12-06). Having taken the term, the
+/// longer log's next campaign is above every term a shorter candidate asked it for.
+pub async fn answer_vote(
+    raft: &Raft,
+    rpc: VoteRequest<NodeId>,
+    fence: Option<&VoteFence>,
+) -> Result<VoteResponse<NodeId>, RaftError<NodeId>> {
+    let asked = rpc.vote.leader_id().term;
+    let claimed = rpc.last_log_id;
+    let answer = match fence {
+        Some(fence) => fenced_vote(raft, rpc, fence).await?,
+        None => raft.vote(rpc).await?,
+    };
+    if refused_for_a_shorter_log(&answer, asked, claimed.as_ref()) {
+        take_term(raft, asked, fence)
+            .await
+            .map_err(RaftError::Fatal)?;
+    }
+    Ok(answer)
+}
+
+/// Whether `answer` refused a candidate of term `asked` claiming `claimed` for its shorter log,
+/// while this replica's term is below `asked`. openraft answers every refusal with its own vote and
+/// last log id; only the log check refuses a claim shorter than that log (a refusal for the vote
+/// lease or for the vote itself is taken as such only when the log is longer too, and then
+/// [`take_term`] is refused by the same lease). A fence's refusal carries no log id: never.
+pub fn refused_for_a_shorter_log(
+    answer: &VoteResponse<NodeId>,
+    asked: u64,
+    claimed: Option<&LogId>,
+) -> bool {
+    !answer.vote_granted
+        && answer.last_log_id.as_ref() > claimed
+        && answer.vote.leader_id().term < asked
+}
+
+/// Takes term `term` on this replica with a vote that names no one, unless it leads or its term is
+/// already there; answers whether the term was taken. openraft grants it, in one step of its core,
+/// only if this replica's vote lease of the leader it follows has ended (`Engine::handle_vote_req`:
+/// a committed vote touched within `leader_lease` refuses) — the very check the first step of a
+/// campaign passes ([`campaign_unless_heard`]) — and through `fence` when given (a lease of this
+/// replica open refuses). It votes for no one, so it elects no one; it only moves the term, as
+/// Raft lets any node do, and after it no heartbeat of a lower term is accepted. The claimed log is
+/// any log of `term` (compared only to protect a candidate's voters; there is none; not stored).
+/// A leader keeps its term: a shorter candidate cannot win against it, and openraft's leader
+/// steps down on its own when a higher term reaches it in an answer.
+pub async fn take_term(
+    raft: &Raft,
+    term: u64,
+    fence: Option<&VoteFence>,
+) -> Result<bool, Fatal<NodeId>> {
+    if term >= crate::network::term_max {
+        return Ok(false);
+    }
+    let (leads, now) = raft
+        .with_raft_state(|s| {
+            (
+                s.server_state == ServerState::Leader,
+                s.vote_ref().leader_id().term,
+            )
+        })
+        .await?;
+    if leads || now >= term {
+        return Ok(false);
+    }
+    let no_one = Vote {
+        leader_id: openraft::LeaderId {
+            term,
+            voted_for: None,
+        },
+        committed: false,
+    };
+    let claim = LogId::new(openraft::CommittedLeaderId::new(term, 0), u64::MAX);
+    let request = VoteRequest::new(no_one, Some(claim));
+    let answer = match fence {
+        Some(fence) => fenced_vote(raft, request, fence).await,
+        None => raft.vote(request).await,
+    };
+    let answer = answer.map_err(|e| match e {
+        RaftError::Fatal(f) => f,
+        RaftError::APIError(never) => match never {},
+    })?;
+    if answer.vote_granted {
+        tracing::info!(
+            from_term = now,
+            term,
+            "took term {term}: refused a candidate of that term for its shorter log"
+        );
+    }
+    Ok(answer.vote_granted)
 }
