@@ -14,6 +14,11 @@
 //! the old term is accepted any more, so no replica campaigns within the vote lease after
 //! acknowledging a heartbeat: the lease (G3, decision 0030) rests on openraft's own check, not on
 //! this timer. A sole voter campaigns at once, as openraft's own timer does: no one else can lead.
+//!
+//! The receive side of votes is here too ([`answer_vote`], decision 0336): a voter that refuses a
+//! candidate for its shorter log takes the candidate's term, so its own next campaign is above it;
+//! openraft 0.9.25 leaves the refuser's term where it was, and with this timer the longer log then
+//! campaigned in a term the shorter one had already voted itself in, for ever.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
