@@ -222,7 +222,7 @@ pub async fn answer_vote(
 /// last log id; only the log check refuses a claim shorter than that log (a refusal for the vote
 /// lease or for the vote itself is taken as such only when the log is longer too, and then
 /// [`take_term`] is refused by the same lease). A fence's refusal carries no log id: never.
-pub fn refused_for_a_shorter_log(
+fn refused_for_a_shorter_log(
     answer: &VoteResponse<NodeId>,
     asked: u64,
     claimed: Option<&LogId>,
@@ -250,7 +250,7 @@ pub async fn take_term(
     if term >= crate::network::term_max {
         return Ok(false);
     }
-    let (leads, now) = raft
+    let (leads, current) = raft
         .with_raft_state(|s| {
             (
                 s.server_state == ServerState::Leader,
@@ -258,7 +258,7 @@ pub async fn take_term(
             )
         })
         .await?;
-    if leads || now >= term {
+    if leads || current >= term {
         return Ok(false);
     }
     let no_one = Vote {
@@ -280,7 +280,7 @@ pub async fn take_term(
     })?;
     if answer.vote_granted {
         tracing::info!(
-            from_term = now,
+            from_term = current,
             term,
             "took term {term}: refused a candidate of that term for its shorter log"
         );
