@@ -5,6 +5,7 @@
 //! Proposals are grouped into batches ([`Command`] holds several commands) so that one fsync commits many.
 
 pub mod config;
+pub mod elect;
 pub mod gate;
 mod handover;
 pub mod kv;

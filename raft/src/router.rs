@@ -22,7 +22,8 @@ use openraft::raft::{
 };
 use tokio::sync::{oneshot, watch};
 
-use crate::gate::{VoteFence, fenced_vote};
+use crate::elect::answer_vote;
+use crate::gate::VoteFence;
 use crate::{BasicNode, NodeId, Raft, TypeConfig};
 
 /// Messages held at once across the router at most; beyond that, held messages are dropped.
@@ -407,12 +408,7 @@ impl RaftNetwork<TypeConfig> for RouterConnection {
                 self.from,
                 self.to,
                 option.hard_ttl(),
-                move |raft| async move {
-                    match fence {
-                        Some(fence) => fenced_vote(&raft, rpc, &fence).await,
-                        None => raft.vote(rpc).await,
-                    }
-                },
+                move |raft| async move { answer_vote(&raft, rpc, fence.as_deref()).await },
             )
             .await
     }
