@@ -541,7 +541,7 @@ fn declare(
         settings: effective(&world.settings, &module.name, &module.machine),
         files: module.files.clone(),
         mounts,
-        ready: module.ready.clone(),
+        ready: module.ready.as_deref().cloned(),
         after,
         provisions,
         grants,

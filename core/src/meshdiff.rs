@@ -176,8 +176,8 @@ fn module_lines(lines: &mut Vec<DiffLine>, subject: &str, a: &Module, b: &Module
         lines.push(DiffLine {
             subject: subject.to_string(),
             item: "ready".into(),
-            was: a.ready.as_ref().map(probe),
-            now: b.ready.as_ref().map(probe),
+            was: a.ready.as_deref().map(probe),
+            now: b.ready.as_deref().map(probe),
         });
     }
     shown(lines, subject, "after", &a.after, &b.after);

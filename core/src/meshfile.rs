@@ -520,7 +520,7 @@ impl Reader<'_> {
             m.mounts = self.mounts(v, &f("mounts"));
         }
         if let Some(v) = t.get("ready") {
-            m.ready = self.probe(&m.name, v, &f("ready"));
+            m.ready = self.probe(&m.name, v, &f("ready")).map(Box::new);
         }
         if let Some(v) = t.get("after") {
             for (i, (name, span)) in self.strings(v, &f("after")).into_iter().enumerate() {

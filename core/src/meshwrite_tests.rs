@@ -93,11 +93,11 @@ fn awkward_values_round_trip() {
         host_dir: "/srv/with space/ü".into(),
         target: "data dir".into(),
     }];
-    a.ready = Some(Probe::Command {
+    a.ready = Some(Box::new(Probe::Command {
         command: "test".into(),
         args: vec!["-e".into(), "multi\nline".into()],
         timeout_ms: 1,
-    });
+    }));
     a.provides = vec![
         Provide {
             kind: "sql".into(),
@@ -109,20 +109,20 @@ fn awkward_values_round_trip() {
         },
     ];
     let mut b = module("b", "m1");
-    b.ready = Some(Probe::File {
+    b.ready = Some(Box::new(Probe::File {
         path: "ready file".into(),
         timeout_ms: 600_000,
-    });
+    }));
     b.after = vec!["a".into()];
     b.consumes = vec![Need {
         kind: "sql".into(),
         from: "a".into(),
     }];
     let mut c = module("c", "m2");
-    c.ready = Some(Probe::Tcp {
+    c.ready = Some(Box::new(Probe::Tcp {
         addr: "[::1]:80".into(),
         timeout_ms: 5,
-    });
+    }));
     let mut mesh = Mesh {
         machines: [machine("m1", "10.0.0.1"), machine("m2", "host \"two\"")]
             .into_iter()

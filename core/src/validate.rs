@@ -189,7 +189,7 @@ fn listeners(address: &str, module: &Module) -> Vec<(String, u16, Subject)> {
             out.push((host_key(address), port, subject));
         }
     }
-    if let Some(Probe::Tcp { addr, .. }) = &module.ready
+    if let Some(Probe::Tcp { addr, .. }) = module.ready.as_deref()
         && let Some((host, port)) = addr.rsplit_once(':')
         && let Ok(port) = port.parse::<u16>()
         && port > 0
@@ -366,9 +366,11 @@ mod tests {
             env: crate::flat::FlatMap::new(),
             files: crate::flat::FlatMap::new(),
             mounts: vec![],
-            ready: probe.map(|addr| Probe::Tcp {
-                addr: addr.into(),
-                timeout_ms: 1000,
+            ready: probe.map(|addr| {
+                Box::new(Probe::Tcp {
+                    addr: addr.into(),
+                    timeout_ms: 1000,
+                })
             }),
             after: vec![],
             provides: port

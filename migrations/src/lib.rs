@@ -31,8 +31,10 @@ pub const schema_version_latest: u64 = m0012_settings_deltas::VERSION;
 /// The page cache of one open store (redb's default is 1 GiB). The domain state lives in memory,
 /// so the store is written far more than read: the cache holds the pages a commit dirties and the
 /// trees' upper levels. With the default, every replica's RSS grew past 1.3 GiB within a minute
-/// of writes; with this, it stayed near 120 MiB and the writes cost less CPU (decision 0251).
-pub const store_cache_bytes: usize = 64 * 1024 * 1024;
+/// of writes (decision 0251, which set 64 MiB); with 64 MiB the cache still held about 50 MiB of
+/// pages a leader of 10,000 machines had written and would not read again, so it is 16 MiB
+/// (decision 0337).
+pub const store_cache_bytes: usize = 16 * 1024 * 1024;
 
 /// Why a migration step failed: it names the storage or encoding fault underneath.
 #[derive(Debug, thiserror::Error)]
