@@ -351,13 +351,26 @@ impl Bed {
     }
 
     /// Starts replica `id` again from its config and files, on its old address.
+    /// The old endpoint's port is let go once its tasks end, which for the connections served on
+    /// the stopped replica's Raft thread (decision 0338) is as that thread's runtime winds down:
+    /// the bind is tried again until a deadline.
     pub async fn restart_replica(&mut self, id: u64) {
-        let endpoint = Endpoint::bind(
-            self.addrs[&id],
-            &self.pki.identity(&Principal::Replica(id)),
-            transport().check().expect("transport"),
-        )
-        .expect("rebind the replica's port");
+        let identity = self.pki.identity(&Principal::Replica(id));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let endpoint = loop {
+            match Endpoint::bind(
+                self.addrs[&id],
+                &identity,
+                transport().check().expect("transport"),
+            ) {
+                Ok(endpoint) => break endpoint,
+                Err(e) => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "rebind the replica's port: {e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         let running = mesh::controller::start_on(
             self.configs[&id].clone(),
             endpoint,
