@@ -77,8 +77,20 @@ fn signing_key() -> SigningKey {
     SigningKey::from_bytes(&[7u8; 32])
 }
 
+/// The timings the committed raft fixtures carry: fixed values, not the defaults of the day, so a
+/// change of the default timings (decision 0328 moved them) is not taken for a change of the
+/// wire format. The format is what the fixtures pin.
+fn example_timings() -> mesh_raft::Timings {
+    mesh_raft::Timings {
+        heartbeat_ms: 100,
+        election_timeout_min_ms: 400,
+        election_timeout_max_ms: 700,
+        lease_margin_ms: 100,
+    }
+}
+
 fn raft_requests() -> Vec<RaftRequest> {
-    let timings = mesh_raft::RaftConfig::default().timings();
+    let timings = example_timings();
     let entries = vec![
         mesh_raft::Entry {
             log_id: log_id(4, 11),
@@ -159,7 +171,7 @@ fn raft_replies() -> Vec<RaftReply> {
         RaftReply::ElectNow(Err("not the leader this replica knows".into())),
         RaftReply::TimingsDiffer {
             replica: 2,
-            timings: mesh_raft::RaftConfig::default().timings(),
+            timings: example_timings(),
         },
     ]
 }
