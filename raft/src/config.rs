@@ -1,9 +1,7 @@
 //! Raft timing and limits: plain settings with etcd-like defaults for a noisy shared machine, validated
-//! once into a [`RaftConfig`] that cannot be invalid. mesh runs its own election timer (decision
-//! 0328, `crate::elect`): each voter draws its election timeout, afresh for every election, from its
-//! own slice of the campaign window ([`RaftConfig::election_window`], decision 0110), so two
-//! survivors of a failover never campaign together; openraft's timer is off and openraft keeps only
-//! the vote lease ([`RaftConfig::vote_lease`]).
+//! once into a [`RaftConfig`] that cannot be invalid. Each voter draws its election timeout from its
+//! own slice of the election window ([`RaftConfig::openraft_for`], decision 0110), so two survivors
+//! of a failover never campaign together.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -27,13 +25,11 @@ pub const proposals_queued_max_limit: usize = 1 << 20;
 pub struct RaftSettings {
     /// Interval between the leader's heartbeats.
     pub heartbeat_ms: u64,
-    /// How long a follower refuses every vote, its own campaign included, after the last heartbeat
-    /// it accepted (openraft's "leader lease", [`RaftConfig::vote_lease`]); also the base of the
-    /// lease (G3). No voter campaigns before `election_timeout_min_ms + heartbeat_ms`.
+    /// Lower bound of the randomised election timeout; also the base of the lease.
     pub election_timeout_min_ms: u64,
-    /// Upper bound of the randomised election timeout. Each voter gets its own slice of the
-    /// campaign window `election_timeout_min_ms + heartbeat_ms .. election_timeout_max_ms` and
-    /// draws from it again for every election (decision 0328).
+    /// Upper bound of the randomised election timeout. Each voter gets its own slice of
+    /// `election_timeout_min_ms..election_timeout_max_ms`; openraft 0.9 makes a follower wait the top
+    /// of its slice (its "leader lease") plus its drawn timeout after the last heartbeat.
     pub election_timeout_max_ms: u64,
     /// Taken off the lease for clock-rate drift between processes and scheduling delay.
     pub lease_margin_ms: u64,
@@ -62,11 +58,10 @@ pub struct RaftSettings {
 impl Default for RaftSettings {
     fn default() -> Self {
         Self {
-            // Decision 0328: a vote lease of 300 ms, a 200 ms lease (G3), and a follower that
-            // campaigns 350-470 ms after the leader's last heartbeat, in its voter's slice.
-            heartbeat_ms: 50,
-            election_timeout_min_ms: 300,
-            election_timeout_max_ms: 470,
+            // Decision 0110: a follower campaigns 0.9-1.55 s after the leader's last heartbeat.
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 700,
             lease_margin_ms: 100,
             snapshot_logs_since_last: 10_000,
             logs_kept_after_snapshot: 1_000,
@@ -160,15 +155,13 @@ impl RaftSettings {
                 ),
             ));
         }
-        // The campaign window starts a heartbeat after the vote lease, so the survivor that
-        // campaigns first finds the other's lease of the dead leader ended (decision 0328).
-        if s.election_timeout_max_ms <= s.election_timeout_min_ms.saturating_add(s.heartbeat_ms) {
+        if s.election_timeout_max_ms <= s.election_timeout_min_ms {
             return Err(invalid(
                 "election_timeout_max_ms",
                 s.election_timeout_max_ms,
                 format!(
-                    "must be above election_timeout_min_ms + heartbeat_ms ({} + {}): voters campaign between the two",
-                    s.election_timeout_min_ms, s.heartbeat_ms
+                    "must be above election_timeout_min_ms ({})",
+                    s.election_timeout_min_ms
                 ),
             ));
         }
@@ -241,19 +234,18 @@ impl RaftSettings {
         Ok(())
     }
 
-    /// openraft's config. openraft 0.9.25 takes `election_timeout_max` as the lease a follower
-    /// keeps for the leader it heard (`EngineConfig::new`: `leader_lease`; `Engine::handle_vote_req`
-    /// refuses every vote until it has passed since the last heartbeat): that is
-    /// `election_timeout_min_ms`, the vote lease. Its own election timer is off (`enable_elect`):
-    /// `crate::elect` campaigns instead. `election_timeout_min` is then only the timeout of a vote
-    /// request (`RaftCore`, `SendVote`) and the bound of a draw nobody reads.
     fn openraft_config(&self) -> openraft::Config {
+        self.openraft_window(self.election_timeout_min_ms, self.election_timeout_max_ms)
+    }
+
+    /// openraft's config with the election timeout drawn from `min..max` (openraft also takes `max`
+    /// as the lease a follower keeps for a leader it heard).
+    fn openraft_window(&self, min: u64, max: u64) -> openraft::Config {
         openraft::Config {
             cluster_name: "mesh".to_string(),
             heartbeat_interval: self.heartbeat_ms,
-            election_timeout_min: self.election_timeout_min_ms - 1,
-            election_timeout_max: self.election_timeout_min_ms,
-            enable_elect: false,
+            election_timeout_min: min,
+            election_timeout_max: max,
             install_snapshot_timeout: self.install_snapshot_timeout_ms,
             max_payload_entries: self.payload_entries_max,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_logs_since_last),
@@ -289,30 +281,20 @@ impl RaftConfig {
         }
     }
 
-    /// The openraft configuration (the same for every replica: its vote lease is
-    /// [`RaftConfig::vote_lease`], its election timer is off).
+    /// The openraft configuration with the whole election window (for a node that knows no voters).
     pub fn openraft(&self) -> Arc<openraft::Config> {
         self.openraft.clone()
     }
 
-    /// How long a follower refuses every vote after the last heartbeat it accepted:
-    /// `election_timeout_min`, openraft's `leader_lease` (the `election_timeout_max` it is given).
-    /// mesh's election timer campaigns only through a vote openraft grants under that same rule
-    /// (`crate::elect`), so no voter votes for anyone, itself included, within it (decision 0328).
-    pub fn vote_lease(&self) -> Duration {
-        Duration::from_millis(self.openraft.election_timeout_max)
-    }
-
     /// The election window of voter `id` among `voters`: the `k`-th of `n` equal, disjoint slices
-    /// of the campaign window `election_timeout_min + heartbeat .. election_timeout_max`, `k` being
-    /// `id`'s place among the sorted ids. With one window for all, two survivors that drew close
-    /// timeouts campaign together and split the vote. Every slice starts a heartbeat after the vote
-    /// lease, so the first candidate finds the other survivor's lease of the dead leader ended,
-    /// and above the lease (decision 0030). A node outside `voters`, or slices under 1 ms, get the
-    /// whole campaign window.
+    /// of `election_timeout_min..election_timeout_max`, `k` being `id`'s place among the sorted ids.
+    /// openraft 0.9 draws a node's timeout once, at start; with one window for all, two survivors
+    /// that drew close timeouts campaign together, split the vote and do so again every round.
+    /// Every slice starts at or above `election_timeout_min`, so the lease (decision 0030) holds.
+    /// A node outside `voters`, or slices under 1 ms, get the whole window.
     pub fn election_window(&self, id: u64, voters: &BTreeSet<u64>) -> (u64, u64) {
         let (min, max) = (
-            self.settings.election_timeout_min_ms + self.settings.heartbeat_ms,
+            self.settings.election_timeout_min_ms,
             self.settings.election_timeout_max_ms,
         );
         let n = voters.len() as u64;
@@ -327,21 +309,11 @@ impl RaftConfig {
         (low, low + width)
     }
 
-    /// A fresh election timeout for voter `id` of `voters`, drawn from its slice
-    /// ([`RaftConfig::election_window`]) with `rng` (the runtime's, so the simulator replays it).
-    pub fn draw_election_timeout(
-        &self,
-        id: u64,
-        voters: &BTreeSet<u64>,
-        rng: &mut impl rand::Rng,
-    ) -> Duration {
+    /// The openraft configuration for voter `id` of `voters`: its own election window
+    /// ([`RaftConfig::election_window`]), everything else as [`RaftConfig::openraft`].
+    pub fn openraft_for(&self, id: u64, voters: &BTreeSet<u64>) -> Arc<openraft::Config> {
         let (min, max) = self.election_window(id, voters);
-        Duration::from_millis(rng.gen_range(min..max))
-    }
-
-    /// The leader's heartbeat interval.
-    pub fn heartbeat(&self) -> Duration {
-        Duration::from_millis(self.settings.heartbeat_ms)
+        Arc::new(self.settings.openraft_window(min, max))
     }
 
     /// How long a lease lasts after the start of the round that confirmed it:
@@ -399,7 +371,7 @@ mod tests {
     fn heartbeat_not_under_a_third_of_election_timeout_is_refused() {
         // Liveness: one late heartbeat must not start an election.
         let s = RaftSettings {
-            heartbeat_ms: 100,
+            heartbeat_ms: 400,
             ..RaftSettings::default()
         };
         assert!(matches!(
@@ -415,142 +387,41 @@ mod tests {
     fn election_timeout_max_not_above_min_is_refused() {
         // Liveness: the election timeout must be randomised over a non-empty range.
         let s = RaftSettings {
-            election_timeout_max_ms: 300,
+            election_timeout_max_ms: 400,
             ..RaftSettings::default()
         };
         assert!(s.validate().is_err());
     }
 
-    /// Checks, for `config`, every timing fact the lease (G3, decisions 0030, 0071, 0328) rests on,
-    /// for voters `voters`; returns the voters' campaign windows.
-    fn assert_no_vote_inside_the_lease(
-        config: &RaftConfig,
-        voters: &BTreeSet<u64>,
-    ) -> Vec<(u64, u64)> {
-        let s = config.settings().clone();
-        let lease = config.lease_window().as_millis() as u64;
-        let openraft = config.openraft();
-        // openraft refuses every vote for `leader_lease` = its `election_timeout_max` after the
-        // last heartbeat (`Engine::handle_vote_req`); that is the vote lease, at or above
-        // `election_timeout_min`, which is above the lease by the margin.
-        assert_eq!(
-            config.vote_lease().as_millis() as u64,
-            openraft.election_timeout_max
-        );
-        assert!(
-            openraft.election_timeout_max >= s.election_timeout_min_ms,
-            "a follower grants votes {} ms after a heartbeat, before election_timeout_min ({} ms)",
-            openraft.election_timeout_max,
-            s.election_timeout_min_ms
-        );
-        assert!(
-            lease < openraft.election_timeout_max,
-            "a vote could be granted inside the lease ({lease} ms)"
-        );
-        // openraft's own timer would campaign without our guard vote: it must be off.
-        assert!(!openraft.enable_elect, "openraft's election timer is on");
-        assert!(openraft.as_ref().clone().validate().is_ok());
-        let windows: Vec<(u64, u64)> = voters
-            .iter()
-            .map(|id| config.election_window(*id, voters))
-            .collect();
-        let whole = (
-            s.election_timeout_min_ms + s.heartbeat_ms,
-            s.election_timeout_max_ms,
-        );
-        // A window too narrow for a slice per voter is shared whole.
-        if (whole.1 - whole.0) / voters.len() as u64 == 0 {
-            assert!(windows.iter().all(|w| *w == whole), "{windows:?}");
-        }
-        for pair in windows.windows(2).filter(|p| p[0] != p[1]) {
-            assert!(pair[0].1 <= pair[1].0, "overlapping windows {windows:?}");
-        }
-        for (min, max) in &windows {
-            assert!(min < max && *max <= s.election_timeout_max_ms);
-            assert!(
-                *min > lease && *min >= openraft.election_timeout_max + s.heartbeat_ms,
-                "a follower could campaign inside the vote lease or the lease: {windows:?}"
-            );
-        }
-        windows
-    }
-
     #[test]
     fn each_voter_campaigns_in_its_own_slice_of_the_election_window() {
-        // Liveness (decisions 0110, 0328): voters' windows are disjoint, so two survivors never
-        // draw the same timeout; safety (decisions 0030, 0328): every slice starts a heartbeat
-        // after the vote lease, which is above the lease, and openraft's timer is off.
+        // Liveness (decision 0110): voters' windows are disjoint, so two survivors never draw the
+        // same timeout; safety (decision 0030): every slice starts at or above the lease's base.
         let config = RaftConfig::default();
         let s = config.settings().clone();
         let voters: BTreeSet<u64> = [1, 2, 3].into();
-        let windows = assert_no_vote_inside_the_lease(&config, &voters);
-        assert_eq!(windows, vec![(350, 390), (390, 430), (430, 470)]);
-        assert_eq!(config.vote_lease(), Duration::from_millis(300));
-        assert_eq!(config.lease_window(), Duration::from_millis(200));
+        let windows: Vec<(u64, u64)> = voters
+            .iter()
+            .map(|id| config.election_window(*id, &voters))
+            .collect();
+        assert_eq!(windows, vec![(400, 500), (500, 600), (600, 700)]);
+        for pair in windows.windows(2) {
+            assert!(pair[0].1 <= pair[1].0, "overlapping windows {windows:?}");
+        }
+        for (min, max) in &windows {
+            assert!(*min >= s.election_timeout_min_ms && *max <= s.election_timeout_max_ms);
+            assert!(
+                config.lease_window().as_millis() < u128::from(*min),
+                "a follower could campaign inside the lease"
+            );
+            let openraft = config.openraft_for(1, &voters);
+            assert!(openraft.clone().as_ref().clone().validate().is_ok());
+        }
         let stranger = config.election_window(9, &voters);
         assert_eq!(
             stranger,
-            (
-                s.election_timeout_min_ms + s.heartbeat_ms,
-                s.election_timeout_max_ms
-            )
+            (s.election_timeout_min_ms, s.election_timeout_max_ms)
         );
-        // Every draw stays in the voter's own slice.
-        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
-        for (id, (min, max)) in voters.iter().zip(&windows) {
-            for _ in 0..100 {
-                let drawn = config.draw_election_timeout(*id, &voters, &mut rng);
-                let drawn = drawn.as_millis() as u64;
-                assert!(
-                    *min <= drawn && drawn < *max,
-                    "{drawn} outside {min}..{max}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn every_valid_timing_keeps_votes_out_of_the_lease() {
-        // G3 (decision 0328): whatever timings pass validation, no voter grants a vote or
-        // campaigns before the lease has ended since it last heard the leader.
-        let mut checked = 0;
-        for heartbeat_ms in [1, 10, 50, 99] {
-            for election_timeout_min_ms in [300, 400, 1_000] {
-                for election_timeout_max_ms in [301, 351, 470, 700, 2_000] {
-                    for lease_margin_ms in [1, 60, 100, 299] {
-                        let s = RaftSettings {
-                            heartbeat_ms,
-                            election_timeout_min_ms,
-                            election_timeout_max_ms,
-                            lease_margin_ms,
-                            ..RaftSettings::default()
-                        };
-                        let Ok(config) = s.validate() else { continue };
-                        for voters in [vec![1], vec![1, 2, 3], vec![1, 2, 3, 4, 5]] {
-                            assert_no_vote_inside_the_lease(&config, &voters.into_iter().collect());
-                        }
-                        checked += 1;
-                    }
-                }
-            }
-        }
-        assert!(checked > 50, "only {checked} timings validated");
-    }
-
-    #[test]
-    fn a_campaign_window_not_a_heartbeat_past_the_vote_lease_is_refused() {
-        // Liveness: the first candidate must find the other survivor's vote lease ended.
-        let s = RaftSettings {
-            election_timeout_max_ms: 350,
-            ..RaftSettings::default()
-        };
-        assert!(matches!(
-            s.validate(),
-            Err(ConfigError::Invalid {
-                name: "election_timeout_max_ms",
-                ..
-            })
-        ));
     }
 
     #[test]

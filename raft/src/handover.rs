@@ -99,12 +99,12 @@ impl<A: App> Replica<A> {
         // From its step-down on, this replica's own election timer would run (its vote is
         // uncommitted) and could make it campaign against the taker while it waits for an act in
         // flight: it campaigns no more, unless the handover fails.
-        self.elections(false);
+        self.raft().runtime_config().elect(false);
         let handed = self
             .hand_over_to(takers, last, fence, within, deadline, began, &mut tell)
             .await;
         if handed.is_err() {
-            self.elections(true);
+            self.raft().runtime_config().elect(true);
         }
         handed
     }

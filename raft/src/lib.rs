@@ -5,7 +5,6 @@
 //! Proposals are grouped into batches ([`Command`] holds several commands) so that one fsync commits many.
 
 pub mod config;
-pub mod elect;
 pub mod gate;
 mod handover;
 pub mod kv;

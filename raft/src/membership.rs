@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use openraft::ChangeMembers;
 use openraft::error::{ClientWriteError, RaftError};
+use redb::ReadableDatabase;
 
 use crate::{App, BasicNode, Metrics, NodeId, Replica};
 
@@ -293,6 +294,19 @@ impl<A: App> Replica<A> {
             .map_err(|e| change_error(self.id(), e))?;
         Ok(())
     }
+}
+
+/// The voters of the membership the store's state machine last applied, if it applied one: what a
+/// restarted replica draws its election window from ([`crate::RaftConfig::election_window`]), so
+/// after `replicas add` or `remove` the slices follow the voters as they are, not `[peers]`.
+pub(crate) fn stored_voters(
+    db: &redb::Database,
+) -> Result<Option<BTreeSet<NodeId>>, crate::StoreError> {
+    let txn = db.begin_read()?;
+    let table = txn.open_table(mesh_migrations::tables::SM_STATE)?;
+    let (_, membership) = crate::state_machine::read_applied(&table)?;
+    let voters: BTreeSet<NodeId> = membership.membership().voter_ids().collect();
+    Ok((!voters.is_empty()).then_some(voters))
 }
 
 #[cfg(test)]

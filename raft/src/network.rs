@@ -387,9 +387,10 @@ pub async fn answer(
             RaftCall::AppendEntries(rpc) => {
                 RaftReply::AppendEntries(raft.append_entries(rpc).await)
             }
-            RaftCall::Vote(rpc) => {
-                RaftReply::Vote(crate::elect::answer_vote(raft, rpc, fence).await)
-            }
+            RaftCall::Vote(rpc) => RaftReply::Vote(match fence {
+                Some(fence) => crate::gate::fenced_vote(raft, rpc, fence).await,
+                None => raft.vote(rpc).await,
+            }),
             RaftCall::InstallSnapshot(rpc) => {
                 RaftReply::InstallSnapshot(raft.install_snapshot(rpc).await)
             }

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
@@ -21,7 +21,7 @@ use crate::state_machine::{SnapshotFile, build_file, install_file, read_applied}
 use crate::store::{StoreError, blocking, get, put};
 use crate::{
     App, BasicNode, Command, Entry, LogId, LogStore, Membership, Metrics, NodeId, Raft, RaftConfig,
-    StateMachine, StoredMembership, Vote, VoteFence,
+    StateMachine, StoredMembership, Vote,
 };
 
 /// The store file inside a replica's directory.
@@ -192,12 +192,6 @@ pub struct Replica<A: App> {
     proposals: mpsc::Sender<Proposal>,
     proposals_total: AtomicU64,
     batcher: JoinHandle<()>,
-    /// Whether the election timer campaigns ([`Replica::elections`]).
-    elections: Arc<AtomicBool>,
-    /// The vote fence the election timer's own no-one vote goes through, once set.
-    campaign_fence: Arc<OnceLock<Arc<VoteFence>>>,
-    /// The election timer (`crate::elect`).
-    elector: JoinHandle<()>,
     /// One [`Replica::raise_term_above`] at a time.
     raising: tokio::sync::Mutex<()>,
 }
@@ -223,34 +217,31 @@ impl<A: App> Replica<A> {
                 "vote raised to the term floor: the next election is above every epoch used before"
             );
         }
+        // Each voter campaigns in its own slice of the election window (decision 0110), drawn from
+        // the voters the store last applied, else the founding ones (decision 0230).
+        let stored = {
+            let db = db.clone();
+            blocking(move || crate::membership::stored_voters(&db)).await?
+        };
+        let openraft = match (stored, &spec.bootstrap) {
+            (Some(voters), _) => spec.config.openraft_for(spec.id, &voters),
+            (None, Some(members)) => {
+                let voters = members.keys().copied().collect();
+                spec.config.openraft_for(spec.id, &voters)
+            }
+            (None, None) => spec.config.openraft(),
+        };
         // A purge past the state machine waits for the snapshot that covers it (decision 0280).
         let state_machine = StateMachine::new(db.clone(), app.clone());
         let log_store = LogStore::new(db.clone()).purges_wait_for_the_state_machine(
             Duration::from_millis(crate::log_store::purge_wait_for_install_ms),
             state_machine.install_ends(),
         );
-        let raft = Raft::new(
-            spec.id,
-            spec.config.openraft(),
-            network,
-            log_store,
-            state_machine,
-        )
-        .await
-        .map_err(|e| StartError::Raft(e.to_string()))?;
+        let raft = Raft::new(spec.id, openraft, network, log_store, state_machine)
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
         let (proposals, queue) = mpsc::channel(spec.config.settings().proposals_queued_max);
         let batcher = tokio::spawn(run_batcher(raft.clone(), queue, spec.config.clone()));
-        // openraft's election timer is off; this one campaigns, in this voter's slice of the
-        // campaign window, drawn afresh each election, from the voters as they are (decision 0328).
-        let elections = Arc::new(AtomicBool::new(true));
-        let campaign_fence = Arc::new(OnceLock::new());
-        let elector = tokio::spawn(crate::elect::run(
-            raft.clone(),
-            spec.id,
-            spec.config.clone(),
-            elections.clone(),
-            campaign_fence.clone(),
-        ));
         Ok(Self {
             id: spec.id,
             raft,
@@ -260,9 +251,6 @@ impl<A: App> Replica<A> {
             proposals,
             proposals_total: AtomicU64::new(0),
             batcher,
-            elections,
-            campaign_fence,
-            elector,
             raising: tokio::sync::Mutex::new(()),
         })
     }
@@ -285,21 +273,6 @@ impl<A: App> Replica<A> {
     /// The hosted app.
     pub fn app(&self) -> &Arc<A> {
         &self.app
-    }
-
-    /// Turns this replica's election timer on or off (decision 0328; openraft's own is always
-    /// off). A replica handing its leadership over turns it off so it does not campaign against the
-    /// taker (decision 0225). A campaign asked for explicitly (`trigger().elect()`, elect-now)
-    /// still runs.
-    pub fn elections(&self, on: bool) {
-        self.elections.store(on, Ordering::Release);
-    }
-
-    /// Makes the election timer's own no-one vote (`crate::elect::campaign_unless_heard`) go
-    /// through `fence`, as votes for others do: refused while a lease of this replica is open
-    /// (decision 0071). Set once; a second call changes nothing.
-    pub fn fence_campaigns(&self, fence: Arc<VoteFence>) {
-        let _ = self.campaign_fence.set(fence);
     }
 
     /// The validated configuration this replica runs with.
@@ -461,7 +434,6 @@ impl<A: App> Replica<A> {
         let timeout = self.config.shutdown_timeout();
         let timeout_ms = timeout.as_millis() as u64;
         self.batcher.abort();
-        self.elector.abort();
         drop(self.proposals);
         match tokio::time::timeout(timeout, self.raft.shutdown()).await {
             Err(_) => return Err(ShutdownError::Timeout { timeout_ms }),

@@ -22,8 +22,7 @@ use openraft::raft::{
 };
 use tokio::sync::{oneshot, watch};
 
-use crate::elect::answer_vote;
-use crate::gate::VoteFence;
+use crate::gate::{VoteFence, fenced_vote};
 use crate::{BasicNode, NodeId, Raft, TypeConfig};
 
 /// Messages held at once across the router at most; beyond that, held messages are dropped.
@@ -408,7 +407,12 @@ impl RaftNetwork<TypeConfig> for RouterConnection {
                 self.from,
                 self.to,
                 option.hard_ttl(),
-                move |raft| async move { answer_vote(&raft, rpc, fence.as_deref()).await },
+                move |raft| async move {
+                    match fence {
+                        Some(fence) => fenced_vote(&raft, rpc, &fence).await,
+                        None => raft.vote(rpc).await,
+                    }
+                },
             )
             .await
     }

@@ -146,10 +146,10 @@ async fn lease_closes_when_the_clock_reaches_its_window() {
 
 #[test]
 fn default_lease_window_is_election_timeout_min_minus_margin() {
-    // G3: with the defaults, the lease lasts 300 − 100 = 200 ms (decisions 0110, 0328).
+    // G3: with the defaults, the lease lasts 400 − 100 = 300 ms (decision 0110).
     assert_eq!(
         RaftConfig::default().lease_window(),
-        Duration::from_millis(200)
+        Duration::from_millis(300)
     );
 }
 

@@ -242,7 +242,7 @@ async fn a_leader_whose_handover_failed_leaves_no_vote_that_stalls_the_next_lead
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for f in &followers {
-        cluster.replica(*f).elections(false);
+        cluster.replica(*f).raft().runtime_config().elect(false);
     }
     cluster.router.isolate(old);
     let failed = cluster
@@ -260,16 +260,16 @@ async fn a_leader_whose_handover_failed_leaves_no_vote_that_stalls_the_next_lead
     // old leader's last heartbeat, when the other follower's lease of the old leader has ended
     // too, and wins the next term.
     let taker = *followers.last().expect("two followers");
-    cluster.replica(taker).elections(true);
+    cluster.replica(taker).raft().runtime_config().elect(true);
     let others: BTreeSet<u64> = followers.iter().copied().collect();
     let (_, new_term) = cluster.wait_leader(&others, term).await;
     for f in &followers {
-        cluster.replica(*f).elections(true);
+        cluster.replica(*f).raft().runtime_config().elect(true);
     }
     // The old leader hears from the new one before its own election timeout (as on a live
     // network; here openraft's back-off towards a replica that was gone could lose that race).
     cluster.start_replica(old, true, 0).await;
-    cluster.replica(old).elections(false);
+    cluster.replica(old).raft().runtime_config().elect(false);
     cluster.router.rejoin(old);
     // A write commits within the deadline, through whichever replica leads then, and the old
     // leader applies it too (a write may commit on the other two before the new leader hears of

@@ -513,7 +513,7 @@ key = "replica-1/key.pem"
 [hosts]
 ace = "127.0.0.1:7201"
 [raft]
-heartbeat_ms = 50
+heartbeat_ms = 100
 "#;
 
     #[test]
@@ -526,7 +526,7 @@ heartbeat_ms = 50
         assert_eq!(c.data_dir(), Path::new("/m/replica-1"));
         assert_eq!(c.tls().ca, PathBuf::from("/m/ca.pem"));
         assert_eq!(c.hosts()["ace"].port(), 7201);
-        assert_eq!(c.raft().settings().heartbeat_ms, 50);
+        assert_eq!(c.raft().settings().heartbeat_ms, 100);
     }
 
     #[test]
@@ -569,7 +569,7 @@ heartbeat_ms = 50
             ),
             (example.replace("ace =", "\"a/b\" ="), "hosts.a/b"),
             (
-                example.replace("heartbeat_ms = 50", "heartbeat_ms = 900"),
+                example.replace("heartbeat_ms = 100", "heartbeat_ms = 900"),
                 "raft",
             ),
             (

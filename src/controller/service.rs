@@ -112,7 +112,7 @@ pub struct Service {
     pub(crate) key: SigningKey,
     pub(crate) clock: Arc<dyn Clock>,
     /// Refuses votes while a lease of this replica is open (decision 0071).
-    pub(crate) fence: Arc<VoteFence>,
+    pub(crate) fence: VoteFence,
     pub(crate) store_reset: Option<String>,
     /// The compose cache (G1), locked only while computing.
     pub(crate) work: super::engine::Cache,
@@ -360,9 +360,6 @@ pub async fn start_in(
         write_floor(&dir, term_floor)?;
     }
     tracing::info!(replica = config.id(), listen = %endpoint.local_addr(), term_floor, "replica started");
-    // The election timer's own no-one vote is fenced as peers' votes are (decisions 0071, 0328).
-    let fence = Arc::new(VoteFence::new(clock.clone()));
-    replica.fence_campaigns(fence.clone());
     let (filer, filer_queue) = super::reports::Filer::new();
     let service = Arc::new(Service {
         id: config.id(),
@@ -371,7 +368,7 @@ pub async fn start_in(
         app,
         endpoint: endpoint.clone(),
         key,
-        fence,
+        fence: VoteFence::new(clock.clone()),
         clock,
         store_reset,
         work: super::engine::Cache::default(),
